@@ -1,0 +1,73 @@
+"""Building the aiohttp application, and running it as a server."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+from runtime.config import Config
+from runtime.executor import Executor
+from runtime.manifest import load_deploy_dir
+from runtime.registry import Registry
+
+from .auth import auth_middleware
+from .errors import error_middleware
+from .keys import CONFIG, EXECUTOR, REGISTRY
+from .routes import admin, health, invoke
+
+__all__ = ("build_app", "build_registry", "serve", "SERVER_KWARGS")
+
+log = logging.getLogger("fnstream.frontend")
+
+# aiohttp cancels a request's handler when its client disconnects only when asked to; fnstream
+# relies on it to cancel invocations of clients that left.
+SERVER_KWARGS = {"handler_cancellation": True}
+
+
+def build_registry(config: Config, *, deploy: bool = True) -> Registry:
+    """A registry with every manifest of `runtime.deployDir` deployed (all or nothing)."""
+    registry = Registry(config.runtime.codeRoots)
+    if deploy and config.runtime.deployDir is not None:
+        registry.deploy(load_deploy_dir(config.runtime.deployDir))
+    return registry
+
+
+def build_app(config: Config, registry: Registry | None = None, executor: Executor | None = None) -> web.Application:
+    body_limit = int(config.frontend.args.maxRequestBodySize * 1024 * 1024)
+    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=body_limit)
+    app[CONFIG] = config
+    app[REGISTRY] = registry if registry is not None else build_registry(config)
+    app[EXECUTOR] = executor if executor is not None else Executor(config.runtime.threadPoolSize)
+    app.add_routes(health.routes)
+    app.add_routes(invoke.routes)
+    app.add_routes(admin.routes)
+
+    async def _shutdown_executor(app: web.Application):
+        yield
+        app[EXECUTOR].shutdown()
+
+    app.cleanup_ctx.append(_shutdown_executor)
+    return app
+
+
+async def serve(app: web.Application, host: str, port: int, *, shutdown_timeout: float = 10.0) -> None:
+    """Run until SIGINT/SIGTERM, then stop accepting and give open requests time to finish."""
+    runner = web.AppRunner(app, shutdown_timeout=shutdown_timeout, **SERVER_KWARGS)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    log.info("fnstream listening on http://%s:%d (%d functions)", host, port, len(app[REGISTRY]))
+    print(f"fnstream listening on http://{host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        log.info("shutting down")
+        await runner.cleanup()

@@ -1,0 +1,65 @@
+"""Bearer-token auth: `Authorization: Bearer <token>` or `X-Auth`, roles `user` and `developer`.
+
+Off when no tokens are configured. Invoke routes need either role; everything else but
+`/healthz` needs `developer`. Tokens are compared in constant time.
+"""
+from __future__ import annotations
+
+import hmac
+
+from aiohttp import web
+
+from runtime.config import AuthToken
+from runtime.errors import ForbiddenError, UnauthorizedError
+
+from .keys import CONFIG
+
+__all__ = ("auth_middleware", "required_role", "PRINCIPAL")
+
+PRINCIPAL = "principal"
+_PUBLIC = ("/healthz",)
+
+
+def required_role(path: str) -> str | None:
+    if path in _PUBLIC:
+        return None
+    if path.startswith("/invocations/") or path.startswith("/v1/"):
+        return "user"
+    if path.startswith("/serverless/v1/functions/") and path.rstrip("/").endswith("/invocations"):
+        return "user"
+    return "developer"
+
+
+def _presented_token(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.headers.get("X-Auth") or None
+
+
+def _match(presented: str, tokens: list[AuthToken]) -> AuthToken | None:
+    found = None
+    given = presented.encode()
+    for candidate in tokens:  # no early exit: the time taken does not depend on which token matched
+        if hmac.compare_digest(given, candidate.token.encode()):
+            found = candidate
+    return found
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler):
+    tokens = request.app[CONFIG].auth.tokens
+    role = required_role(request.path)
+    if not tokens or role is None:
+        return await handler(request)
+    presented = _presented_token(request)
+    if presented is None:
+        raise UnauthorizedError("missing credentials: send 'Authorization: Bearer <token>'")
+    principal = _match(presented, tokens)
+    if principal is None:
+        raise UnauthorizedError("invalid token")
+    if role == "developer" and principal.role != "developer":
+        raise ForbiddenError(f"this route needs the 'developer' role; the token has {principal.role!r}")
+    request[PRINCIPAL] = principal
+    return await handler(request)

@@ -1,0 +1,42 @@
+"""Reading request bodies with the configured size limit and clear errors."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from runtime.errors import BadRequestError, BodyTooLargeError
+
+from .keys import CONFIG
+
+__all__ = ("read_body", "read_json_body", "max_body_bytes")
+
+
+def max_body_bytes(app: web.Application) -> int:
+    return int(app[CONFIG].frontend.args.maxRequestBodySize * 1024 * 1024)
+
+
+async def read_body(request: web.Request) -> bytes:
+    limit = max_body_bytes(request.app)
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLargeError(f"request body of {request.content_length} bytes exceeds "
+                                f"frontend.args.maxRequestBodySize ({limit} bytes)")
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise BodyTooLargeError(f"request body exceeds frontend.args.maxRequestBodySize ({limit} bytes)") from None
+
+
+async def read_json_body(request: web.Request) -> Any:
+    """The parsed JSON body; an empty body is `{}`."""
+    raw = await read_body(request)
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError:
+        raise BadRequestError("request body is not UTF-8 JSON") from None
+    except json.JSONDecodeError as exc:
+        raise BadRequestError(f"request body is not valid JSON: {exc.msg} at line {exc.lineno} "
+                              f"column {exc.colno}") from None

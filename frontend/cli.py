@@ -1,0 +1,151 @@
+"""The `fnstream` command: serve, deploy, functions, delete, invoke."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from runtime.config import DEFAULT_CONFIG_PATH, load_config
+from runtime.errors import FunctionServiceError
+from runtime.manifest import load_manifest_file
+
+from .client import DEFAULT_URL, Client, iter_sse
+
+__all__ = ("main",)
+
+
+def _print(obj) -> None:
+    print(json.dumps(obj, indent=2, ensure_ascii=False) if not isinstance(obj, str) else obj)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .app import build_app, build_registry, serve
+
+    overrides = list(args.set or [])
+    if args.deploy_dir:
+        overrides.append(f"runtime.deployDir={Path(args.deploy_dir).resolve()}")
+    if args.port is not None:
+        overrides.append(f"frontend.port={args.port}")
+    if args.host is not None:
+        overrides.append(f"frontend.host={args.host}")
+    try:
+        config = load_config(args.config, overrides)
+        registry = build_registry(config)
+    except FunctionServiceError as exc:
+        print(f"fnstream: {exc.message}", file=sys.stderr)
+        return 2
+    app = build_app(config, registry)
+    asyncio.run(serve(app, config.frontend.host, config.frontend.port))
+    return 0
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(args.url, args.token)
+
+
+def _report(status: int, body) -> int:
+    _print(body)
+    return 0 if status < 400 else 1
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    functions = []
+    try:
+        for file in args.files:
+            functions.extend(s.model_dump(mode="json") for s in load_manifest_file(Path(file)))
+    except FunctionServiceError as exc:
+        print(f"fnstream: {exc.message}", file=sys.stderr)
+        return 2
+    client = _client(args)
+
+    async def run() -> int:
+        rc = 0
+        for fn in functions:
+            status, body = await client.call("POST", "/admin/v1/functions", json_body=fn)
+            if status == 409:
+                status, body = await client.call("PUT", f"/admin/v1/functions/{fn['name']}", json_body=fn)
+            rc |= _report(status, body)
+        return rc
+
+    return asyncio.run(run())
+
+
+def cmd_functions(args: argparse.Namespace) -> int:
+    status, body = asyncio.run(_client(args).call("GET", "/admin/v1/functions"))
+    if status >= 400 or args.json:
+        return _report(status, body)
+    for fn in body["functions"]:
+        print(f"{fn['name']:<20} {fn['urn']:<60} {fn['status']['kind']:<9} inflight={fn['status']['inflight']}")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    return _report(*asyncio.run(_client(args).call("DELETE", f"/admin/v1/functions/{args.name}")))
+
+
+def cmd_invoke(args: argparse.Namespace) -> int:
+    try:
+        event = json.loads(args.data)
+    except ValueError as exc:
+        print(f"fnstream: --data is not JSON: {exc}", file=sys.stderr)
+        return 2
+    client = _client(args)
+    path = f"/serverless/v1/functions/{args.name}/invocations"
+    if not args.stream:
+        return _report(*asyncio.run(client.call("POST", path, json_body=event)))
+
+    async def run() -> int:
+        async with client.session() as s:
+            async with s.post(client.url + path, json=event, headers={"Accept": "text/event-stream"}) as r:
+                if r.content_type != "text/event-stream":
+                    return _report(r.status, await r.text())
+                async for ev in iter_sse(r):
+                    print(ev["data"], flush=True)
+                return 0 if r.status < 400 else 1
+
+    return asyncio.run(run())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fnstream", description="Python function-service runtime for streaming work")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the server with the deploy directory's functions")
+    serve.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="config YAML (default: %(default)s)")
+    serve.add_argument("-s", "--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    serve.add_argument("--deploy-dir", help="manifest directory (overrides runtime.deployDir)")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.set_defaults(func=cmd_serve)
+
+    def client_command(name: str, help: str, func) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        p.add_argument("--url", default=DEFAULT_URL, help="server URL (env FNSTREAM_URL; default %(default)s)")
+        p.add_argument("--token", default=os.environ.get("FNSTREAM_TOKEN"), help="bearer token (env FNSTREAM_TOKEN)")
+        p.set_defaults(func=func)
+        return p
+
+    client_command("deploy", "deploy or redeploy manifests on a running server", cmd_deploy).add_argument(
+        "files", nargs="+", metavar="FILE")
+    client_command("functions", "list deployed functions", cmd_functions).add_argument("--json", action="store_true")
+    client_command("delete", "delete a function", cmd_delete).add_argument("name")
+    p = client_command("invoke", "invoke a function", cmd_invoke)
+    p.add_argument("name")
+    p.add_argument("--data", default="{}", help="JSON event (default {})")
+    p.add_argument("--stream", action="store_true", help="ask for Server-Sent Events and print them as they arrive")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("FNSTREAM_LOG", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Error responses: every error leaves fnstream as JSON, never as aiohttp's text pages.
+
+Function-service routes answer `{"code", "message", "trace_id"}` with `X-Inner-Code`;
+OpenAI-compatible routes (`/v1/...`) answer `{"error": {"message", "type", "code"}}`.
+"""
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from runtime.errors import FunctionServiceError
+from runtime.invocation import new_trace_id
+
+__all__ = ("error_response", "error_middleware", "is_openai_path", "openai_error_body")
+
+log = logging.getLogger("fnstream.frontend")
+
+_HTTP_CODES = {400: 200400, 401: 200401, 403: 200403, 404: 200404, 405: 200405, 413: 4140, 429: 200429}
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                 404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def is_openai_path(path: str) -> bool:
+    return path.startswith("/v1/")
+
+
+def openai_error_body(status: int, message: str, code: str | int | None = None) -> dict:
+    return {"error": {"message": message, "type": _OPENAI_TYPES.get(status, "server_error"),
+                      "param": None, "code": code}}
+
+
+def error_response(request: web.Request, exc: FunctionServiceError) -> web.Response:
+    trace_id = request.get("trace_id")
+    headers = {"X-Inner-Code": str(exc.code)}
+    if trace_id:
+        headers["X-Trace-Id"] = trace_id
+    if is_openai_path(request.path):
+        body = openai_error_body(exc.status, exc.message, exc.code)
+    else:
+        body = exc.to_dict()
+        if trace_id:
+            body["trace_id"] = trace_id
+    return web.json_response(body, status=exc.status, headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):
+    request["trace_id"] = request.headers.get("X-Trace-Id") or new_trace_id()
+    try:
+        return await handler(request)
+    except FunctionServiceError as exc:
+        return error_response(request, exc)
+    except web.HTTPException as exc:
+        if exc.status < 400 or exc.empty_body:
+            raise
+        reason = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
+        if exc.status == 413:
+            reason = f"request body too large: {exc.text}"
+        err = FunctionServiceError(reason, code=_HTTP_CODES.get(exc.status, exc.status * 1000), status=exc.status)
+        return error_response(request, err)

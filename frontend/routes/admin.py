@@ -1,0 +1,76 @@
+"""Admin API: deploy, redeploy, list, show and delete function services.
+
+`POST /admin/v1/functions` takes a manifest (YAML or JSON; one function or a list). Relative
+`codePath`s in a posted manifest are resolved against the first configured code root.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from aiohttp import web
+
+from runtime.errors import BadRequestError
+from runtime.manifest import FunctionSpec, parse_manifest
+
+from ..body import read_body
+from ..keys import REGISTRY
+
+__all__ = ("routes",)
+
+routes = web.RouteTableDef()
+
+
+def _base_dir(request: web.Request) -> Path:
+    roots = request.app[REGISTRY].code_roots
+    return roots[0] if roots else Path.cwd()
+
+
+async def _specs_from_body(request: web.Request) -> list[FunctionSpec]:
+    raw = await read_body(request)
+    if not raw.strip():
+        raise BadRequestError("empty body: send a manifest (YAML or JSON)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequestError("manifest body is not UTF-8") from None
+    return parse_manifest(text, "request body", _base_dir(request))
+
+
+def _deployed(deps) -> dict:
+    functions = [d.describe() for d in deps]
+    return {"code": 0, "message": "SUCCESS", "function": functions[0], "functions": functions}
+
+
+@routes.post("/admin/v1/functions")
+async def create_functions(request: web.Request) -> web.Response:
+    specs = await _specs_from_body(request)
+    deps = request.app[REGISTRY].deploy(specs, replace=False)
+    return web.json_response(_deployed(deps), status=201)
+
+
+@routes.get("/admin/v1/functions")
+async def list_functions(request: web.Request) -> web.Response:
+    return web.json_response({"functions": [d.describe() for d in request.app[REGISTRY].list()]})
+
+
+@routes.get("/admin/v1/functions/{name}")
+async def get_function(request: web.Request) -> web.Response:
+    return web.json_response({"function": request.app[REGISTRY].get(request.match_info["name"]).describe()})
+
+
+@routes.put("/admin/v1/functions/{name}")
+async def redeploy_function(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    registry = request.app[REGISTRY]
+    registry.get(name)  # 404 when there is nothing to redeploy
+    specs = await _specs_from_body(request)
+    if len(specs) != 1 or specs[0].name != name:
+        raise BadRequestError(f"PUT /admin/v1/functions/{name} takes exactly one function named {name!r}")
+    deps = registry.deploy(specs)
+    return web.json_response(_deployed(deps), status=200)
+
+
+@routes.delete("/admin/v1/functions/{name}")
+async def delete_function(request: web.Request) -> web.Response:
+    dep = request.app[REGISTRY].delete(request.match_info["name"])
+    return web.json_response({"code": 0, "message": "deleted", "function": dep.spec.public()})

@@ -1,0 +1,154 @@
+"""Invoke routes: JSON results, or live Server-Sent Events of every stream write.
+
+`POST /serverless/v1/functions/{name-or-URN}/invocations` and the short route
+`POST /invocations/{tenant}/{namespace}/{function[:version]}/`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from runtime.errors import (
+    ForbiddenError,
+    FunctionServiceError,
+    NotAcceptableError,
+    ResponseTooLargeError,
+    ResultNotSerializableError,
+)
+from runtime.invocation import Invocation
+from runtime.manifest import function_urn
+from runtime.registry import Deployment
+
+from ..auth import PRINCIPAL
+from ..body import read_json_body
+from ..keys import CONFIG, EXECUTOR, REGISTRY
+from ..negotiation import parse_accept, quality
+from ..sse import DONE_EVENT, EventStream, encode_event
+
+__all__ = ("routes", "negotiate_mode", "run_invocation", "encode_result")
+
+log = logging.getLogger("fnstream.frontend")
+routes = web.RouteTableDef()
+
+
+def negotiate_mode(accept: str | None, enable_event: bool) -> str:
+    """'sse' or 'json' from the Accept header; 406 when only SSE is acceptable but disabled."""
+    ranges = parse_accept(accept)
+    q_sse = quality(ranges, "text/event-stream", wildcards=False)
+    q_json = quality(ranges, "application/json")
+    if q_sse > 0 and q_sse >= q_json:
+        if enable_event:
+            return "sse"
+        if q_json > 0:
+            return "json"
+        raise NotAcceptableError("Server-Sent Events are disabled (set frontend.args.enableEvent: true); "
+                                 "this request accepts only text/event-stream")
+    return "json"
+
+
+def encode_result(value: Any, max_size: int) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ResultNotSerializableError(f"the handler's result is not JSON-serializable: {exc}") from None
+    if len(text) > max_size and len(text.encode()) > max_size:
+        raise ResponseTooLargeError(f"the handler's result exceeds {max_size} bytes")
+    return text
+
+
+def _check_tenant(request: web.Request, dep: Deployment) -> None:
+    principal = request.get(PRINCIPAL)
+    if principal is not None and principal.tenant != dep.spec.tenant:
+        raise ForbiddenError(f"tenant {principal.tenant!r} may not invoke a function of tenant {dep.spec.tenant!r}")
+
+
+async def run_invocation(request: web.Request, dep: Deployment, event: Any) -> web.StreamResponse:
+    """Invoke `dep` with `event` and answer as the request's Accept header asks."""
+    app = request.app
+    args = app[CONFIG].frontend.args
+    mode = negotiate_mode(request.headers.get("Accept"), args.enableEvent)
+    inv = Invocation(dep, event, mode=mode, loop=asyncio.get_running_loop(),
+                     buffer_events=args.streamBufferEvents, max_write_size=args.maxWriteSize,
+                     max_response_size=args.maxResponseSize, trace_id=request.get("trace_id"))
+    app[EXECUTOR].start(inv)
+    try:
+        if inv.streaming:
+            return await _stream_response(request, inv, args.heartbeatSeconds)
+        return await _json_response(inv)
+    except (asyncio.CancelledError, ConnectionError):
+        inv.cancel("client disconnected")
+        raise
+
+
+async def _json_response(inv: Invocation) -> web.Response:
+    assert inv.task is not None
+    result = await inv.task
+    if inv.deployment.kind in ("gen", "asyncgen") and result is None:
+        result = inv.aggregate
+    body = encode_result(result, inv.max_response_size)
+    return web.Response(text=body, content_type="application/json", headers=_headers(inv, 0))
+
+
+def _headers(inv: Invocation, code: int) -> dict[str, str]:
+    billing_ms = int((time.monotonic() - inv.started) * 1000)
+    return {"X-Inner-Code": str(code), "X-Trace-Id": inv.trace_id, "X-Billing-Duration": str(billing_ms)}
+
+
+async def _stream_response(request: web.Request, inv: Invocation, heartbeat: float) -> web.StreamResponse:
+    stream = EventStream(request, headers={"X-Trace-Id": inv.trace_id})
+    raw = inv.mode == "raw"
+    next_id = 1
+    while True:
+        try:
+            batch = await inv.channel.get_batch(timeout=heartbeat)
+        except TimeoutError:
+            await stream.ping()
+            continue
+        if not batch:
+            break
+        if raw:
+            data = "".join(batch).encode()
+        else:
+            parts = []
+            for payload in batch:
+                parts.append(encode_event(payload, next_id))
+                next_id += 1
+            data = b"".join(parts)
+        await stream.write(data)
+    assert inv.task is not None
+    try:
+        result = await inv.task
+        if not raw and result is not None:
+            await stream.write(encode_event(encode_result(result, inv.max_response_size), next_id))
+    except FunctionServiceError as exc:
+        log.info("invocation %s of %s failed after %d events: %s", inv.id, inv.spec.name, next_id - 1, exc.message)
+        if not stream.prepared:
+            stream.set_status(exc.status)
+            stream.response.headers["X-Inner-Code"] = str(exc.code)
+        await stream.write(encode_event(json.dumps(exc.to_dict(), ensure_ascii=False), None if raw else next_id))
+    if not raw:
+        await stream.write(DONE_EVENT)
+    return await stream.finish()
+
+
+@routes.post("/serverless/v1/functions/{ref}/invocations")
+async def invoke(request: web.Request) -> web.StreamResponse:
+    dep = request.app[REGISTRY].get(request.match_info["ref"])
+    _check_tenant(request, dep)
+    event = await read_json_body(request)
+    return await run_invocation(request, dep, event)
+
+
+@routes.post("/invocations/{tenant}/{namespace}/{function}/")
+async def invoke_short(request: web.Request) -> web.StreamResponse:
+    name, _, version = request.match_info["function"].partition(":")
+    urn = function_urn(request.match_info["tenant"], request.match_info["namespace"], name, version or "latest")
+    dep = request.app[REGISTRY].get(urn)
+    _check_tenant(request, dep)
+    event = await read_json_body(request)
+    return await run_invocation(request, dep, event)

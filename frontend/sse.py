@@ -1,0 +1,79 @@
+"""Server-Sent Events framing and a lazily-prepared SSE response.
+
+Framing follows the SSE spec: a payload with line breaks becomes several `data:` lines. The
+response is prepared with the first bytes, so a failure before any event can still set the
+status. Events already queued are written in one call (coalesced); a lone event is not delayed.
+"""
+from __future__ import annotations
+
+import re
+
+from aiohttp import web
+
+__all__ = ("encode_event", "encode_comment", "EventStream", "SSE_HEADERS", "DONE_EVENT", "PING")
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+    "Connection": "keep-alive",
+}
+DONE_EVENT = b"data: [DONE]\n\n"
+# A comment with no blank line after it: a blank line after a comment makes the openai-python
+# parser emit an empty event once it has seen an `id:` (openai-python #2722, #3833).
+PING = b": ping\n"
+
+
+def encode_event(data: str, event_id: int | str | None = None, event: str | None = None) -> bytes:
+    """One SSE event: optional `event:` and `id:` lines, `data:` lines, then a blank line."""
+    head = ""
+    if event is not None:
+        head = f"event: {event}\n"
+    if event_id is not None:
+        head += f"id: {event_id}\n"
+    if "\n" not in data and "\r" not in data:
+        return f"{head}data: {data}\n\n".encode()
+    lines = "".join(f"data: {line}\n" for line in _LINE_BREAK.split(data))
+    return f"{head}{lines}\n".encode()
+
+
+def encode_comment(text: str) -> bytes:
+    return "".join(f": {line}\n" for line in _LINE_BREAK.split(text)).encode()
+
+
+class EventStream:
+    """An SSE response whose headers go out with the first write (event, ping or end)."""
+
+    def __init__(self, request: web.Request, headers: dict[str, str] | None = None) -> None:
+        self.request = request
+        self.response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **(headers or {})})
+        self.prepared = False
+        self.bytes_sent = 0
+
+    @property
+    def status(self) -> int:
+        return self.response.status
+
+    def set_status(self, status: int) -> None:
+        if self.prepared:
+            raise RuntimeError("Cannot set the status after the first event was sent")
+        self.response.set_status(status)
+
+    async def write(self, data: bytes) -> None:
+        if not self.prepared:
+            await self.response.prepare(self.request)
+            self.prepared = True
+        await self.response.write(data)
+        self.bytes_sent += len(data)
+
+    async def ping(self) -> None:
+        await self.write(PING)
+
+    async def finish(self) -> web.StreamResponse:
+        if not self.prepared:
+            await self.response.prepare(self.request)
+            self.prepared = True
+        await self.response.write_eof()
+        return self.response

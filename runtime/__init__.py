@@ -1,0 +1,26 @@
+"""fnstream's function runtime: manifests, registry, handler loading, Context, executors, errors.
+
+Handler authors need only `Context` (passed in) and, for named streams, the stream functions.
+"""
+from .config import Config, load_config
+from .context import Context
+from .errors import (
+    FunctionServiceError,
+    HandlerError,
+    StreamClosedError,
+    StreamWriteError,
+)
+from .executor import Executor
+from .invocation import Invocation, StreamWriter
+from .manifest import FunctionSpec, load_deploy_dir, load_manifest_file, parse_manifest
+from .registry import Deployment, Registry
+
+__all__ = (
+    "Config", "load_config",
+    "Context",
+    "FunctionServiceError", "HandlerError", "StreamClosedError", "StreamWriteError",
+    "Executor",
+    "Invocation", "StreamWriter",
+    "FunctionSpec", "load_deploy_dir", "load_manifest_file", "parse_manifest",
+    "Deployment", "Registry",
+)

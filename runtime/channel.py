@@ -1,0 +1,150 @@
+"""The bounded output channel of one invocation: writers put, the response reads.
+
+Writers are handler threads (blocking put) or coroutines on the loop (awaitable put); the single
+reader is the HTTP response on the loop. Memory is bounded by `capacity` items. The reader takes
+everything already queued in one batch, so the response can coalesce it into one socket write.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from typing import Generic, TypeVar
+
+from .errors import StreamClosedError
+
+__all__ = ("OutputChannel",)
+
+T = TypeVar("T")
+
+
+class OutputChannel(Generic[T]):
+    """Bounded, single-reader, thread-safe queue with close (producer done) and cancel (reader gone)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int) -> None:
+        self._loop = loop
+        self.capacity = capacity
+        self._items: deque[T] = deque()
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        self._reader: asyncio.Future[None] | None = None
+        self._async_writers: deque[asyncio.Future[None]] = deque()
+        self._closed = False
+        self._cancel_reason: str | None = None
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel_reason is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def _check_writable(self) -> None:
+        if self._cancel_reason is not None:
+            raise StreamClosedError(f"stream closed: {self._cancel_reason}")
+        if self._closed:
+            raise StreamClosedError("stream closed: the invocation has finished")
+
+    def _wake_reader(self) -> None:
+        """Called with the lock held; wakes the reader on the loop thread."""
+        reader = self._reader
+        if reader is not None:
+            self._reader = None
+            if _on_loop(self._loop):
+                _resolve(reader)
+            else:
+                self._loop.call_soon_threadsafe(_resolve, reader)
+
+    # -- writers -----------------------------------------------------------------------------
+    def try_put(self, item: T) -> bool:
+        """Put without waiting; False when full. Raises StreamClosedError when closed."""
+        with self._lock:
+            self._check_writable()
+            if len(self._items) >= self.capacity:
+                return False
+            self._items.append(item)
+            self._wake_reader()
+            return True
+
+    def put_blocking(self, item: T, timeout: float | None = None) -> None:
+        """Put from a thread, waiting while the channel is full (backpressure)."""
+        with self._lock:
+            while True:
+                self._check_writable()
+                if len(self._items) < self.capacity:
+                    self._items.append(item)
+                    self._wake_reader()
+                    return
+                if not self._space.wait(timeout):
+                    raise StreamClosedError("stream write timed out: the client is not reading")
+
+    async def put(self, item: T) -> None:
+        """Put from the loop, awaiting room."""
+        while not self.try_put(item):
+            waiter = self._loop.create_future()
+            with self._lock:
+                self._async_writers.append(waiter)
+                if len(self._items) < self.capacity or self._cancel_reason or self._closed:
+                    _resolve(waiter)
+            await waiter
+
+    # -- reader ------------------------------------------------------------------------------
+    async def get_batch(self, timeout: float | None = None) -> list[T]:
+        """All queued items, waiting for at least one; [] once closed and drained.
+
+        Raises TimeoutError when nothing arrived within `timeout` (used for heartbeats).
+        """
+        while True:
+            with self._lock:
+                if self._items:
+                    batch = list(self._items)
+                    self._items.clear()
+                    self._space.notify_all()
+                    while self._async_writers:
+                        _resolve(self._async_writers.popleft())
+                    return batch
+                if self._closed or self._cancel_reason is not None:
+                    return []
+                self._reader = self._loop.create_future()
+                reader = self._reader
+            if timeout is None:
+                await reader
+            else:
+                await asyncio.wait_for(reader, timeout)
+
+    # -- ends --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """The producer is done: the reader drains what is left, then gets []."""
+        with self._lock:
+            self._closed = True
+            self._wake_reader()
+
+    def cancel(self, reason: str) -> None:
+        """The reader is gone (or the deadline passed): writers get StreamClosedError."""
+        with self._lock:
+            if self._cancel_reason is None:
+                self._cancel_reason = reason
+            self._items.clear()
+            self._space.notify_all()
+            writers = list(self._async_writers)
+            self._async_writers.clear()
+            self._wake_reader()
+        for w in writers:
+            self._loop.call_soon_threadsafe(_resolve, w)
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,148 @@
+"""fnstream configuration: pydantic models, loaded from a YAML file plus `-s key=value` overrides.
+
+Unknown keys and wrong types are refused at start, and the message names the key, the file and
+what was expected. Relative paths are resolved against the directory of the config file.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ConfigError
+
+__all__ = ("Config", "FrontendConfig", "FrontendArgs", "RuntimeConfig", "AuthConfig", "AuthToken",
+           "StreamsConfig", "OpenAIConfig", "load_config", "DEFAULT_CONFIG_PATH")
+
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "default.yaml"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class FrontendArgs(_Strict):
+    enableEvent: bool = False
+    maxRequestBodySize: float = Field(6, gt=0, description="MB")
+    heartbeatSeconds: float = Field(15, gt=0)
+    streamBufferEvents: int = Field(100, ge=1, description="per-invocation output buffer (events)")
+    maxWriteSize: int = Field(4 * 1024 * 1024, ge=1, description="bytes per stream write")
+    maxResponseSize: int = Field(6 * 1024 * 1024, ge=1, description="bytes of a JSON result")
+
+
+class FrontendConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8888, ge=0, le=65535)
+    args: FrontendArgs = FrontendArgs()
+
+
+class RuntimeConfig(_Strict):
+    threadPoolSize: int = Field(64, ge=1, description="threads for plain `def` handlers")
+    codeRoots: list[Path] = Field(default_factory=list, description="directories handler code may live in")
+    deployDir: Path | None = None
+
+
+class AuthToken(_Strict):
+    token: str = Field(min_length=1)
+    tenant: str = "default"
+    role: Literal["user", "developer"] = "user"
+
+
+class AuthConfig(_Strict):
+    tokens: list[AuthToken] = Field(default_factory=list)
+
+
+class StreamsConfig(_Strict):
+    """Named-stream defaults (see runtime/streams)."""
+
+    subscriberBuffer: int = Field(1000, ge=1)
+    slowConsumerPolicy: Literal["block", "cut"] = "cut"
+    blockTimeoutMs: int = Field(5000, ge=0)
+    retainNum: int = Field(0, ge=0)
+    retainBytes: int = Field(0, ge=0)
+    retainSeconds: float = Field(0, ge=0)
+    subscribeTimeoutMs: int = Field(0, ge=0, description="idle timeout of a REST subscription; 0 = none")
+    terminators: list[str] = Field(default_factory=lambda: ["[DONE]", "\\xE0\\xFF\\xE0\\xFF", "\xe0\xff\xe0\xff"])
+    maxElementSize: int = Field(4 * 1024 * 1024, ge=1)
+
+
+class OpenAIConfig(_Strict):
+    """Which deployed function serves each OpenAI-compatible route."""
+
+    chatFunction: str = "chat"
+    completionsFunction: str = "chat"
+
+
+class Config(_Strict):
+    frontend: FrontendConfig = FrontendConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    auth: AuthConfig = AuthConfig()
+    streams: StreamsConfig = StreamsConfig()
+    openai: OpenAIConfig = OpenAIConfig()
+    source: str = Field("<defaults>", exclude=True, description="where this config came from")
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key=value, e.g. frontend.args.enableEvent=false")
+    key, _, raw = text.partition("=")
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    return key.strip().split("."), value
+
+
+def _apply_override(data: dict, path: list[str], value: Any, source: str) -> None:
+    node = data
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: override {'.'.join(path)}: {part} is not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown key {key!r}")
+        else:
+            lines.append(f"{source}: key {key!r}: {e['msg']} (got {e.get('input')!r})")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def _resolve_paths(cfg: Config, base: Path) -> None:
+    cfg.runtime.codeRoots = [(base / p).resolve() for p in cfg.runtime.codeRoots]
+    if cfg.runtime.deployDir is not None:
+        cfg.runtime.deployDir = (base / cfg.runtime.deployDir).resolve()
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                data: dict | None = None) -> Config:
+    """Load a config file (or a dict, for tests) and apply `key=value` overrides on top."""
+    if data is not None:
+        source, base = "<dict>", Path.cwd()
+        data = dict(data)
+    else:
+        file = Path(path) if path else DEFAULT_CONFIG_PATH
+        source, base = str(file), file.resolve().parent
+        try:
+            data = yaml.safe_load(file.read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file {file} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{file}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{file}: expected a mapping at the top level")
+    for text in overrides:
+        key_path, value = _parse_override(text)
+        _apply_override(data, key_path, value, source)
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None
+    cfg.source = source
+    _resolve_paths(cfg, base)
+    return cfg

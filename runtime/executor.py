@@ -1,0 +1,106 @@
+"""Runs invocations: `async def` handlers on the loop, plain `def` handlers in a bounded thread pool.
+
+Generators of either kind are iterated and each item becomes one stream write. The function's
+timeout is enforced here (openYuanrong's Python executor never does): async handlers are
+cancelled; a thread cannot be killed, so its output is closed and its later writes raise.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from .context import Context
+from .errors import FunctionServiceError, FunctionTimeoutError, HandlerError
+from .invocation import Invocation
+
+__all__ = ("Executor",)
+
+log = logging.getLogger("fnstream.runtime")
+
+
+def _handler_failure(exc: BaseException) -> HandlerError:
+    if isinstance(exc, SystemExit):
+        return HandlerError(f"Fail to run user call handler. err: the handler called sys.exit({exc.code!r})")
+    return HandlerError(f"Fail to run user call handler. err: {type(exc).__name__}: {exc}")
+
+
+class Executor:
+    """Starts invocations and owns the thread pool for sync handlers."""
+
+    def __init__(self, thread_pool_size: int = 64) -> None:
+        self._pool = ThreadPoolExecutor(thread_pool_size, thread_name_prefix="fnstream-handler")
+
+    def run_sync(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
+        return asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    def start(self, inv: Invocation) -> "asyncio.Task[Any]":
+        """Take a concurrency slot (429 when full) and run the invocation in its own task."""
+        inv.deployment.acquire()
+        inv.task = inv.loop.create_task(self._run(inv), name=f"invocation-{inv.id}")
+        return inv.task
+
+    async def invoke(self, inv: Invocation) -> Any:
+        """Start and wait for the result (no streaming)."""
+        return await self.start(inv)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self, inv: Invocation) -> Any:
+        dep = inv.deployment
+        thread_future: asyncio.Future | None = None
+        try:
+            await dep.ensure_initialized(self.run_sync)
+            ctx = Context(dep, inv)
+            handler = dep.code.handler
+            timeout = asyncio.timeout(inv.remaining())
+            try:
+                async with timeout:
+                    if dep.kind == "async":
+                        return await handler(inv.event, ctx)
+                    if dep.kind == "asyncgen":
+                        async for item in handler(inv.event, ctx):
+                            await inv.add_item(item)
+                        return None
+                    thread_future = self.run_sync(lambda: self._call_in_thread(inv, ctx))
+                    return await asyncio.shield(thread_future)
+            except TimeoutError:
+                if not timeout.expired():
+                    raise
+                reason = f"function {dep.name!r} timed out after {dep.spec.timeout:g} s"
+                inv.expire(reason)
+                raise FunctionTimeoutError(reason) from None
+        except asyncio.CancelledError:
+            raise
+        except FunctionServiceError:
+            # Raised by fnstream itself (timeout, init failure, a refused write...): already clear.
+            dep.failures += 1
+            raise
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - anything the user's code raised
+            dep.failures += 1
+            log.error("function %s invocation %s raised:\n%s", dep.name, inv.id,
+                      "".join(traceback.format_exception(exc)))
+            raise _handler_failure(exc) from None
+        finally:
+            inv.channel.close()
+            if thread_future is not None and not thread_future.done():
+                # The thread cannot be killed: its slot is freed when it really ends.
+                thread_future.add_done_callback(lambda _f: dep.release())
+            else:
+                dep.release()
+
+    @staticmethod
+    def _call_in_thread(inv: Invocation, ctx: Context) -> Any:
+        result = inv.deployment.code.handler(inv.event, ctx)
+        if inspect.isgenerator(result):
+            while True:
+                try:
+                    item = next(result)
+                except StopIteration as stop:
+                    return stop.value
+                inv.add_item_blocking(item)
+        return result

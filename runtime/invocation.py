@@ -1,0 +1,186 @@
+"""One invocation: the unit that flows from the frontend through an executor and back.
+
+It owns the bounded output channel, the deadline and the cancel switch. How stream writes are
+delivered depends on the response kind: SSE and raw responses read the channel; a plain JSON
+response aggregates generator items (bounded by maxResponseSize) and drops context writes.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Literal
+
+from .channel import OutputChannel
+from .errors import ResponseTooLargeError, StreamBufferFullError, StreamClosedError, StreamWriteError
+
+if TYPE_CHECKING:
+    from .registry import Deployment
+
+__all__ = ("Invocation", "StreamWriter", "encode_payload", "new_trace_id")
+
+log = logging.getLogger("fnstream.runtime")
+
+Mode = Literal["json", "sse", "raw"]
+
+
+def new_trace_id() -> str:
+    return uuid.uuid4().hex
+
+
+def encode_payload(data: Any) -> str:
+    """What a stream write carries: str as is, bytes as UTF-8, anything else JSON-encoded."""
+    if isinstance(data, str):
+        return data
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        try:
+            return bytes(data).decode("utf-8")
+        except UnicodeDecodeError:
+            raise StreamWriteError("stream write: bytes must be UTF-8 text") from None
+    try:
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise StreamWriteError(f"stream write: {type(data).__name__} is not JSON-serializable: {exc}") from None
+
+
+class _Done:
+    """An already-finished awaitable: `await stream.write(x)` works whether or not it waited."""
+
+    __slots__ = ()
+
+    def __await__(self):
+        return
+        yield  # pragma: no cover - makes this a generator
+
+
+_DONE = _Done()
+
+
+class Invocation:
+    """A single call of a deployed function."""
+
+    def __init__(self, deployment: "Deployment", event: Any, *, mode: Mode, loop: asyncio.AbstractEventLoop,
+                 buffer_events: int = 100, max_write_size: int = 4 * 1024 * 1024,
+                 max_response_size: int = 6 * 1024 * 1024, trace_id: str | None = None) -> None:
+        self.id = uuid.uuid4().hex
+        self.trace_id = trace_id or new_trace_id()
+        self.deployment = deployment
+        self.spec = deployment.spec
+        self.event = event
+        self.mode: Mode = "raw" if (mode == "sse" and self.spec.rawStream) else mode
+        self.loop = loop
+        self.started = time.monotonic()
+        self.deadline = self.started + self.spec.timeout
+        self.channel: OutputChannel[str] = OutputChannel(loop, buffer_events)
+        self.max_write_size = max_write_size
+        self.max_response_size = max_response_size
+        self.aggregate: list[Any] = []
+        self._aggregate_bytes = 0
+        self.writes = 0
+        self.task: asyncio.Task | None = None
+        self.cancel_reason: str | None = None
+        self.stream = StreamWriter(self)
+
+    @property
+    def streaming(self) -> bool:
+        return self.mode != "json"
+
+    def remaining(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    def cancel(self, reason: str) -> None:
+        """Stop the invocation: writers get StreamClosedError, an async handler is cancelled."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+            log.info("invocation %s of %s cancelled: %s", self.id, self.spec.name, reason)
+        self.channel.cancel(reason)
+        if self.task is not None:
+            # Nobody awaits the task any more: retrieve its outcome so it is not reported as lost.
+            self.task.add_done_callback(_consume_outcome)
+            if not self.task.done():
+                self.task.cancel(reason)
+
+    def expire(self, reason: str) -> None:
+        """The deadline passed: close the output so a thread handler's later writes raise."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        self.channel.cancel(reason)
+
+    # -- generator items ---------------------------------------------------------------------
+    def add_item_blocking(self, item: Any) -> None:
+        if self.streaming:
+            self.stream.write(item)
+        else:
+            self._aggregate(item)
+
+    async def add_item(self, item: Any) -> None:
+        if self.streaming:
+            await self.stream.write(item)
+        else:
+            self._aggregate(item)
+
+    def _aggregate(self, item: Any) -> None:
+        if self.cancel_reason is not None:
+            raise StreamClosedError(f"stream closed: {self.cancel_reason}")
+        self._aggregate_bytes += len(encode_payload(item))
+        if self._aggregate_bytes > self.max_response_size:
+            raise ResponseTooLargeError(f"aggregated stream result exceeds {self.max_response_size} bytes")
+        self.aggregate.append(item)
+
+
+class StreamWriter:
+    """`context.get_stream()`: each write is one event, delivered at once to an SSE client.
+
+    From a thread, `write` blocks while the buffer is full. On the event loop, `write` returns an
+    awaitable: `await stream.write(x)` waits for room; a write not awaited while the buffer was
+    full is refused at the next write, so memory stays bounded either way.
+    """
+
+    __slots__ = ("_inv", "_pending", "max_write_size")
+
+    def __init__(self, invocation: Invocation) -> None:
+        self._inv = invocation
+        self._pending: asyncio.Future | None = None
+        self.max_write_size = invocation.max_write_size
+
+    def set_max_write_size(self, size: int) -> None:
+        self.max_write_size = int(size)
+
+    def write(self, data: Any):
+        inv = self._inv
+        payload = encode_payload(data)
+        if len(payload) > self.max_write_size and len(payload.encode()) > self.max_write_size:
+            raise StreamWriteError(f"stream write of {len(payload.encode())} bytes exceeds the limit of "
+                                   f"{self.max_write_size} bytes")
+        if not inv.streaming:
+            if inv.cancel_reason is not None:
+                raise StreamClosedError(f"stream closed: {inv.cancel_reason}")
+            return _DONE  # a plain JSON request has no stream; writes are dropped as in openYuanrong
+        channel = inv.channel
+        if _running_loop() is inv.loop:
+            if self._pending is not None and not self._pending.done():
+                raise StreamBufferFullError("stream buffer is full: use `await context.get_stream().write(...)` "
+                                            "in async handlers so the writer waits for the client")
+            if channel.try_put(payload):
+                inv.writes += 1
+                return _DONE
+            self._pending = asyncio.ensure_future(channel.put(payload))
+            inv.writes += 1
+            return self._pending
+        channel.put_blocking(payload, timeout=max(inv.remaining(), 0.001))
+        inv.writes += 1
+        return _DONE
+
+
+def _consume_outcome(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

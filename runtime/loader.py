@@ -1,0 +1,99 @@
+"""Loading handler code from a function's codePath, inside the configured code roots.
+
+Each deployment imports its modules under fresh names, so a redeploy gets new code while
+invocations in flight keep the module objects they started with.
+"""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+from .errors import DeployError
+from .manifest import FunctionSpec
+
+__all__ = ("LoadedCode", "load_code", "check_code_root")
+
+_counter = itertools.count(1)
+
+
+class LoadedCode:
+    """The callables of one deployment."""
+
+    __slots__ = ("handler", "initializer", "pre_stop")
+
+    def __init__(self, handler: Callable, initializer: Callable | None, pre_stop: Callable | None) -> None:
+        self.handler = handler
+        self.initializer = initializer
+        self.pre_stop = pre_stop
+
+
+def check_code_root(code_path: Path, code_roots: list[Path], name: str) -> None:
+    if not code_roots:
+        return
+    resolved = code_path.resolve()
+    if not any(resolved == root or root in resolved.parents for root in code_roots):
+        roots = ", ".join(str(r) for r in code_roots)
+        raise DeployError(f"function {name!r}: codePath {resolved} is outside the allowed code roots ({roots})")
+
+
+def _module_file(code_path: Path, module: str) -> Path:
+    base = code_path.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"no module {module!r} in {code_path}")
+
+
+def _import(spec: FunctionSpec, module: str) -> ModuleType:
+    path = _module_file(spec.codePath, module)
+    unique = f"_fnstream_{spec.name.replace('-', '_')}_{next(_counter)}_{module.replace('.', '_')}"
+    mod_spec = importlib.util.spec_from_file_location(unique, path)
+    assert mod_spec is not None and mod_spec.loader is not None
+    mod = importlib.util.module_from_spec(mod_spec)
+    # Handlers may import helper modules that sit beside them.
+    code_dir = str(spec.codePath)
+    if code_dir not in sys.path:
+        sys.path.append(code_dir)
+    sys.modules[unique] = mod
+    try:
+        mod_spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[unique]
+        raise
+    return mod
+
+
+def load_code(spec: FunctionSpec, code_roots: list[Path]) -> LoadedCode:
+    """Import the handler (and initializer/preStop) of `spec`; DeployError says what failed."""
+    check_code_root(spec.codePath, code_roots, spec.name)
+    if not spec.codePath.is_dir():
+        raise DeployError(f"function {spec.name!r}: codePath {spec.codePath} is not a directory")
+    modules: dict[str, ModuleType] = {}
+
+    def resolve(field: str, ref: str | None) -> Callable | None:
+        if ref is None:
+            return None
+        module, _, attr = ref.rpartition(".")
+        try:
+            if module not in modules:
+                modules[module] = _import(spec, module)
+        except FileNotFoundError as exc:
+            raise DeployError(f"function {spec.name!r}: {field} {ref!r}: {exc}") from None
+        except BaseException as exc:  # noqa: BLE001 - any import-time failure of user code
+            last = traceback.extract_tb(exc.__traceback__)[-1:]
+            where = f" at {last[0].filename}:{last[0].lineno}" if last else ""
+            raise DeployError(f"function {spec.name!r}: importing {module!r} failed: "
+                              f"{type(exc).__name__}: {exc}{where}") from None
+        func = getattr(modules[module], attr, None)
+        if not callable(func):
+            raise DeployError(f"function {spec.name!r}: {field} {ref!r}: module {module!r} has no callable {attr!r}")
+        return func
+
+    handler = resolve("handler", spec.handler)
+    assert handler is not None
+    return LoadedCode(handler, resolve("initializer", spec.initializer), resolve("preStop", spec.preStop))

@@ -1,0 +1,154 @@
+"""Function manifests: the YAML (or JSON) that describes a function service.
+
+A manifest holds one function or a list of them. Every error names the file, the function's
+position and the field; a file with any bad function yields no functions at all.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ManifestError
+
+__all__ = ("FunctionSpec", "parse_manifest", "load_manifest_file", "load_deploy_dir", "function_urn")
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+_HANDLER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*\.[A-Za-z_][A-Za-z0-9_]*$")
+_IDENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+
+
+class FunctionSpec(BaseModel):
+    """One function service, as written in a manifest (camelCase keys, as openYuanrong's)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    name: str
+    handler: str = Field(description="module.function")
+    codePath: Path = Field(Path("."), description="directory of the handler module, relative to the manifest")
+    runtime: Literal["python3", "python3.9", "python3.10", "python3.11", "python3.12", "python3.13"] = "python3"
+    initializer: str | None = Field(None, description="module.function run once before the first invocation")
+    preStop: str | None = None
+    timeout: float = Field(900, gt=0, le=8_640_000, description="seconds")
+    concurrency: int = Field(100, ge=1, description="max concurrent invocations")
+    memory: int = Field(512, ge=1, description="MB")
+    environment: dict[str, str] = Field(default_factory=dict)
+    version: str = "latest"
+    tenant: str = "default"
+    namespace: str = "default"
+    description: str = ""
+    rawStream: bool = Field(False, description="send stream writes verbatim (handler frames its own SSE)")
+    models: list[str] = Field(default_factory=list, description="model ids served (OpenAI routes)")
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError("must start with a lowercase letter and use a-z, 0-9 and '-' (at most 63)")
+        return v
+
+    @field_validator("handler", "initializer", "preStop")
+    @classmethod
+    def _check_handler(cls, v: str | None) -> str | None:
+        if v is not None and not _HANDLER_RE.match(v):
+            raise ValueError("must be 'module.function', e.g. 'echo.handler'")
+        return v
+
+    @field_validator("tenant", "namespace", "version")
+    @classmethod
+    def _check_ident(cls, v: str) -> str:
+        if not _IDENT_RE.match(v):
+            raise ValueError("must use letters, digits, '_' and '-' (at most 63)")
+        return v
+
+    @field_validator("environment", mode="before")
+    @classmethod
+    def _stringify_env(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {str(k): ("" if val is None else str(val)) for k, val in v.items()}
+        return v
+
+    @property
+    def urn(self) -> str:
+        return function_urn(self.tenant, self.namespace, self.name, self.version)
+
+    def public(self) -> dict:
+        data = self.model_dump(mode="json")
+        data["urn"] = self.urn
+        return data
+
+
+def function_urn(tenant: str, namespace: str, name: str, version: str = "latest") -> str:
+    return f"sn:cn:yrk:{tenant}:function:0@{namespace}@{name}:{version}"
+
+
+def _field_errors(exc: ValidationError) -> list[str]:
+    out = []
+    for e in exc.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "(function)"
+        msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+        out.append(f"field {field!r}: {msg}")
+    return out
+
+
+def parse_manifest(text: str, source: str, base_dir: Path) -> list[FunctionSpec]:
+    """Parse manifest text; relative `codePath`s are resolved against `base_dir`.
+
+    Raises ManifestError listing every problem in the document; returns nothing partial.
+    """
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{source}: not valid YAML/JSON: {exc}") from None
+    if isinstance(doc, dict) and "functions" in doc and len(doc) == 1:
+        doc = doc["functions"]
+    items = doc if isinstance(doc, list) else [doc]
+    if not items or not all(isinstance(i, dict) for i in items):
+        raise ManifestError(f"{source}: expected a function (a mapping) or a list of functions")
+    problems: list[str] = []
+    specs: list[FunctionSpec] = []
+    for index, item in enumerate(items):
+        label = f"{source}: function #{index + 1}" + (f" ({item['name']})" if isinstance(item.get("name"), str) else "")
+        try:
+            spec = FunctionSpec.model_validate(item)
+        except ValidationError as exc:
+            problems.extend(f"{label}: {p}" for p in _field_errors(exc))
+            continue
+        specs.append(spec.model_copy(update={"codePath": (base_dir / spec.codePath).resolve()}))
+    names = [s.name for s in specs]
+    for dup in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"{source}: field 'name': {dup!r} is defined more than once")
+    if problems:
+        raise ManifestError("\n".join(problems))
+    return specs
+
+
+def load_manifest_file(path: Path) -> list[FunctionSpec]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read: {exc.strerror}") from None
+    return parse_manifest(text, str(path), path.resolve().parent)
+
+
+def load_deploy_dir(directory: Path) -> list[FunctionSpec]:
+    """Load every *.yaml/*.yml/*.json manifest; on any bad file, raise listing all bad files."""
+    if not directory.is_dir():
+        raise ManifestError(f"deploy directory {directory} does not exist")
+    specs: list[FunctionSpec] = []
+    problems: list[str] = []
+    files = sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml", ".json"))
+    for path in files:
+        try:
+            specs.extend(load_manifest_file(path))
+        except ManifestError as exc:
+            problems.append(exc.message)
+    names = [s.name for s in specs]
+    for dup in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"{directory}: function {dup!r} is defined in more than one manifest")
+    if problems:
+        raise ManifestError("bad manifests in " + str(directory) + ":\n" + "\n".join(problems))
+    return specs

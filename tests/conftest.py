@@ -1,0 +1,106 @@
+"""Shared fixtures: an in-process app client and a real `fnstream serve` process on a free port."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from frontend.app import SERVER_KWARGS, build_app
+from runtime.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+FUNCTIONS = ROOT / "functions"
+DEPLOY = ROOT / "deploy"
+
+
+def make_config(**sections):
+    """The shipped default config with `sections` merged in (dotted keys allowed)."""
+    overrides = [f"{k}={json.dumps(v)}" for k, v in sections.items()]
+    return load_config(ROOT / "config" / "default.yaml", overrides)
+
+
+@pytest.fixture
+def make_client(aiohttp_client):
+    """Factory: an in-process test client of a fresh app built from config overrides."""
+
+    async def factory(config=None, **overrides):
+        cfg = config or make_config(**overrides)
+        app = build_app(cfg)
+        return await aiohttp_client(app, server_kwargs=SERVER_KWARGS)
+
+    return factory
+
+
+@pytest.fixture
+async def client(make_client):
+    return await make_client()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A real `fnstream serve` subprocess; `url` is its base URL."""
+
+    def __init__(self, *args: str, env: dict | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "frontend.cli", "serve", "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.proc.stdout.read()}")
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("server did not become ready")
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.stdout.read() if self.proc.stdout else ""
+
+
+@pytest.fixture
+def start_server():
+    """Factory: start real servers (extra CLI args); all are stopped after the test."""
+    servers: list[ServerProcess] = []
+
+    def factory(*args: str, env: dict | None = None) -> ServerProcess:
+        server = ServerProcess(*args, env=env)
+        servers.append(server)
+        return server
+
+    yield factory
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def server(start_server):
+    """A real server with the shipped config and bundled functions."""
+    return start_server()

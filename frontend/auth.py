@@ -12,11 +12,10 @@ from aiohttp import web
 from runtime.config import AuthToken
 from runtime.errors import ForbiddenError, UnauthorizedError
 
-from .keys import CONFIG
+from .keys import CONFIG, PRINCIPAL
 
 __all__ = ("auth_middleware", "required_role", "PRINCIPAL")
 
-PRINCIPAL = "principal"
 _PUBLIC = ("/healthz",)
 
 

@@ -12,6 +12,8 @@ from aiohttp import web
 from runtime.errors import FunctionServiceError
 from runtime.invocation import new_trace_id
 
+from .keys import TRACE_ID
+
 __all__ = ("error_response", "error_middleware", "is_openai_path", "openai_error_body")
 
 log = logging.getLogger("fnstream.frontend")
@@ -31,7 +33,7 @@ def openai_error_body(status: int, message: str, code: str | int | None = None) 
 
 
 def error_response(request: web.Request, exc: FunctionServiceError) -> web.Response:
-    trace_id = request.get("trace_id")
+    trace_id = request.get(TRACE_ID)
     headers = {"X-Inner-Code": str(exc.code)}
     if trace_id:
         headers["X-Trace-Id"] = trace_id
@@ -46,7 +48,7 @@ def error_response(request: web.Request, exc: FunctionServiceError) -> web.Respo
 
 @web.middleware
 async def error_middleware(request: web.Request, handler):
-    request["trace_id"] = request.headers.get("X-Trace-Id") or new_trace_id()
+    request[TRACE_ID] = request.headers.get("X-Trace-Id") or new_trace_id()
     try:
         return await handler(request)
     except FunctionServiceError as exc:

@@ -3,12 +3,16 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from runtime.config import Config
+from runtime.config import AuthToken, Config
 from runtime.executor import Executor
 from runtime.registry import Registry
 
-__all__ = ("CONFIG", "REGISTRY", "EXECUTOR")
+__all__ = ("CONFIG", "REGISTRY", "EXECUTOR", "TRACE_ID", "PRINCIPAL")
 
 CONFIG = web.AppKey("config", Config)
 REGISTRY = web.AppKey("registry", Registry)
 EXECUTOR = web.AppKey("executor", Executor)
+
+# Per-request state.
+TRACE_ID = web.RequestKey("trace_id", str)
+PRINCIPAL = web.RequestKey("principal", AuthToken)

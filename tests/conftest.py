@@ -104,3 +104,49 @@ def start_server():
 def server(start_server):
     """A real server with the shipped config and bundled functions."""
     return start_server()
+
+
+HANDLERS = Path(__file__).resolve().parent / "handlers"
+
+
+def fn(name: str, handler: str, **fields) -> dict:
+    """A manifest entry for a test handler in tests/handlers."""
+    return {"name": name, "handler": handler, "codePath": str(HANDLERS), **fields}
+
+
+@pytest.fixture
+def deploy_dir(tmp_path):
+    """Factory: write manifests (lists of `fn(...)` dicts) into a fresh deploy directory."""
+    import yaml
+
+    directory = tmp_path / "deploy"
+    directory.mkdir()
+
+    def factory(*functions: dict, file: str = "functions.yaml") -> Path:
+        (directory / file).write_text(yaml.safe_dump(list(functions)))
+        return directory
+
+    return factory
+
+
+def test_config(deploy: Path | None = None, **overrides):
+    """The shipped config, code roots widened to tests/handlers, deploying `deploy` (or nothing)."""
+    sections = {"runtime.codeRoots": [str(HANDLERS), str(FUNCTIONS)],
+                "runtime.deployDir": str(deploy) if deploy else None}
+    sections.update(overrides)
+    return make_config(**sections)
+
+
+test_config.__test__ = False  # a helper, not a test
+
+
+async def read_events(resp, limit: int | None = None) -> list[tuple[float, dict]]:
+    """Parse SSE from a response as it arrives: [(arrival monotonic time, event)]."""
+    from frontend.client import iter_sse
+
+    out = []
+    async for ev in iter_sse(resp):
+        out.append((time.monotonic(), ev))
+        if limit is not None and len(out) >= limit:
+            break
+    return out

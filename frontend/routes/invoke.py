@@ -24,9 +24,8 @@ from runtime.invocation import Invocation
 from runtime.manifest import function_urn
 from runtime.registry import Deployment
 
-from ..auth import PRINCIPAL
 from ..body import read_json_body
-from ..keys import CONFIG, EXECUTOR, REGISTRY
+from ..keys import CONFIG, EXECUTOR, PRINCIPAL, REGISTRY, TRACE_ID
 from ..negotiation import parse_accept, quality
 from ..sse import DONE_EVENT, EventStream, encode_event
 
@@ -74,7 +73,7 @@ async def run_invocation(request: web.Request, dep: Deployment, event: Any) -> w
     mode = negotiate_mode(request.headers.get("Accept"), args.enableEvent)
     inv = Invocation(dep, event, mode=mode, loop=asyncio.get_running_loop(),
                      buffer_events=args.streamBufferEvents, max_write_size=args.maxWriteSize,
-                     max_response_size=args.maxResponseSize, trace_id=request.get("trace_id"))
+                     max_response_size=args.maxResponseSize, trace_id=request.get(TRACE_ID))
     app[EXECUTOR].start(inv)
     try:
         if inv.streaming:

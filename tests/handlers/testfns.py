@@ -1,0 +1,143 @@
+"""Handlers used by the tests (deployed from manifests the tests write)."""
+import asyncio
+import threading
+import time
+
+# Observable side effects: tests read these through the module (same process, in-process client).
+STATE = {"thread_stopped": threading.Event(), "async_cancelled": asyncio.Event, "log": []}
+
+
+def raise_early(event, context):
+    raise ValueError("bad input: no widgets")
+
+
+def raise_mid(event, context):
+    context.get_stream().write("first")
+    context.get_stream().write("second")
+    raise RuntimeError("boom after two events")
+
+
+def exits(event, context):
+    import sys
+    sys.exit(3)
+
+
+def returns_none(event, context):
+    context.get_stream().write("only")
+
+
+def not_serializable(event, context):
+    return {1, 2, 3}
+
+
+def multiline(event, context):
+    context.get_stream().write("line one\nline two\r\nline three")
+    return None
+
+
+def gen(event, context):
+    for i in range(int(event.get("n", 3))):
+        yield {"i": i}
+
+
+async def agen(event, context):
+    for i in range(int(event.get("n", 3))):
+        await asyncio.sleep(float(event.get("delay", 0)))
+        yield f"item-{i}"
+
+
+def sync_ticker(event, context):
+    """A thread handler that writes `count` events `delay_ms` apart."""
+    for i in range(int(event.get("count", 5))):
+        if i:
+            time.sleep(event.get("delay_ms", 200) / 1000)
+        context.get_stream().write({"tick": i + 1})
+    return "done"
+
+
+def sync_forever(event, context):
+    """Writes until its stream is closed (client gone or timed out), then records that."""
+    from runtime import StreamClosedError
+    marker = event.get("marker", "default")
+    try:
+        while True:
+            context.get_stream().write("x" * int(event.get("size", 10)))
+            time.sleep(event.get("sleep", 0.01))
+    except StreamClosedError:
+        STATE["log"].append(("stopped", marker))
+        raise
+
+
+async def async_forever(event, context):
+    marker = event.get("marker", "default")
+    try:
+        while True:
+            await context.get_stream().write("y" * int(event.get("size", 10)))
+            await asyncio.sleep(event.get("sleep", 0.01))
+    except asyncio.CancelledError:
+        STATE["log"].append(("cancelled", marker))
+        raise
+
+
+async def async_sleep(event, context):
+    await asyncio.sleep(event.get("seconds", 10))
+    return "woke"
+
+
+def sync_sleep(event, context):
+    time.sleep(event.get("seconds", 10))
+    return "woke"
+
+
+def sync_sleep_then_write(event, context):
+    time.sleep(event.get("seconds", 1))
+    try:
+        context.get_stream().write("late")
+    except Exception as exc:  # noqa: BLE001
+        STATE["log"].append(("late-write", type(exc).__name__))
+        raise
+    return "wrote"
+
+
+def big_write(event, context):
+    context.get_stream().write("z" * int(event["size"]))
+    return "ok"
+
+
+def context_info(event, context):
+    return {
+        "request_id": context.getRequestID(),
+        "trace_id": context.get_trace_id(),
+        "invoke_id": context.get_invoke_id(),
+        "name": context.getFunctionName(),
+        "version": context.getVersion(),
+        "tenant": context.getTenantID(),
+        "greeting": context.getUserData("GREETING"),
+        "missing": context.get_user_data("NOPE", "fallback"),
+        "remaining_ms": context.getRemainingTimeInMilliSeconds(),
+        "running_s": context.getRunningTimeInSeconds(),
+        "logger": context.getLogger().name,
+    }
+
+
+INIT_CALLS = []
+
+
+def init_ok(context):
+    INIT_CALLS.append(context.getFunctionName())
+
+
+def init_fail(context):
+    raise RuntimeError("cannot reach the database")
+
+
+def counted(event, context):
+    return {"init_calls": INIT_CALLS.count(context.getFunctionName())}
+
+
+async def async_unawaited_flood(event, context):
+    """Writes without awaiting: must be refused once the buffer is full, not grow memory."""
+    stream = context.get_stream()
+    for i in range(int(event.get("n", 1000))):
+        stream.write(str(i))
+    return "unreachable"

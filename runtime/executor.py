@@ -89,7 +89,13 @@ class Executor:
             inv.channel.close()
             if thread_future is not None and not thread_future.done():
                 # The thread cannot be killed: its slot is freed when it really ends.
-                thread_future.add_done_callback(lambda _f: dep.release())
+                def _thread_ended(future: asyncio.Future) -> None:
+                    dep.release()
+                    if not future.cancelled() and future.exception() is not None:
+                        log.info("function %s: abandoned invocation %s ended: %r", dep.name, inv.id,
+                                 future.exception())
+
+                thread_future.add_done_callback(_thread_ended)
             else:
                 dep.release()
 

@@ -1,10 +1,9 @@
 """Handlers used by the tests (deployed from manifests the tests write)."""
 import asyncio
-import threading
 import time
 
 # Observable side effects: tests read these through the module (same process, in-process client).
-STATE = {"thread_stopped": threading.Event(), "async_cancelled": asyncio.Event, "log": []}
+STATE = {"log": [], "writes": {}}
 
 
 def raise_early(event, context):
@@ -70,9 +69,11 @@ def sync_forever(event, context):
 
 async def async_forever(event, context):
     marker = event.get("marker", "default")
+    STATE["writes"][marker] = 0
     try:
         while True:
             await context.get_stream().write("y" * int(event.get("size", 10)))
+            STATE["writes"][marker] += 1
             await asyncio.sleep(event.get("sleep", 0.01))
     except asyncio.CancelledError:
         STATE["log"].append(("cancelled", marker))

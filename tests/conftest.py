@@ -131,7 +131,7 @@ def deploy_dir(tmp_path):
 
 def test_config(deploy: Path | None = None, **overrides):
     """The shipped config, code roots widened to tests/handlers, deploying `deploy` (or nothing)."""
-    sections = {"runtime.codeRoots": [str(HANDLERS), str(FUNCTIONS)],
+    sections = {"runtime.codeRoots": [str(FUNCTIONS), str(HANDLERS)],
                 "runtime.deployDir": str(deploy) if deploy else None}
     sections.update(overrides)
     return make_config(**sections)

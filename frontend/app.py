@@ -11,11 +11,12 @@ from runtime.config import Config
 from runtime.executor import Executor
 from runtime.manifest import load_deploy_dir
 from runtime.registry import Registry
+from runtime.streams import AbstractBroker, bind_broker, build_broker, unbind_broker
 
 from .auth import auth_middleware
 from .errors import error_middleware
-from .keys import CONFIG, EXECUTOR, REGISTRY
-from .routes import admin, health, invoke
+from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY
+from .routes import admin, health, invoke, streams
 
 __all__ = ("build_app", "build_registry", "serve", "SERVER_KWARGS")
 
@@ -34,21 +35,34 @@ def build_registry(config: Config, *, deploy: bool = True) -> Registry:
     return registry
 
 
-def build_app(config: Config, registry: Registry | None = None, executor: Executor | None = None) -> web.Application:
+def build_app(config: Config, registry: Registry | None = None, executor: Executor | None = None,
+              broker: AbstractBroker | None = None) -> web.Application:
     body_limit = int(config.frontend.args.maxRequestBodySize * 1024 * 1024)
     app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=body_limit)
     app[CONFIG] = config
     app[REGISTRY] = registry if registry is not None else build_registry(config)
     app[EXECUTOR] = executor if executor is not None else Executor(config.runtime.threadPoolSize)
+    app[BROKER] = broker if broker is not None else build_broker(config.streams)
     app.add_routes(health.routes)
     app.add_routes(invoke.routes)
     app.add_routes(admin.routes)
+    app.add_routes(streams.routes)
 
     async def _shutdown_executor(app: web.Application):
         yield
         app[EXECUTOR].shutdown()
 
     app.cleanup_ctx.append(_shutdown_executor)
+
+    async def _bind_broker(app: web.Application):
+        # Handlers reach the broker through runtime.create_stream_producer() & co. (runtime/streams/api.py).
+        broker = app[BROKER]
+        bind_broker(broker, asyncio.get_running_loop())
+        yield
+        unbind_broker(broker)
+        await broker.close()
+
+    app.cleanup_ctx.append(_bind_broker)
     return app
 
 

@@ -6,12 +6,14 @@ from aiohttp import web
 from runtime.config import AuthToken, Config
 from runtime.executor import Executor
 from runtime.registry import Registry
+from runtime.streams import AbstractBroker
 
-__all__ = ("CONFIG", "REGISTRY", "EXECUTOR", "TRACE_ID", "PRINCIPAL")
+__all__ = ("CONFIG", "REGISTRY", "EXECUTOR", "TRACE_ID", "PRINCIPAL", "BROKER")
 
 CONFIG = web.AppKey("config", Config)
 REGISTRY = web.AppKey("registry", Registry)
 EXECUTOR = web.AppKey("executor", Executor)
+BROKER = web.AppKey("broker", AbstractBroker)
 
 # Per-request state.
 TRACE_ID = web.RequestKey("trace_id", str)

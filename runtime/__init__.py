@@ -14,6 +14,18 @@ from .executor import Executor
 from .invocation import Invocation, StreamWriter
 from .manifest import FunctionSpec, load_deploy_dir, load_manifest_file, parse_manifest
 from .registry import Deployment, Registry
+from .streams import (
+    Consumer,
+    Element,
+    Producer,
+    ProducerConfig,
+    SubscriptionConfig,
+    create_stream_consumer,
+    create_stream_producer,
+    delete_stream,
+    query_global_consumers_num,
+    query_global_producers_num,
+)
 
 __all__ = (
     "Config", "load_config",
@@ -23,4 +35,7 @@ __all__ = (
     "Invocation", "StreamWriter",
     "FunctionSpec", "load_deploy_dir", "load_manifest_file", "parse_manifest",
     "Deployment", "Registry",
+    "Consumer", "Element", "Producer", "ProducerConfig", "SubscriptionConfig",
+    "create_stream_consumer", "create_stream_producer", "delete_stream",
+    "query_global_consumers_num", "query_global_producers_num",
 )

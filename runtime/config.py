@@ -55,17 +55,21 @@ class AuthConfig(_Strict):
 
 
 class StreamsConfig(_Strict):
-    """Named-stream defaults (see runtime/streams)."""
+    """Named-stream settings (see runtime/streams; every key is documented in README.md)."""
 
-    subscriberBuffer: int = Field(1000, ge=1)
+    broker: Literal["memory"] = "memory"
+    subscriberBuffer: int = Field(1000, ge=1, description="elements buffered per subscription")
     slowConsumerPolicy: Literal["block", "cut"] = "cut"
-    blockTimeoutMs: int = Field(5000, ge=0)
+    blockTimeoutMs: int = Field(5000, ge=0, description="how long 'block' makes a producer wait")
     retainNum: int = Field(0, ge=0)
     retainBytes: int = Field(0, ge=0)
     retainSeconds: float = Field(0, ge=0)
+    maxStreamSize: int = Field(64 * 1024 * 1024, ge=1, description="cap on retained bytes per stream")
     subscribeTimeoutMs: int = Field(0, ge=0, description="idle timeout of a REST subscription; 0 = none")
-    terminators: list[str] = Field(default_factory=lambda: ["[DONE]", "\\xE0\\xFF\\xE0\\xFF", "\xe0\xff\xe0\xff"])
+    terminators: list[str] = Field(default_factory=lambda: ["[DONE]", "\\xE0\\xFF\\xE0\\xFF"])
     maxElementSize: int = Field(4 * 1024 * 1024, ge=1)
+    maxStreams: int = Field(10000, ge=1)
+    maxSubscribersPerStream: int = Field(10000, ge=1)
 
 
 class OpenAIConfig(_Strict):

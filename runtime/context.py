@@ -5,6 +5,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from . import streams
+
 if TYPE_CHECKING:
     from .invocation import Invocation, StreamWriter
     from .registry import Deployment
@@ -69,6 +71,18 @@ class Context:
 
     def get_invoke_id(self) -> str:
         return self._invocation.id if self._invocation else ""
+
+    # -- named streams (runtime/streams): sync forms for thread handlers, `a...` forms to await --
+    create_stream_producer = staticmethod(streams.create_stream_producer)
+    create_stream_consumer = staticmethod(streams.create_stream_consumer)
+    delete_stream = staticmethod(streams.delete_stream)
+    query_global_producers_num = staticmethod(streams.query_global_producers_num)
+    query_global_consumers_num = staticmethod(streams.query_global_consumers_num)
+    acreate_stream_producer = staticmethod(streams.acreate_stream_producer)
+    acreate_stream_consumer = staticmethod(streams.acreate_stream_consumer)
+    adelete_stream = staticmethod(streams.adelete_stream)
+    aquery_global_producers_num = staticmethod(streams.aquery_global_producers_num)
+    aquery_global_consumers_num = staticmethod(streams.aquery_global_consumers_num)
 
     # -- snake_case equivalents --------------------------------------------------------------
     get_request_id = getRequestID

@@ -1,0 +1,327 @@
+"""Named streams over REST: subscribe (SSE or msgpack), publish, list, delete.
+
+`GET /serverless/v1/stream/subscribe` takes openYuanrong's headers (or the same as query
+parameters); `GET /serverless/v1/streams/{name}` is the same subscription for a browser
+`EventSource`, which cannot set headers. One SSE event per element: `id:` is its sequence id,
+`data:` its UTF-8 text, or base64 with `event: binary`. The response ends on a terminator (sent
+as the final event), on expect_num, on the idle timeout (`event: end`), or with `event: error`.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+from typing import Any
+
+import msgpack
+from aiohttp import web
+
+from runtime.errors import BadRequestError
+from runtime.streams import (
+    AbstractSubscription,
+    Element,
+    StreamOptions,
+    SubscriptionEndedError,
+    terminator_set,
+    terminator_text,
+    validate_stream_name,
+)
+
+from ..body import read_body
+from ..keys import BROKER, CONFIG
+from ..negotiation import parse_accept, quality
+from ..sse import PING, EventStream, encode_comment, encode_event
+
+__all__ = ("routes", "parse_elements")
+
+log = logging.getLogger("fnstream.frontend")
+routes = web.RouteTableDef()
+
+MSGPACK = "application/x-msgpack"
+LOST_CODE = 330416  # an `event: error` that is not the end: ids asked for are no longer retained
+
+
+# -- request parameters ----------------------------------------------------------------------
+def _param(request: web.Request, header: str | None, query: str) -> str | None:
+    value = request.headers.get(header) if header else None
+    if value is None:
+        value = request.query.get(query)
+    return value
+
+
+def _int_param(request: web.Request, header: str | None, query: str, minimum: int) -> int | None:
+    raw = _param(request, header, query)
+    if raw is None or raw.strip() == "":
+        return None
+    where = f"{header} / {query}" if header else query
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise BadRequestError(f"parameter {where} must be an integer >= {minimum}, got {raw[:40]!r}") from None
+    if value < minimum:
+        raise BadRequestError(f"parameter {where} must be an integer >= {minimum}, got {value}")
+    return value
+
+
+def _float_param(request: web.Request, query: str) -> float | None:
+    raw = request.query.get(query)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadRequestError(f"parameter {query} must be a number >= 0, got {raw[:40]!r}") from None
+    if not value >= 0:
+        raise BadRequestError(f"parameter {query} must be a number >= 0, got {raw[:40]!r}")
+    return value
+
+
+# -- output formats --------------------------------------------------------------------------
+class _SSE:
+    """Elements as Server-Sent Events."""
+
+    headers: dict[str, str] = {}
+    ping = PING
+
+    @staticmethod
+    def opened(name: str) -> bytes:
+        return encode_comment(f"subscribed to {name}")
+
+    @staticmethod
+    def element(el: Element) -> bytes:
+        try:
+            text = el.data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is None or "\r" in text:  # SSE would turn \r and \r\n into \n: send such text exactly
+            return encode_event(base64.b64encode(el.data).decode("ascii"), el.id, "binary")
+        return encode_event(text, el.id)
+
+    @staticmethod
+    def terminator(el: Element) -> bytes:
+        return encode_event(terminator_text(el.data), el.id)
+
+    @staticmethod
+    def end(payload: dict) -> bytes:
+        return encode_event(json.dumps(payload, ensure_ascii=False), event="end")
+
+    @staticmethod
+    def error(payload: dict) -> bytes:
+        return encode_event(json.dumps(payload, ensure_ascii=False), event="error")
+
+
+class _Msgpack:
+    """Elements as a stream of msgpack maps `{id, data}`; nil objects are heartbeats."""
+
+    headers = {"Content-Type": MSGPACK}
+    ping = msgpack.packb(None)
+
+    @staticmethod
+    def opened(name: str) -> bytes:
+        return msgpack.packb(None)
+
+    @staticmethod
+    def element(el: Element) -> bytes:
+        return msgpack.packb({"id": el.id, "data": el.data}, use_bin_type=True)
+
+    @staticmethod
+    def terminator(el: Element) -> bytes:
+        return msgpack.packb({"id": el.id, "data": el.data, "end": "terminator"}, use_bin_type=True)
+
+    @staticmethod
+    def end(payload: dict) -> bytes:
+        return msgpack.packb({"end": payload.pop("reason"), **payload}, use_bin_type=True)
+
+    @staticmethod
+    def error(payload: dict) -> bytes:
+        return msgpack.packb({"error": payload}, use_bin_type=True)
+
+
+def _format(accept: str | None) -> type[_SSE] | type[_Msgpack]:
+    ranges = parse_accept(accept)
+    if quality(ranges, MSGPACK, wildcards=False) > max(0.0, quality(ranges, "text/event-stream", wildcards=False)):
+        return _Msgpack
+    return _SSE
+
+
+# -- subscribe -------------------------------------------------------------------------------
+async def _subscribe(request: web.Request, name: str | None) -> web.StreamResponse:
+    if name is None:
+        raise BadRequestError("parameter X-Stream-Name (or ?stream=) is missing")
+    name = validate_stream_name(name)
+    cfg = request.app[CONFIG].streams
+    timeout_ms = _int_param(request, "X-Timeout-Ms", "timeout_ms", 0)
+    idle = (cfg.subscribeTimeoutMs if timeout_ms is None else timeout_ms) / 1000
+    expect = _int_param(request, "X-Expect-Num", "expect_num", 1)
+    from_id = _int_param(request, "Last-Event-ID", "from_id", 0)
+    asked_terminator = _param(request, "X-Stream-Terminator", "terminator")
+    if asked_terminator == "":
+        raise BadRequestError("parameter X-Stream-Terminator / terminator is empty")
+    fmt = _format(request.headers.get("Accept"))
+    heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds
+    sub = await request.app[BROKER].subscribe(name, from_id=from_id)
+    try:
+        out = EventStream(request, headers={"X-Stream-Name": name, **fmt.headers})
+        await out.write(fmt.opened(name))
+        if sub.lost is not None:
+            first, last = sub.lost
+            await out.write(fmt.error({"code": LOST_CODE, "lost_from_id": first, "lost_to_id": last,
+                                       "message": f"ids {first}..{last} of stream {name!r} are no longer "
+                                                  f"retained and were lost; continuing from id {last + 1}"}))
+        await _pump(out, fmt, sub, idle, expect, heartbeat, asked_terminator, cfg.terminators)
+    finally:
+        await sub.close()
+    return await out.finish()
+
+
+async def _pump(out: EventStream, fmt, sub: AbstractSubscription, idle: float, expect: int | None,
+                heartbeat: float, asked_terminator: str | None, config_terminators: list[str]) -> None:
+    """Forward elements until a terminator, expect_num, the idle timeout or an error."""
+    loop = asyncio.get_running_loop()
+    stream_term: str | None = None
+    terms = terminator_set([asked_terminator] if asked_terminator else config_terminators)
+    sent = 0
+    idle_deadline = loop.time() + idle if idle else None
+    while True:
+        wait = heartbeat if idle_deadline is None else max(0.0, min(heartbeat, idle_deadline - loop.time()))
+        try:
+            batch = await sub.next_batch(None if expect is None else expect - sent, wait)
+        except SubscriptionEndedError as exc:
+            await out.write(fmt.error(exc.to_dict()))
+            return
+        if not batch:
+            if idle_deadline is not None and loop.time() >= idle_deadline:
+                await out.write(fmt.end({"reason": "idle_timeout", "last_id": sub.last_id,
+                                         "message": f"no element for {idle * 1000:g} ms"}))
+                return
+            await out.write(fmt.ping)
+            continue
+        if asked_terminator is None and sub.stream_terminator != stream_term:
+            stream_term = sub.stream_terminator  # set by a producer that attached after we subscribed
+            terms = terminator_set([*config_terminators, *([stream_term] if stream_term else [])])
+        chunks: list[bytes] = []
+        done = False
+        for el in batch:
+            if el.data in terms:
+                chunks.append(fmt.terminator(el))
+                done = True
+                break
+            chunks.append(fmt.element(el))
+            sent += 1
+            if expect is not None and sent >= expect:
+                chunks.append(fmt.end({"reason": "expect_num", "last_id": el.id,
+                                       "message": f"received the {expect} elements asked for"}))
+                done = True
+                break
+        await out.write(b"".join(chunks))
+        if done:
+            return
+        if idle_deadline is not None:
+            idle_deadline = loop.time() + idle
+
+
+@routes.get("/serverless/v1/stream/subscribe")
+async def subscribe(request: web.Request) -> web.StreamResponse:
+    return await _subscribe(request, _param(request, "X-Stream-Name", "stream"))
+
+
+@routes.get("/serverless/v1/streams/{name:.+}")
+async def subscribe_by_path(request: web.Request) -> web.StreamResponse:
+    return await _subscribe(request, request.match_info["name"])
+
+
+# -- publish, list, delete -------------------------------------------------------------------
+def _element_bytes(value: Any) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
+    """A JSON array, NDJSON (one JSON value per line) or a msgpack array; strings are sent as
+    their UTF-8 text, other JSON values as their JSON text, msgpack bin as is."""
+    if content_type == MSGPACK:
+        try:
+            values = msgpack.unpackb(raw, raw=False)
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise BadRequestError(f"body is not msgpack: {exc}") from None
+        if not isinstance(values, list):
+            raise BadRequestError("a msgpack body must be an array of elements")
+    else:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadRequestError("body is not UTF-8; send binary elements as msgpack "
+                                  f"(Content-Type: {MSGPACK})") from None
+        try:
+            whole = json.loads(text)
+            values = whole if isinstance(whole, list) else [whole]
+        except json.JSONDecodeError:
+            values = []
+            for n, line in enumerate(text.splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    values.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise BadRequestError(f"body is neither a JSON array nor NDJSON: line {n}: {exc.msg} "
+                                          f"at column {exc.colno}") from None
+    if not values:
+        raise BadRequestError("no elements: send a JSON array, NDJSON or a msgpack array of elements")
+    if any(v is None for v in values):
+        raise BadRequestError("null is not an element")
+    return [_element_bytes(v) for v in values]
+
+
+def _publish_options(request: web.Request) -> StreamOptions | None:
+    q = request.query
+    policy = q.get("policy")
+    if policy is not None and policy not in ("block", "cut"):
+        raise BadRequestError(f"parameter policy must be 'block' or 'cut', got {policy[:40]!r}")
+    terminator = q.get("terminator")
+    if terminator == "":
+        raise BadRequestError("parameter terminator is empty")
+    values = {
+        "retain_num": _int_param(request, None, "retain_num", 0),
+        "retain_bytes": _int_param(request, None, "retain_bytes", 0),
+        "retain_seconds": _float_param(request, "retain_seconds"),
+        "retain_for_num_consumers": _int_param(request, None, "retain_for_num_consumers", 0),
+    }
+    if policy is None and terminator is None and all(v is None for v in values.values()):
+        return None
+    return StreamOptions(**{k: v for k, v in values.items() if v is not None}, policy=policy,  # type: ignore[arg-type]
+                         terminator=terminator)
+
+
+@routes.post("/serverless/v1/streams/{name:.+}")
+async def publish(request: web.Request) -> web.Response:
+    name = validate_stream_name(request.match_info["name"])
+    options = _publish_options(request)
+    timeout_ms = _int_param(request, "X-Timeout-Ms", "timeout_ms", 0)
+    elements = parse_elements(await read_body(request), request.content_type)
+    broker = request.app[BROKER]
+    broker.check_elements(elements)  # all or nothing: refuse before anything is published
+    if options is not None:
+        await broker.configure(name, options)
+    ids = await broker.publish(name, elements, timeout=None if timeout_ms is None else timeout_ms / 1000)
+    stats = await broker.stats(name)
+    return web.json_response({"stream": name, "ids": ids, "stats": stats.to_dict()})
+
+
+@routes.get("/serverless/v1/streams")
+async def list_streams(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    one = request.query.get("stream")
+    if one is not None:
+        return web.json_response({"streams": [(await broker.stats(validate_stream_name(one))).to_dict()]})
+    return web.json_response({"streams": [s.to_dict() for s in await broker.list()]})
+
+
+@routes.delete("/serverless/v1/streams/{name:.+}")
+async def delete_stream(request: web.Request) -> web.Response:
+    name = validate_stream_name(request.match_info["name"])
+    await request.app[BROKER].delete(name)
+    return web.json_response({"code": 0, "message": "SUCCESS", "deleted": name})

@@ -1,0 +1,342 @@
+"""The handler-facing stream API, with openYuanrong's names.
+
+`create_stream_producer(name, ProducerConfig)` / `create_stream_consumer(name, SubscriptionConfig)`,
+`delete_stream`, `query_global_producers_num`, `query_global_consumers_num`. Every call has a sync
+form for thread handlers (it runs the work on the server's loop and waits) and an async form,
+prefixed `a` (`await producer.asend(...)`), for async handlers: a sync call made on the loop
+itself would deadlock, so it raises a RuntimeError naming the async form.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Literal, TypeVar
+
+from .broker import AbstractBroker, Element, StreamOptions
+from .errors import StreamError, StreamNotFoundError, SubscriptionEndedError
+from .names import validate_stream_name
+
+__all__ = (
+    "Element", "ProducerConfig", "SubscriptionConfig", "Producer", "Consumer",
+    "bind_broker", "unbind_broker", "current_broker",
+    "create_stream_producer", "create_stream_consumer", "delete_stream",
+    "query_global_producers_num", "query_global_consumers_num",
+    "acreate_stream_producer", "acreate_stream_consumer", "adelete_stream",
+    "aquery_global_producers_num", "aquery_global_consumers_num",
+)
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_bound: tuple[AbstractBroker, asyncio.AbstractEventLoop] | None = None
+
+
+def bind_broker(broker: AbstractBroker, loop: asyncio.AbstractEventLoop) -> None:
+    """Make `broker` (served on `loop`) the one the module functions use; done by the server at start."""
+    global _bound
+    with _lock:
+        _bound = (broker, loop)
+
+
+def unbind_broker(broker: AbstractBroker) -> None:
+    global _bound
+    with _lock:
+        if _bound is not None and _bound[0] is broker:
+            _bound = None
+
+
+def current_broker() -> tuple[AbstractBroker, asyncio.AbstractEventLoop]:
+    bound = _bound
+    if bound is None:
+        raise RuntimeError("no stream broker: named streams are available inside a running fnstream server")
+    return bound
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _run_sync(loop: asyncio.AbstractEventLoop, make: Callable[[], Awaitable[T]], async_name: str,
+              timeout: float | None = None) -> T:
+    """Run the coroutine `make()` on `loop` from another thread and wait for its result."""
+    if _on_loop(loop):
+        raise RuntimeError(f"this is the blocking form, called on the event loop: in an async handler "
+                           f"use `await ...{async_name}(...)`")
+    future = asyncio.run_coroutine_threadsafe(make(), loop)  # type: ignore[arg-type]
+    try:
+        return future.result(timeout)
+    except TimeoutError:
+        future.cancel()
+        raise
+
+
+def _to_bytes(element: Any) -> bytes:
+    if isinstance(element, Element):
+        return element.data
+    if isinstance(element, (bytes, bytearray, memoryview, str)):
+        return Element(element).data
+    raise TypeError(f"send() takes an Element, bytes or str, not {type(element).__name__}")
+
+
+@dataclass(kw_only=True)
+class ProducerConfig:
+    """openYuanrong's producer settings, plus fnstream's retention and slow-subscriber policy."""
+
+    delay_flush_time: int = 5            # ms: <0 flush only on flush()/close()/full page; 0 at once
+    page_size: int = 1024 * 1024         # bytes buffered before a flush is forced
+    max_stream_size: int = 1024 * 1024 * 1024  # cap on retained bytes (lowers streams.maxStreamSize)
+    auto_clean_up: bool = False          # accepted for compatibility; streams live until deleted
+    encrypt_stream: bool = False         # accepted for compatibility; elements stay in this process
+    retain_for_num_consumers: int = 0    # keep everything until this many consumers subscribed
+    reserve_size: int = 0                # accepted for compatibility
+    extend_config: dict = field(default_factory=dict)
+    retain_num: int = 0                  # keep the last N elements for late / reconnecting readers
+    retain_bytes: int = 0                # ... or the last B bytes
+    retain_seconds: float = 0.0          # ... or S seconds' worth
+    slow_consumer_policy: Literal["block", "cut"] | None = None  # None: streams.slowConsumerPolicy
+    terminator: str | None = None        # the stream's agreed terminator, for REST subscribers
+
+    def options(self) -> StreamOptions:
+        return StreamOptions(retain_num=self.retain_num, retain_bytes=self.retain_bytes,
+                             retain_seconds=self.retain_seconds,
+                             retain_for_num_consumers=self.retain_for_num_consumers,
+                             max_stream_size=self.max_stream_size, policy=self.slow_consumer_policy,
+                             terminator=self.terminator)
+
+
+@dataclass(kw_only=True)
+class SubscriptionConfig:
+    """openYuanrong's subscription settings (only STREAM), plus a resume id and buffer size."""
+
+    subscription_name: str = ""
+    subscriptionType: str = "STREAM"
+    extend_config: dict = field(default_factory=dict)
+    from_id: int | None = None           # replay retained elements with id > from_id first
+    buffer: int | None = None            # elements; None: streams.subscriberBuffer
+
+    def __post_init__(self) -> None:
+        if self.subscriptionType != "STREAM":
+            raise ValueError(f"subscriptionType {self.subscriptionType!r} is not supported; only 'STREAM'")
+
+
+class Producer:
+    """Sends elements into one named stream; buffers up to `delay_flush_time` ms / `page_size` bytes."""
+
+    def __init__(self, broker: AbstractBroker, loop: asyncio.AbstractEventLoop, name: str,
+                 config: ProducerConfig) -> None:
+        self.name = name
+        self.config = config
+        self._broker = broker
+        self._loop = loop
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._flush_lock = asyncio.Lock()
+        self._error: BaseException | None = None  # from a timed flush; raised at the next call
+        self._closed = False
+
+    def _check(self) -> None:
+        if self._closed:
+            raise StreamError(f"producer of {self.name!r} is closed")
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    async def asend(self, element: Element | bytes | str, timeout_ms: int | None = None) -> None:
+        self._check()
+        data = _to_bytes(element)
+        if len(data) > self._broker.settings.max_element_size or not data:
+            self._broker.check_elements([data])
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        delay = self.config.delay_flush_time
+        if delay == 0 or self._pending_bytes >= self.config.page_size:
+            await self._flush(timeout_ms)
+        elif delay > 0 and self._timer is None:
+            self._timer = self._loop.call_later(delay / 1000, self._timed_flush)
+
+    def _timed_flush(self) -> None:
+        self._timer = None
+        task = self._loop.create_task(self._flush(None))
+        task.add_done_callback(self._keep_error)
+
+    def _keep_error(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._error = task.exception()
+
+    async def _flush(self, timeout_ms: int | None) -> None:
+        async with self._flush_lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            batch, self._pending, self._pending_bytes = self._pending, [], 0
+            if batch:
+                timeout = None if timeout_ms is None else timeout_ms / 1000
+                await self._broker.publish(self.name, batch, timeout=timeout)
+
+    async def aflush(self) -> None:
+        self._check()
+        await self._flush(None)
+
+    async def aclose(self) -> None:
+        """Flush what is buffered and detach; idempotent."""
+        if self._closed:
+            return
+        try:
+            await self._flush(None)
+        finally:
+            self._closed = True
+            await self._broker.detach_producer(self.name)
+        self._check_error_after_close()
+
+    def _check_error_after_close(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def send(self, element: Element | bytes | str, timeout_ms: int | None = None) -> None:
+        _run_sync(self._loop, lambda: self.asend(element, timeout_ms), "asend")
+
+    def flush(self) -> None:
+        _run_sync(self._loop, self.aflush, "aflush")
+
+    def close(self) -> None:
+        _run_sync(self._loop, self.aclose, "aclose")
+
+    async def __aenter__(self) -> "Producer":
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+class Consumer:
+    """Receives the elements of one named stream, in order."""
+
+    def __init__(self, subscription, loop: asyncio.AbstractEventLoop, config: SubscriptionConfig) -> None:
+        self._sub = subscription
+        self._loop = loop
+        self.name = subscription.name
+        self.config = config
+        self.lost: tuple[int, int] | None = subscription.lost
+
+    async def areceive(self, timeout_ms: int, expect_num: int | None = None) -> list[Element]:
+        """Up to `expect_num` elements (any number if None), returning early once that many came.
+
+        Waits at most `timeout_ms`; returns [] when nothing arrived. Raises
+        SubscriptionEndedError (cut, deleted, closed) once nothing is left to read.
+        """
+        if expect_num is not None and expect_num < 1:
+            raise ValueError(f"expect_num must be >= 1, got {expect_num}")
+        got: list[Element] = []
+        deadline = self._loop.time() + max(0, timeout_ms) / 1000
+        while True:
+            want = None if expect_num is None else expect_num - len(got)
+            try:
+                batch = await self._sub.next_batch(want, max(0.0, deadline - self._loop.time()))
+            except SubscriptionEndedError:
+                if got:
+                    return got  # the error is raised again by the next receive
+                raise
+            got.extend(batch)
+            if not batch or expect_num is None or len(got) >= expect_num:
+                return got
+
+    async def aack(self, ele_id: int) -> None:
+        self._sub.ack(ele_id)
+
+    async def aclose(self) -> None:
+        """Ack what was received and leave the stream; idempotent."""
+        self._sub.ack(self._sub.last_id)
+        await self._sub.close()
+
+    def receive(self, timeout_ms: int, expect_num: int | None = None) -> list[Element]:
+        return _run_sync(self._loop, lambda: self.areceive(timeout_ms, expect_num), "areceive")
+
+    def ack(self, ele_id: int) -> None:
+        _run_sync(self._loop, lambda: self.aack(ele_id), "aack")
+
+    def close(self) -> None:
+        _run_sync(self._loop, self.aclose, "aclose")
+
+    async def __aenter__(self) -> "Consumer":
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> "Consumer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+# -- module functions (openYuanrong's `yr.*` names) --------------------------------------------
+async def acreate_stream_producer(stream_name: str, config: ProducerConfig | None = None) -> Producer:
+    broker, loop = current_broker()
+    config = config or ProducerConfig()
+    name = validate_stream_name(stream_name)
+    await broker.attach_producer(name, config.options())
+    return Producer(broker, loop, name, config)
+
+
+async def acreate_stream_consumer(stream_name: str, config: SubscriptionConfig | None = None) -> Consumer:
+    broker, loop = current_broker()
+    config = config or SubscriptionConfig()
+    sub = await broker.subscribe(validate_stream_name(stream_name), from_id=config.from_id, buffer=config.buffer)
+    return Consumer(sub, loop, config)
+
+
+async def adelete_stream(stream_name: str) -> None:
+    await current_broker()[0].delete(validate_stream_name(stream_name))
+
+
+async def aquery_global_producers_num(stream_name: str) -> int:
+    return await _count(stream_name, "producers")
+
+
+async def aquery_global_consumers_num(stream_name: str) -> int:
+    return await _count(stream_name, "consumers")
+
+
+async def _count(stream_name: str, what: str) -> int:
+    try:
+        stats = await current_broker()[0].stats(validate_stream_name(stream_name))
+    except StreamNotFoundError:
+        return 0
+    return getattr(stats, what)
+
+
+def create_stream_producer(stream_name: str, config: ProducerConfig | None = None) -> Producer:
+    return _run_sync(current_broker()[1], lambda: acreate_stream_producer(stream_name, config),
+                     "acreate_stream_producer")
+
+
+def create_stream_consumer(stream_name: str, config: SubscriptionConfig | None = None) -> Consumer:
+    return _run_sync(current_broker()[1], lambda: acreate_stream_consumer(stream_name, config),
+                     "acreate_stream_consumer")
+
+
+def delete_stream(stream_name: str) -> None:
+    _run_sync(current_broker()[1], lambda: adelete_stream(stream_name), "adelete_stream")
+
+
+def query_global_producers_num(stream_name: str) -> int:
+    return _run_sync(current_broker()[1], lambda: aquery_global_producers_num(stream_name),
+                     "aquery_global_producers_num")
+
+
+def query_global_consumers_num(stream_name: str) -> int:
+    return _run_sync(current_broker()[1], lambda: aquery_global_consumers_num(stream_name),
+                     "aquery_global_consumers_num")

@@ -1,0 +1,341 @@
+"""The in-process broker: fnstream's embedded default. Everything runs on the server's loop.
+
+Memory is bounded per stream by the retention caps, and per subscription by its buffer; a
+replay is a list of references to retained elements, so it costs no copy of the data.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import Sequence
+
+from .broker import AbstractBroker, AbstractSubscription, BrokerSettings, Element, StreamOptions, StreamStats
+from .errors import (
+    InvalidStreamIdError,
+    StreamBlockedError,
+    StreamDeletedError,
+    StreamLimitError,
+    StreamNotFoundError,
+    SubscriptionCutError,
+    SubscriptionEndedError,
+)
+from .names import validate_stream_name
+
+__all__ = ("MemoryBroker", "MemorySubscription")
+
+
+class MemorySubscription(AbstractSubscription):
+    """A bounded buffer of live elements behind a (bounded) replay of retained ones."""
+
+    def __init__(self, stream: "_Stream", capacity: int, replay: list[Element],
+                 lost: tuple[int, int] | None, start_id: int) -> None:
+        self.name = stream.name
+        self._stream = stream
+        self.capacity = capacity
+        self._replay: deque[Element] = deque(replay)
+        self._buffer: deque[Element] = deque()
+        self.lost = lost
+        self.last_id = start_id
+        self.acked_id = start_id
+        self.max_buffered = 0          # high-water mark of the live buffer (never above capacity)
+        self._data = asyncio.Event()
+        self._space = asyncio.Event()
+        self._space.set()
+        self._end: SubscriptionEndedError | None = None
+
+    @property
+    def stream_terminator(self) -> str | None:
+        return self._stream.terminator
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    @property
+    def full(self) -> bool:
+        return len(self._buffer) >= self.capacity
+
+    # -- called by the stream ------------------------------------------------------------------
+    def _offer(self, element: Element) -> bool:
+        if len(self._buffer) >= self.capacity:
+            return False
+        self._buffer.append(element)
+        self.max_buffered = max(self.max_buffered, len(self._buffer))
+        if len(self._buffer) >= self.capacity:
+            self._space.clear()
+        self._data.set()
+        return True
+
+    def _finish(self, error: SubscriptionEndedError) -> None:
+        if self._end is None:
+            self._end = error
+        self._data.set()
+        self._space.set()
+
+    async def _wait_for_space(self, timeout: float) -> bool:
+        try:
+            async with asyncio.timeout(timeout):
+                await self._space.wait()
+            return True
+        except TimeoutError:
+            return False
+
+    # -- reader --------------------------------------------------------------------------------
+    async def next_batch(self, max_items: int | None = None, timeout: float | None = None) -> list[Element]:
+        while True:
+            if self._replay or self._buffer:
+                return self._take(max_items)
+            if self._end is not None:
+                err = self._end
+                if isinstance(err, SubscriptionCutError):
+                    # The message names the resume point, known only once the buffer is drained.
+                    err = SubscriptionCutError(
+                        f"stream {self.name!r}: this subscriber fell {self.capacity} elements behind and "
+                        f"was cut; resume after id {self.last_id} (Last-Event-ID: {self.last_id})",
+                        last_id=self.last_id)
+                raise err
+            self._data.clear()
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._data.wait()
+            except TimeoutError:
+                return []
+
+    def _take(self, max_items: int | None) -> list[Element]:
+        limit = max_items if max_items is not None and max_items > 0 else None
+        batch: list[Element] = []
+        for source in (self._replay, self._buffer):
+            while source and (limit is None or len(batch) < limit):
+                batch.append(source.popleft())
+        if len(self._buffer) < self.capacity:
+            self._space.set()
+        self.last_id = batch[-1].id
+        self._stream.delivered += len(batch)
+        return batch
+
+    def ack(self, ele_id: int) -> None:
+        if ele_id > self.last_id:
+            raise ValueError(f"cannot ack id {ele_id}: the last element received has id {self.last_id}")
+        self.acked_id = max(self.acked_id, ele_id)
+
+    async def close(self) -> None:
+        self._finish(SubscriptionEndedError(f"subscription to {self.name!r} is closed", last_id=self.last_id))
+        self._replay.clear()
+        self._buffer.clear()
+        self._stream.remove(self)
+
+
+class _Stream:
+    """One named stream: ids, live subscriptions, retention and counters."""
+
+    def __init__(self, name: str, settings: BrokerSettings) -> None:
+        self.name = name
+        self.settings = settings
+        d = settings.defaults
+        self.retain_num, self.retain_bytes, self.retain_seconds = d.retain_num, d.retain_bytes, d.retain_seconds
+        self.retain_for_num_consumers = 0
+        self.max_stream_size = settings.max_stream_size
+        self.policy = settings.policy
+        self.terminator: str | None = None
+        self.subscriptions: set[MemorySubscription] = set()
+        self.subscriptions_made = 0
+        self.producers = 0
+        self.last_id = 0
+        self.produced = self.delivered = self.dropped = 0
+        self._retained: deque[tuple[Element, float]] = deque()
+        self.retained_bytes = 0
+        self._publish_lock = asyncio.Lock()  # keeps ids in order while a 'block' publisher waits
+
+    # -- settings ------------------------------------------------------------------------------
+    def configure(self, o: StreamOptions) -> None:
+        self.retain_num = max(self.retain_num, o.retain_num)
+        self.retain_bytes = max(self.retain_bytes, o.retain_bytes)
+        self.retain_seconds = max(self.retain_seconds, o.retain_seconds)
+        self.retain_for_num_consumers = max(self.retain_for_num_consumers, o.retain_for_num_consumers)
+        if o.max_stream_size is not None:
+            self.max_stream_size = min(self.max_stream_size, o.max_stream_size)
+        if o.policy is not None:
+            self.policy = o.policy
+        if o.terminator is not None:
+            self.terminator = o.terminator
+        self._evict(time.monotonic())
+
+    @property
+    def _holding(self) -> bool:
+        """True while elements are kept for consumers still to come (retain_for_num_consumers)."""
+        return self.subscriptions_made < self.retain_for_num_consumers
+
+    @property
+    def _retaining(self) -> bool:
+        return bool(self.retain_num or self.retain_bytes or self.retain_seconds) or self._holding
+
+    # -- retention -----------------------------------------------------------------------------
+    def _retain(self, element: Element, now: float) -> bool:
+        if not self._retaining:
+            return False
+        self._retained.append((element, now))
+        self.retained_bytes += len(element.data)
+        self._evict(now)
+        return bool(self._retained) and self._retained[-1][0] is element
+
+    def _evict(self, now: float) -> None:
+        """Drop the oldest retained elements beyond the limits; the byte cap always applies."""
+        limited = bool(self.retain_num or self.retain_bytes or self.retain_seconds)
+        holding = self._holding
+        while self._retained:
+            element, at = self._retained[0]
+            if self.retained_bytes > self.max_stream_size:
+                over = True
+            elif holding:
+                over = False
+            elif not limited:
+                over = True
+            else:
+                over = bool((self.retain_num and len(self._retained) > self.retain_num)
+                            or (self.retain_bytes and self.retained_bytes > self.retain_bytes)
+                            or (self.retain_seconds and now - at > self.retain_seconds))
+            if not over:
+                break
+            self._retained.popleft()
+            self.retained_bytes -= len(element.data)
+
+    # -- publish -------------------------------------------------------------------------------
+    async def publish(self, elements: Sequence[bytes], timeout: float) -> list[int]:
+        async with self._publish_lock:
+            ids: list[int] = []
+            deadline = time.monotonic() + timeout
+            for data in elements:
+                if self.policy == "block":
+                    await self._wait_for_room(deadline, timeout, ids)
+                ids.append(self._append(data))
+            return ids
+
+    async def _wait_for_room(self, deadline: float, timeout: float, published: list[int]) -> None:
+        while True:
+            slow = next((s for s in self.subscriptions if s.full), None)
+            if slow is None:
+                return
+            if not await slow._wait_for_space(max(0.0, deadline - time.monotonic())):
+                done = f"; ids {published[0]}..{published[-1]} were published" if published else ""
+                raise StreamBlockedError(
+                    f"stream {self.name!r}: a subscriber has not read its {slow.capacity} buffered elements; "
+                    f"the producer waited {timeout:g} s and gave up "
+                    f"(policy 'block'){done}", published=published)
+
+    def _append(self, data: bytes) -> int:
+        now = time.monotonic()
+        self.last_id += 1
+        element = Element(data, self.last_id)
+        self.produced += 1
+        reached = 0
+        for sub in list(self.subscriptions):
+            if sub._offer(element):
+                reached += 1
+            else:  # only under 'cut': 'block' made room first
+                self.subscriptions.discard(sub)
+                sub._finish(SubscriptionCutError("cut", last_id=sub.last_id))
+        if not self._retain(element, now) and not reached:
+            self.dropped += 1
+        return element.id
+
+    # -- subscribe -----------------------------------------------------------------------------
+    def subscribe(self, from_id: int | None, capacity: int) -> MemorySubscription:
+        if len(self.subscriptions) >= self.settings.max_subscribers:
+            raise StreamLimitError(f"stream {self.name!r} already has {len(self.subscriptions)} subscribers "
+                                   f"(streams.maxSubscribersPerStream)")
+        now = time.monotonic()
+        self._evict(now)
+        lost = None
+        if from_id is None:
+            replay = [e for e, _ in self._retained] if self._holding else []
+            start = replay[0].id - 1 if replay else self.last_id
+        else:
+            if from_id < 0 or from_id > self.last_id:
+                raise InvalidStreamIdError(f"stream {self.name!r}: id {from_id} is out of range; "
+                                           f"ids so far are 1..{self.last_id}")
+            first_kept = self._retained[0][0].id if self._retained else self.last_id + 1
+            if from_id + 1 < first_kept:
+                lost = (from_id + 1, first_kept - 1)
+            replay = [e for e, _ in self._retained if e.id > from_id]
+            start = from_id
+        sub = MemorySubscription(self, capacity, replay, lost, start)
+        self.subscriptions.add(sub)
+        self.subscriptions_made += 1
+        self._evict(now)  # the last consumer awaited by retain_for_num_consumers releases the hold
+        return sub
+
+    def remove(self, sub: MemorySubscription) -> None:
+        self.subscriptions.discard(sub)
+
+    def stats(self) -> StreamStats:
+        self._evict(time.monotonic())
+        return StreamStats(
+            name=self.name, producers=self.producers, consumers=len(self.subscriptions),
+            produced=self.produced, delivered=self.delivered, dropped=self.dropped, last_id=self.last_id,
+            first_retained_id=self._retained[0][0].id if self._retained else None,
+            retained=len(self._retained), retained_bytes=self.retained_bytes,
+            policy=self.policy, terminator=self.terminator)
+
+
+class MemoryBroker(AbstractBroker):
+    """Named streams in this process. Call it on the server's event loop only."""
+
+    def __init__(self, settings: BrokerSettings | None = None) -> None:
+        self.settings = settings or BrokerSettings()
+        self._streams: dict[str, _Stream] = {}
+
+    def _get(self, name: str) -> _Stream:
+        stream = self._streams.get(validate_stream_name(name))
+        if stream is None:
+            raise StreamNotFoundError(f"stream {name!r} does not exist")
+        return stream
+
+    def _get_or_create(self, name: str) -> _Stream:
+        stream = self._streams.get(validate_stream_name(name))
+        if stream is None:
+            if len(self._streams) >= self.settings.max_streams:
+                raise StreamLimitError(f"cannot create stream {name!r}: {len(self._streams)} streams exist "
+                                       f"(streams.maxStreams); delete some first")
+            stream = self._streams[name] = _Stream(name, self.settings)
+        return stream
+
+    async def publish(self, name: str, elements: Sequence[bytes], *, timeout: float | None = None) -> list[int]:
+        self.check_elements(elements)
+        stream = self._get_or_create(name)
+        return await stream.publish(elements, self.settings.block_timeout if timeout is None else timeout)
+
+    async def subscribe(self, name: str, *, from_id: int | None = None,
+                        buffer: int | None = None) -> MemorySubscription:
+        return self._get_or_create(name).subscribe(from_id, buffer or self.settings.subscriber_buffer)
+
+    async def configure(self, name: str, options: StreamOptions) -> None:
+        self._get_or_create(name).configure(options)
+
+    async def attach_producer(self, name: str, options: StreamOptions | None = None) -> None:
+        stream = self._get_or_create(name)
+        if options is not None:
+            stream.configure(options)
+        stream.producers += 1
+
+    async def detach_producer(self, name: str) -> None:
+        stream = self._streams.get(name)
+        if stream is not None:
+            stream.producers = max(0, stream.producers - 1)
+
+    async def stats(self, name: str) -> StreamStats:
+        return self._get(name).stats()
+
+    async def list(self) -> list[StreamStats]:
+        return [self._streams[n].stats() for n in sorted(self._streams)]
+
+    async def delete(self, name: str) -> None:
+        stream = self._get(name)
+        del self._streams[name]
+        for sub in list(stream.subscriptions):
+            sub._finish(StreamDeletedError(f"stream {name!r} was deleted", last_id=sub.last_id))
+        stream.subscriptions.clear()
+
+    async def close(self) -> None:
+        for name in list(self._streams):
+            await self.delete(name)

@@ -64,6 +64,9 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
         await broker.close()
 
     app.cleanup_ctx.append(_bind_broker)
+    if config.cluster.redisUrl:  # cluster mode: registry, queue and streams shared through Redis
+        from .cluster import attach_cluster
+        attach_cluster(app)
     return app
 
 

@@ -32,6 +32,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides.append(f"frontend.port={args.port}")
     if args.host is not None:
         overrides.append(f"frontend.host={args.host}")
+    if args.cluster:
+        overrides.append(f"cluster.redisUrl={args.cluster}")
     try:
         config = load_config(args.config, overrides)
         registry = build_registry(config)
@@ -40,6 +42,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     app = build_app(config, registry)
     asyncio.run(serve(app, config.frontend.host, config.frontend.port))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """A handler-only cluster node: functions come from the shared registry, work from the queue."""
+    from runtime.cluster.node import serve_worker
+
+    overrides = list(args.set or []) + [f"cluster.redisUrl={args.cluster}"]
+    if args.concurrency is not None:
+        overrides.append(f"cluster.workerConcurrency={args.concurrency}")
+    try:
+        config = load_config(args.config, overrides)
+    except FunctionServiceError as exc:
+        print(f"fnstream: {exc.message}", file=sys.stderr)
+        return 2
+    asyncio.run(serve_worker(config))
     return 0
 
 
@@ -120,7 +138,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--deploy-dir", help="manifest directory (overrides runtime.deployDir)")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
+    serve.add_argument("--cluster", metavar="REDIS_URL", help="cluster mode: share registry, queue and streams "
+                       "through Redis (sets cluster.redisUrl)")
     serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("worker", help="run a handler-only cluster node taking queued invocations")
+    worker.add_argument("--cluster", required=True, metavar="REDIS_URL", help="redis://HOST:PORT/DB")
+    worker.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="config YAML (default: %(default)s)")
+    worker.add_argument("-s", "--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    worker.add_argument("--concurrency", type=int, help="invocations run at once (cluster.workerConcurrency)")
+    worker.set_defaults(func=cmd_worker)
 
     def client_command(name: str, help: str, func) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help)

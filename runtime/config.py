@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .errors import ConfigError
 
 __all__ = ("Config", "FrontendConfig", "FrontendArgs", "RuntimeConfig", "AuthConfig", "AuthToken",
-           "StreamsConfig", "OpenAIConfig", "load_config", "DEFAULT_CONFIG_PATH")
+           "StreamsConfig", "OpenAIConfig", "ClusterConfig", "load_config", "DEFAULT_CONFIG_PATH")
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "default.yaml"
 
@@ -79,12 +79,26 @@ class OpenAIConfig(_Strict):
     completionsFunction: str = "chat"
 
 
+class ClusterConfig(_Strict):
+    """Cluster mode (see runtime/cluster): streams, registry and work queue in Redis."""
+
+    redisUrl: str | None = Field(None, description="redis://HOST:PORT/DB; unset = single-process mode")
+    role: Literal["all", "frontend", "worker"] = "all"
+    keyPrefix: str = Field("fnstream", min_length=1)
+    registrySyncSeconds: float = Field(1.0, gt=0)
+    workerHeartbeatSeconds: float = Field(1.0, gt=0)
+    claimIdleSeconds: float = Field(5.0, gt=0, description="a queued invocation idle this long is reclaimed")
+    outputTtlSeconds: float = Field(60.0, gt=0, description="per-invocation keys expire after this")
+    workerConcurrency: int = Field(64, ge=1, description="invocations a worker node runs at once")
+
+
 class Config(_Strict):
     frontend: FrontendConfig = FrontendConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     auth: AuthConfig = AuthConfig()
     streams: StreamsConfig = StreamsConfig()
     openai: OpenAIConfig = OpenAIConfig()
+    cluster: ClusterConfig = ClusterConfig()
     source: str = Field("<defaults>", exclude=True, description="where this config came from")
 
 

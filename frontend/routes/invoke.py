@@ -15,6 +15,7 @@ from aiohttp import web
 
 from runtime.errors import (
     ForbiddenError,
+    FunctionNotFoundError,
     FunctionServiceError,
     NotAcceptableError,
     ResponseTooLargeError,
@@ -25,11 +26,12 @@ from runtime.manifest import function_urn
 from runtime.registry import Deployment
 
 from ..body import read_json_body
+from ..cluster import CLUSTER
 from ..keys import CONFIG, EXECUTOR, PRINCIPAL, REGISTRY, TRACE_ID
 from ..negotiation import parse_accept, quality
 from ..sse import DONE_EVENT, EventStream, encode_event
 
-__all__ = ("routes", "negotiate_mode", "run_invocation", "encode_result")
+__all__ = ("routes", "negotiate_mode", "run_invocation", "encode_result", "find_function")
 
 log = logging.getLogger("fnstream.frontend")
 routes = web.RouteTableDef()
@@ -71,10 +73,17 @@ async def run_invocation(request: web.Request, dep: Deployment, event: Any) -> w
     app = request.app
     args = app[CONFIG].frontend.args
     mode = negotiate_mode(request.headers.get("Accept"), args.enableEvent)
-    inv = Invocation(dep, event, mode=mode, loop=asyncio.get_running_loop(),
-                     buffer_events=args.streamBufferEvents, max_write_size=args.maxWriteSize,
-                     max_response_size=args.maxResponseSize, trace_id=request.get(TRACE_ID))
-    app[EXECUTOR].start(inv)
+    cluster = app.get(CLUSTER)
+    if cluster is not None and cluster.should_enqueue(dep):
+        # Runs on a cluster worker; the RemoteInvocation has the same channel/task surface.
+        inv = await cluster.submit(dep, event, mode=mode, buffer_events=args.streamBufferEvents,
+                                   max_write_size=args.maxWriteSize, max_response_size=args.maxResponseSize,
+                                   trace_id=request.get(TRACE_ID))
+    else:
+        inv = Invocation(dep, event, mode=mode, loop=asyncio.get_running_loop(),
+                         buffer_events=args.streamBufferEvents, max_write_size=args.maxWriteSize,
+                         max_response_size=args.maxResponseSize, trace_id=request.get(TRACE_ID))
+        app[EXECUTOR].start(inv)
     try:
         if inv.streaming:
             return await _stream_response(request, inv, args.heartbeatSeconds)
@@ -135,9 +144,20 @@ async def _stream_response(request: web.Request, inv: Invocation, heartbeat: flo
     return await stream.finish()
 
 
+def find_function(app: web.Application, ref: str) -> Deployment:
+    """The local deployment, or in cluster mode one known to the cluster but not loadable here."""
+    try:
+        return app[REGISTRY].get(ref)
+    except FunctionNotFoundError:
+        cluster = app.get(CLUSTER)
+        if cluster is None:
+            raise
+        return cluster.lookup(ref)
+
+
 @routes.post("/serverless/v1/functions/{ref}/invocations")
 async def invoke(request: web.Request) -> web.StreamResponse:
-    dep = request.app[REGISTRY].get(request.match_info["ref"])
+    dep = find_function(request.app, request.match_info["ref"])
     _check_tenant(request, dep)
     event = await read_json_body(request)
     return await run_invocation(request, dep, event)
@@ -147,7 +167,7 @@ async def invoke(request: web.Request) -> web.StreamResponse:
 async def invoke_short(request: web.Request) -> web.StreamResponse:
     name, _, version = request.match_info["function"].partition(":")
     urn = function_urn(request.match_info["tenant"], request.match_info["namespace"], name, version or "latest")
-    dep = request.app[REGISTRY].get(urn)
+    dep = find_function(request.app, urn)
     _check_tenant(request, dep)
     event = await read_json_body(request)
     return await run_invocation(request, dep, event)

@@ -1,0 +1,54 @@
+"""Cluster mode in the HTTP frontend: start the node with the app, guard admin changes, show status.
+
+Admin changes (deploy, redeploy, delete) need Redis so every node gets them: 503 when it is
+unreachable, and the change is stored in Redis before the response goes out.
+"""
+from __future__ import annotations
+
+from aiohttp import web
+
+from runtime.cluster import ClusterNode
+
+from .keys import EXECUTOR, REGISTRY
+
+__all__ = ("CLUSTER", "attach_cluster", "cluster_middleware", "routes")
+
+CLUSTER = web.AppKey("cluster", ClusterNode)
+routes = web.RouteTableDef()
+
+
+@web.middleware
+async def cluster_middleware(request: web.Request, handler):
+    node = request.app.get(CLUSTER)
+    if node is None or request.method not in ("POST", "PUT", "DELETE") or not request.path.startswith("/admin/v1/functions"):
+        return await handler(request)
+    await node.require()
+    response = await handler(request)
+    await node.sync.flush()
+    return response
+
+
+@routes.get("/cluster/v1/status")
+async def cluster_status(request: web.Request) -> web.Response:
+    node = request.app.get(CLUSTER)
+    if node is None:
+        return web.json_response({"cluster": False})
+    return web.json_response({"cluster": True, **node.status()})
+
+
+def attach_cluster(app: web.Application) -> None:
+    """Run a ClusterNode for the app's lifetime (the registry and executor must already be set)."""
+    from .keys import CONFIG
+
+    app.middlewares.append(cluster_middleware)
+    app.add_routes(routes)
+
+    node = ClusterNode(app[CONFIG], app[REGISTRY], app[EXECUTOR])
+    app[CLUSTER] = node
+
+    async def _node(app: web.Application):
+        await node.start()
+        yield
+        await node.stop()
+
+    app.cleanup_ctx.append(_node)

@@ -1,0 +1,8 @@
+"""Cluster mode: several fnstream nodes sharing a function registry and a work queue in Redis.
+
+Without `cluster.redisUrl` none of this is imported and fnstream needs no Redis.
+"""
+from .settings import ClusterUnavailableError, Keys, WorkerLostError, connect
+from .node import ClusterNode
+
+__all__ = ("ClusterNode", "ClusterUnavailableError", "Keys", "WorkerLostError", "connect")

@@ -1,0 +1,188 @@
+"""The work queue, frontend side: enqueue an invocation, relay its output stream as it arrives.
+
+An invocation is one entry on its function's queue stream (`{queue:NAME}`); a worker takes it
+with XREADGROUP and writes entries to the invocation's own output stream (`{inv:ID}:out`):
+`start` (which worker), `data` (one stream write each), then one terminal `result` or `error`.
+`RemoteInvocation` pumps that stream into a bounded OutputChannel and resolves `task` with the
+result, so the HTTP response reads it exactly as it reads a local Invocation.
+Flow control: the pump records how many entries it has taken (`{inv:ID}:ack`); a worker never
+runs more than `buffer` entries ahead of it. Every per-invocation key has a TTL and is deleted
+by the frontend at the end.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from runtime.channel import OutputChannel
+from runtime.errors import FunctionServiceError, FunctionTimeoutError
+from runtime.invocation import new_trace_id
+from runtime.manifest import FunctionSpec
+
+from .settings import REDIS_DOWN, ClusterUnavailableError, Keys, WorkerLostError
+
+__all__ = ("RemoteInvocation", "WorkQueue", "error_from_fields")
+
+log = logging.getLogger("fnstream.cluster")
+
+# How long a blocking XREAD waits before the pump checks deadline and worker liveness.
+_POLL_MS = 500
+# Extra time past the function's timeout before the frontend gives up on a silent worker.
+_DEADLINE_GRACE = 5.0
+
+
+def error_from_fields(fields: dict[str, str]) -> FunctionServiceError:
+    return FunctionServiceError(fields.get("message", "invocation failed"), code=int(fields.get("code", 200500)),
+                                status=int(fields.get("status", 500)))
+
+
+class WorkQueue:
+    """Enqueues invocations for the cluster's workers."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, *, ttl: float, heartbeat: float) -> None:
+        self.redis, self.keys, self.ttl, self.heartbeat = redis, keys, ttl, heartbeat
+        self._cleanup: set[asyncio.Task] = set()
+
+    async def submit(self, spec: FunctionSpec, event: Any, *, mode: str, buffer_events: int, max_write_size: int,
+                     max_response_size: int, trace_id: str | None) -> "RemoteInvocation":
+        inv = RemoteInvocation(self, spec, event, mode=mode, buffer_events=buffer_events,
+                               max_response_size=max_response_size, trace_id=trace_id)
+        entry = {"id": inv.id, "function": spec.name, "event": json.dumps(event), "mode": inv.mode,
+                 "trace": inv.trace_id, "deadline": repr(time.time() + spec.timeout), "buffer": str(buffer_events),
+                 "maxWrite": str(max_write_size), "maxResponse": str(max_response_size)}
+        try:
+            await self.redis.xadd(self.keys.queue(spec.name), entry)
+        except REDIS_DOWN as exc:
+            raise ClusterUnavailableError(f"cannot queue {spec.name!r} for the cluster's workers: Redis is "
+                                          f"unreachable ({exc}); retry later") from None
+        inv.start()
+        return inv
+
+    async def cancel(self, inv_id: str, reason: str) -> None:
+        """Tell whichever worker runs (or will take) the invocation to stop, then drop its keys."""
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(self.keys.cancelled(inv_id), reason, ex=max(1, int(self.ttl)))
+                pipe.publish(self.keys.cancel_channel, inv_id)
+                pipe.delete(self.keys.output(inv_id), self.keys.ack(inv_id))
+                await pipe.execute()
+        except REDIS_DOWN as exc:
+            log.warning("could not send the cancellation of %s (Redis unreachable: %s); its keys expire", inv_id, exc)
+
+    def background(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._cleanup.add(task)
+        task.add_done_callback(self._cleanup.discard)
+
+
+class RemoteInvocation:
+    """An invocation running on some worker, seen through the same surface as a local Invocation:
+    `channel` (bounded, `get_batch`), `task` (the result or a FunctionServiceError), `cancel()`."""
+
+    def __init__(self, queue: WorkQueue, spec: FunctionSpec, event: Any, *, mode: str, buffer_events: int,
+                 max_response_size: int, trace_id: str | None) -> None:
+        self.queue = queue
+        self.id = uuid.uuid4().hex
+        self.trace_id = trace_id or new_trace_id()
+        self.spec = spec
+        # The worker already folded generator items into the result: nothing to aggregate here.
+        self.deployment = SimpleNamespace(kind="remote", spec=spec, name=spec.name)
+        self.aggregate: list[Any] = []
+        self.event = event
+        self.mode = "raw" if (mode == "sse" and spec.rawStream) else mode
+        self.loop = asyncio.get_running_loop()
+        self.started = time.monotonic()
+        self.deadline = self.started + spec.timeout
+        self.buffer_events = buffer_events
+        self.max_response_size = max_response_size
+        self.channel: OutputChannel[str] = OutputChannel(self.loop, buffer_events)
+        self.task: asyncio.Task | None = None
+        self.worker: str | None = None
+        self.events = 0
+        self.cancel_reason: str | None = None
+        self._finished = False
+
+    @property
+    def streaming(self) -> bool:
+        return self.mode != "json"
+
+    def start(self) -> None:
+        self.task = self.loop.create_task(self._pump(), name=f"remote-invocation-{self.id}")
+
+    def cancel(self, reason: str) -> None:
+        if self.cancel_reason is not None:
+            return
+        self.cancel_reason = reason
+        self.channel.cancel(reason)
+        if self.task is not None:
+            self.task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            if not self.task.done():
+                self.task.cancel(reason)
+        if not self._finished:
+            log.info("remote invocation %s of %s cancelled: %s", self.id, self.spec.name, reason)
+            self.queue.background(self.queue.cancel(self.id, reason))
+
+    async def _pump(self) -> Any:
+        keys, redis = self.queue.keys, self.queue.redis
+        out = keys.output(self.id)
+        last = "0-0"
+        try:
+            while True:
+                if time.monotonic() > self.deadline + _DEADLINE_GRACE:
+                    self.cancel(f"function {self.spec.name!r} timed out after {self.spec.timeout:g} s")
+                    raise FunctionTimeoutError(f"function {self.spec.name!r} timed out after {self.spec.timeout:g} s "
+                                               "(no answer from the cluster's workers)")
+                try:
+                    reply = await redis.xread({out: last}, count=self.buffer_events, block=_POLL_MS)
+                except REDIS_DOWN as exc:
+                    raise ClusterUnavailableError(f"lost the connection to Redis while relaying {self.spec.name!r} "
+                                                  f"from worker {self.worker}: {exc}") from None
+                if not reply:
+                    await self._check_worker()
+                    continue
+                entries = reply[0][1]
+                for entry_id, fields in entries:
+                    last = entry_id
+                    kind = fields.get("t")
+                    if kind == "start":
+                        self.worker = fields.get("worker")
+                    elif kind == "data":
+                        await self.channel.put(fields.get("d", ""))
+                        self.events += 1
+                    elif kind == "result":
+                        self._finished = True
+                        text = fields.get("d")
+                        return json.loads(text) if text else None
+                    elif kind == "error":
+                        self._finished = True
+                        raise error_from_fields(fields)
+                await redis.set(keys.ack(self.id), str(self.events), ex=max(1, int(self.queue.ttl)))
+        finally:
+            self.channel.close()
+            if self._finished:
+                self.queue.background(self._drop_keys())
+
+    async def _check_worker(self) -> None:
+        """A worker that vanished after output began is lost; before that, its entry is reclaimed."""
+        if self.worker is None or self.events == 0:
+            return
+        alive = await self.queue.redis.exists(self.queue.keys.worker(self.worker))
+        if not alive:
+            self._finished = True
+            self.queue.background(self.queue.cancel(self.id, "worker lost"))
+            raise WorkerLostError(f"worker {self.worker} running {self.spec.name!r} was lost after "
+                                  f"{self.events} events; the invocation was not retried")
+
+    async def _drop_keys(self) -> None:
+        keys = self.queue.keys
+        try:
+            await self.queue.redis.delete(keys.output(self.id), keys.ack(self.id))
+        except REDIS_DOWN:
+            pass  # they expire

@@ -1,0 +1,230 @@
+"""The shared function registry: deploys, redeploys and deletes on any node reach every node.
+
+Redis holds one record per function (hash `functions`); every change bumps a version counter
+and is announced on a pub/sub channel. Each node applies changes on the announcement and also
+re-reads the hash every `registrySyncSeconds`, so a missed message costs at most that long.
+Handler code is loaded from the node's own disk: a node that cannot load it keeps the function
+as *unavailable* with the reason (its frontend can still enqueue it for workers).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from runtime.errors import FunctionServiceError
+from runtime.manifest import FunctionSpec
+from runtime.registry import Deployment, Registry
+
+from .settings import REDIS_DOWN, Backoff, ClusterUnavailableError, Keys
+
+__all__ = ("RegistrySync",)
+
+log = logging.getLogger("fnstream.cluster")
+
+
+def _relative_code_path(spec: FunctionSpec, roots: list[Path]) -> str | None:
+    for root in roots:
+        try:
+            return str(Path(spec.codePath).resolve().relative_to(root))
+        except ValueError:
+            continue
+    return None
+
+
+class RegistrySync:
+    """Keeps a local Registry equal to the shared one in Redis."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, registry: Registry, node: str, *,
+                 interval: float = 1.0, publish: bool = True) -> None:
+        self.redis, self.keys, self.registry, self.node = redis, keys, registry, node
+        self.interval = interval
+        self.publish = publish              # worker-only nodes never publish their own deploys
+        self.unavailable: dict[str, tuple[FunctionSpec, str]] = {}
+        self.specs: dict[str, FunctionSpec] = {}   # every function of the cluster, loaded or not
+        self._applied: dict[str, int] = {}         # name -> version of the record applied here
+        self._pending: dict[str, FunctionSpec | None] = {}
+        self._applying = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._listener: asyncio.Task | None = None
+        self.connected = False
+        self._pushed = False
+        registry.on_change.append(self._on_local_change)
+
+    # -- local changes -----------------------------------------------------------------------
+    def _on_local_change(self, name: str, dep: Deployment | None) -> None:
+        if self._applying:
+            return
+        self.unavailable.pop(name, None)
+        if dep is None:
+            self.specs.pop(name, None)
+        else:
+            self.specs[name] = dep.spec
+        if self.publish:
+            self._pending[name] = dep.spec if dep is not None else None
+
+    async def flush(self) -> None:
+        """Store local changes in Redis and announce them (503 when Redis is unreachable)."""
+        while self._pending:
+            name, spec = next(iter(self._pending.items()))
+            try:
+                version = await self._store(name, spec)
+            except REDIS_DOWN as exc:
+                raise ClusterUnavailableError(f"the change to {name!r} was applied on this node but could not be "
+                                              f"stored in the cluster (Redis unreachable: {exc}); it is retried "
+                                              "in the background") from None
+            if self._pending.get(name, 0) is spec:
+                del self._pending[name]
+            self._applied[name] = version
+
+    async def _store(self, name: str, spec: FunctionSpec | None) -> int:
+        version = int(await self.redis.incr(self.keys.version))
+        async with self.redis.pipeline(transaction=True) as pipe:
+            if spec is None:
+                pipe.hdel(self.keys.functions, name)
+            else:
+                record = {"spec": spec.model_dump(mode="json"), "version": version, "node": self.node,
+                          "codePathRel": _relative_code_path(spec, self.registry.code_roots)}
+                pipe.hset(self.keys.functions, name, json.dumps(record))
+            pipe.publish(self.keys.registry_channel, str(version))
+            await pipe.execute()
+        return version
+
+    # -- remote changes ----------------------------------------------------------------------
+    async def push_initial(self) -> None:
+        """At start: store this node's deploy-dir functions unless Redis already has the same spec."""
+        records = await self._records()
+        for dep in self.registry.list():
+            self.specs[dep.name] = dep.spec
+            rec = records.get(dep.name)
+            if rec is not None and rec["spec"] == dep.spec.model_dump(mode="json"):
+                self._applied[dep.name] = rec["version"]
+            elif self.publish:
+                self._pending[dep.name] = dep.spec
+        await self.flush()
+
+    async def _records(self) -> dict[str, dict[str, Any]]:
+        raw = await self.redis.hgetall(self.keys.functions)
+        out = {}
+        for name, text in raw.items():
+            try:
+                out[name] = json.loads(text)
+            except ValueError:
+                log.error("registry record %r in Redis is not JSON; ignored", name)
+        return out
+
+    async def sync(self) -> None:
+        """Make the local registry match Redis (changes not yet flushed win locally)."""
+        records = await self._records()
+        for name, rec in records.items():
+            if name not in self._pending and self._applied.get(name) != rec["version"]:
+                self._apply(name, rec)
+        for name in list(self._applied):
+            if name not in records and name not in self._pending:
+                self._remove(name)
+
+    def _apply(self, name: str, rec: dict[str, Any]) -> None:
+        self._applied[name] = rec["version"]
+        try:
+            spec = FunctionSpec.model_validate(rec["spec"])
+        except ValueError as exc:
+            self._mark_unavailable(name, None, f"invalid record in Redis: {exc}")
+            return
+        spec = spec.model_copy(update={"codePath": self._local_code_path(spec, rec.get("codePathRel"))})
+        self.specs[name] = spec
+        self._applying = True
+        try:
+            self.registry.deploy([spec])
+            self.unavailable.pop(name, None)
+            log.info("cluster: applied %s (version %d from %s)", name, rec["version"], rec.get("node"))
+        except FunctionServiceError as exc:
+            self._mark_unavailable(name, spec, exc.message)
+        finally:
+            self._applying = False
+
+    def _local_code_path(self, spec: FunctionSpec, rel: str | None) -> Path:
+        """The same path if this node has the module there, else the same place under a local code root."""
+        module = spec.handler.rpartition(".")[0].replace(".", "/")
+        candidates = [Path(spec.codePath)] + [root / rel for root in self.registry.code_roots if rel is not None]
+        for directory in candidates:
+            if (directory / f"{module}.py").is_file() or (directory / module).is_dir():
+                return directory.resolve()
+        return Path(spec.codePath)
+
+    def _mark_unavailable(self, name: str, spec: FunctionSpec | None, reason: str) -> None:
+        log.warning("cluster: function %s is unavailable on this node: %s", name, reason)
+        if spec is not None:
+            self.unavailable[name] = (spec, reason)
+        self._drop_local(name)
+
+    def _remove(self, name: str) -> None:
+        self._applied.pop(name, None)
+        self.specs.pop(name, None)
+        self.unavailable.pop(name, None)
+        self._drop_local(name)
+        log.info("cluster: removed %s", name)
+
+    def _drop_local(self, name: str) -> None:
+        if name in self.registry:
+            self._applying = True
+            try:
+                self.registry.delete(name)
+            finally:
+                self._applying = False
+
+    # -- background --------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="cluster-registry-sync")
+        self._listener = asyncio.create_task(self._listen(), name="cluster-registry-listen")
+
+    async def stop(self) -> None:
+        for task in (self._task, self._listener):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in (self._task, self._listener) if t), return_exceptions=True)
+
+    async def _loop(self) -> None:
+        backoff = Backoff()
+        while True:
+            try:
+                if not self._pushed:
+                    await self.push_initial()
+                    self._pushed = True
+                await self.flush()
+                await self.sync()
+                if not self.connected:
+                    log.info("cluster: registry in sync with Redis")
+                self.connected = True
+                backoff.reset()
+            except (ClusterUnavailableError, *REDIS_DOWN) as exc:
+                if self.connected:
+                    log.warning("cluster: Redis unreachable (%s); retrying with backoff", exc)
+                self.connected = False
+                await backoff.sleep()
+                continue
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def _listen(self) -> None:
+        backoff = Backoff()
+        while True:
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.keys.registry_channel)
+                backoff.reset()
+                while True:
+                    msg = await pubsub.get_message(timeout=5.0)
+                    if msg is not None:
+                        self._wake.set()
+            except REDIS_DOWN:
+                await backoff.sleep()
+            finally:
+                await pubsub.aclose()

@@ -1,0 +1,101 @@
+"""Shared pieces of cluster mode: the Redis key layout, the connection, errors and backoff.
+
+Every key is hash-tagged (`{...}`) by what it belongs to (the registry, one function's queue, one
+invocation), so each lives on a single Redis Cluster slot and multi-key commands stay legal.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+
+import redis.asyncio as aioredis
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from runtime.errors import FunctionServiceError
+
+__all__ = ("Keys", "connect", "node_id", "ClusterUnavailableError", "WorkerLostError", "REDIS_DOWN", "Backoff",
+           "describe_url")
+
+# What a lost Redis connection looks like to redis-py (OSError covers refused connects).
+REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class ClusterUnavailableError(FunctionServiceError):
+    """Work that needs Redis was asked for while Redis is unreachable."""
+
+    code, status = 200503, 503
+
+
+class WorkerLostError(FunctionServiceError):
+    """The worker running an invocation died after its output had begun."""
+
+    code, status = 4002, 502
+
+
+class Keys:
+    """Names of every Redis key and channel fnstream uses, under one prefix."""
+
+    GROUP = "workers"
+
+    def __init__(self, prefix: str = "fnstream") -> None:
+        self.prefix = prefix
+        self.functions = f"{prefix}:{{registry}}:functions"   # hash name -> JSON record
+        self.version = f"{prefix}:{{registry}}:version"       # counter bumped on every change
+        self.registry_channel = f"{prefix}:registry"          # pub/sub: "something changed"
+        self.cancel_channel = f"{prefix}:cancel"              # pub/sub: invocation ids to cancel
+
+    def queue(self, function: str) -> str:
+        return f"{self.prefix}:{{queue:{function}}}"
+
+    def output(self, inv_id: str) -> str:
+        return f"{self.prefix}:{{inv:{inv_id}}}:out"
+
+    def ack(self, inv_id: str) -> str:
+        return f"{self.prefix}:{{inv:{inv_id}}}:ack"
+
+    def cancelled(self, inv_id: str) -> str:
+        return f"{self.prefix}:{{inv:{inv_id}}}:cancel"
+
+    def worker(self, worker_id: str) -> str:
+        return f"{self.prefix}:worker:{worker_id}"
+
+    def workers_pattern(self) -> str:
+        return f"{self.prefix}:worker:*"
+
+
+def node_id(kind: str) -> str:
+    return f"{kind}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def describe_url(url: str) -> str:
+    """The URL without a password, for messages."""
+    if "@" in url:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.rpartition('@')[2]}"
+    return url
+
+
+def connect(url: str) -> aioredis.Redis:
+    """An asyncio client that fails fast (one quick retry) so callers can answer 503 at once."""
+    return aioredis.Redis.from_url(
+        url, decode_responses=True, socket_connect_timeout=2, socket_timeout=10,
+        retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1), health_check_interval=5)
+
+
+class Backoff:
+    """Exponential backoff for background loops that lost Redis: 0.1 s doubling up to 2 s."""
+
+    def __init__(self, first: float = 0.1, cap: float = 2.0) -> None:
+        self.first, self.cap, self.delay = first, cap, first
+
+    def reset(self) -> None:
+        self.delay = self.first
+
+    async def sleep(self) -> None:
+        await asyncio.sleep(self.delay)
+        self.delay = min(self.cap, self.delay * 2)

@@ -1,0 +1,283 @@
+"""The work queue, worker side: take invocations with consumer groups, run them, stream the output.
+
+A worker reads every function queue it can run (XREADGROUP, only as many entries as it has free
+slots), runs each invocation with the ordinary Executor and writes its output stream. While it
+lives it refreshes a heartbeat key and resets the idle time of the entries it holds; entries of a
+dead worker go idle and another worker takes them with XAUTOCLAIM. A reclaimed invocation whose
+output had already begun is not run again: the client gets a "worker lost" error instead.
+Cancellations arrive on a pub/sub channel (and as a key checked before starting).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from runtime.errors import FunctionServiceError, FunctionTimeoutError, ResponseTooLargeError, ResultNotSerializableError
+from runtime.executor import Executor
+from runtime.invocation import Invocation
+from runtime.registry import Registry
+
+from .settings import REDIS_DOWN, Backoff, Keys, WorkerLostError
+
+__all__ = ("Worker",)
+
+log = logging.getLogger("fnstream.cluster")
+
+
+def _encode_result(value: Any, max_size: int) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ResultNotSerializableError(f"the handler's result is not JSON-serializable: {exc}") from None
+    if len(text.encode()) > max_size:
+        raise ResponseTooLargeError(f"the handler's result exceeds {max_size} bytes")
+    return text
+
+
+class Worker:
+    """Runs queued invocations of the functions in `registry` on `executor`."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, registry: Registry, executor: Executor, worker_id: str, *,
+                 concurrency: int = 64, heartbeat: float = 1.0, claim_idle: float = 5.0, ttl: float = 60.0) -> None:
+        self.redis, self.keys, self.registry, self.executor = redis, keys, registry, executor
+        self.id = worker_id
+        self.concurrency = concurrency
+        self.heartbeat, self.claim_idle, self.ttl = heartbeat, claim_idle, ttl
+        self._slots = asyncio.Semaphore(concurrency)
+        self._running: dict[str, Invocation] = {}          # invocation id -> Invocation
+        self._held: dict[str, tuple[str, str]] = {}        # invocation id -> (queue key, entry id)
+        self._grouped: set[str] = set()
+        self._tasks: list[asyncio.Task] = []
+        self._jobs: set[asyncio.Task] = set()
+        self.completed = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        for coro, name in ((self._consume(), "consume"), (self._beat(), "heartbeat"),
+                           (self._reclaim(), "reclaim"), (self._listen_cancel(), "cancel")):
+            self._tasks.append(asyncio.create_task(coro, name=f"worker-{name}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for inv in list(self._running.values()):
+            inv.cancel("worker shutting down")
+        await asyncio.gather(*self._tasks, *self._jobs, return_exceptions=True)
+        try:
+            await self.redis.delete(self.keys.worker(self.id))
+        except REDIS_DOWN:
+            pass
+
+    # -- taking work -------------------------------------------------------------------------
+    async def _queues(self) -> dict[str, str]:
+        streams = {}
+        for dep in self.registry.list():
+            key = self.keys.queue(dep.name)
+            if key not in self._grouped:
+                try:
+                    await self.redis.xgroup_create(key, Keys.GROUP, id="0", mkstream=True)
+                except aioredis.ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
+                self._grouped.add(key)
+            streams[key] = ">"
+        return streams
+
+    async def _consume(self) -> None:
+        backoff = Backoff()
+        while True:
+            await self._slots.acquire()
+            free = self._slots._value + 1  # noqa: SLF001 - how many more we could take at once
+            self._slots.release()
+            try:
+                streams = await self._queues()
+                if not streams:
+                    await asyncio.sleep(self.heartbeat)
+                    continue
+                reply = await self.redis.xreadgroup(Keys.GROUP, self.id, streams, count=free, block=1000)
+                backoff.reset()
+            except aioredis.ResponseError as exc:
+                if "NOGROUP" in str(exc):   # the queue was deleted (e.g. Redis restarted empty)
+                    self._grouped.clear()
+                    continue
+                raise
+            except REDIS_DOWN as exc:
+                log.warning("worker %s: Redis unreachable (%s); retrying", self.id, exc)
+                self._grouped.clear()
+                await backoff.sleep()
+                continue
+            for key, entries in reply or []:
+                for entry_id, fields in entries:
+                    await self._take(key, entry_id, fields, reclaimed=False)
+
+    async def _reclaim(self) -> None:
+        """Take over entries other (dead) workers held longer than claimIdleSeconds."""
+        backoff = Backoff()
+        while True:
+            await asyncio.sleep(self.claim_idle / 2)
+            try:
+                for key in list(self._grouped):
+                    free = self._slots._value  # noqa: SLF001
+                    if free <= 0:
+                        break
+                    reply = await self.redis.xautoclaim(key, Keys.GROUP, self.id, int(self.claim_idle * 1000),
+                                                        "0-0", count=free)
+                    for entry_id, fields in reply[1]:
+                        if fields:
+                            await self._take(key, entry_id, fields, reclaimed=True)
+                    for entry_id in (reply[2] if len(reply) > 2 else []):   # deleted while pending
+                        await self.redis.xack(key, Keys.GROUP, entry_id)
+                backoff.reset()
+            except REDIS_DOWN:
+                await backoff.sleep()
+            except aioredis.ResponseError as exc:
+                log.debug("reclaim: %s", exc)
+
+    async def _take(self, key: str, entry_id: str, fields: dict[str, str], *, reclaimed: bool) -> None:
+        await self._slots.acquire()
+        inv_id = fields.get("id", entry_id)
+        self._held[inv_id] = (key, entry_id)
+        job = asyncio.create_task(self._run_entry(key, entry_id, fields, reclaimed), name=f"worker-run-{inv_id}")
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+
+    async def _done_with(self, inv_id: str) -> None:
+        key, entry_id = self._held.pop(inv_id)
+        self._slots.release()
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.xack(key, Keys.GROUP, entry_id)
+                pipe.xdel(key, entry_id)
+                await pipe.execute()
+        except REDIS_DOWN:
+            pass  # stays pending; whoever reclaims it finds the finished output and just acks it
+
+    # -- running -----------------------------------------------------------------------------
+    async def _run_entry(self, key: str, entry_id: str, fields: dict[str, str], reclaimed: bool) -> None:
+        inv_id = fields.get("id", entry_id)
+        out = self.keys.output(inv_id)
+        try:
+            if await self.redis.exists(self.keys.cancelled(inv_id)):
+                return
+            if reclaimed:
+                last = await self.redis.xrevrange(out, count=1)
+                kind = last[0][1].get("t") if last else None
+                if kind in ("result", "error"):
+                    return  # finished, only the ack was lost
+                if kind == "data":
+                    err = WorkerLostError(f"the worker running {fields.get('function')!r} was lost after its "
+                                          "output began; the invocation was not retried")
+                    await self._write(out, [self._error_fields(err)])
+                    return
+                log.info("worker %s: re-running invocation %s taken over from a lost worker", self.id, inv_id)
+            await self._execute(inv_id, out, fields)
+        except REDIS_DOWN as exc:
+            log.warning("worker %s: lost Redis while running %s: %s", self.id, inv_id, exc)
+            inv = self._running.get(inv_id)
+            if inv is not None:
+                inv.cancel("lost the connection to Redis")
+            return
+        except Exception:  # noqa: BLE001 - a bad entry must not stop the worker
+            log.exception("worker %s: invocation %s failed", self.id, inv_id)
+        finally:
+            self._running.pop(inv_id, None)
+            await self._done_with(inv_id)
+            self.completed += 1
+
+    def _error_fields(self, exc: FunctionServiceError) -> dict[str, str]:
+        return {"t": "error", "code": str(exc.code), "status": str(exc.status), "message": exc.message}
+
+    async def _write(self, out: str, entries: list[dict[str, str]]) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for fields in entries:
+                pipe.xadd(out, fields)
+            pipe.expire(out, max(1, int(self.ttl)))
+            await pipe.execute()
+
+    async def _execute(self, inv_id: str, out: str, fields: dict[str, str]) -> None:
+        name = fields.get("function", "")
+        try:
+            dep = self.registry.get(name)
+            if time.time() > float(fields.get("deadline", "inf")):
+                raise FunctionTimeoutError(f"function {name!r} timed out before a worker could take it")
+            inv = Invocation(dep, json.loads(fields.get("event", "{}")), mode=fields.get("mode", "json"),
+                             loop=asyncio.get_running_loop(), buffer_events=int(fields.get("buffer", 100)),
+                             max_write_size=int(fields.get("maxWrite", 4 * 1024 * 1024)),
+                             max_response_size=int(fields.get("maxResponse", 6 * 1024 * 1024)),
+                             trace_id=fields.get("trace"))
+            inv.id = inv_id
+            inv.deadline = min(inv.deadline, time.monotonic() + float(fields.get("deadline", "inf")) - time.time())
+            self.executor.start(inv)
+        except FunctionServiceError as exc:
+            await self._write(out, [{"t": "start", "worker": self.id}, self._error_fields(exc)])
+            return
+        self._running[inv_id] = inv
+        await self._write(out, [{"t": "start", "worker": self.id}])
+        written, acked = 0, 0
+        while True:
+            batch = await inv.channel.get_batch()
+            if not batch:
+                break
+            while written - acked >= inv.channel.capacity:   # the frontend is behind: wait for it
+                await asyncio.sleep(0.01)
+                acked = int(await self.redis.get(self.keys.ack(inv_id)) or 0)
+                if inv.cancel_reason is not None:
+                    break
+            await self._write(out, [{"t": "data", "d": payload} for payload in batch])
+            written += len(batch)
+        assert inv.task is not None
+        try:
+            result = await inv.task
+            if inv.mode == "json" and dep.kind in ("gen", "asyncgen") and result is None:
+                result = inv.aggregate
+            terminal = {"t": "result", "d": "" if result is None else _encode_result(result, inv.max_response_size)}
+        except asyncio.CancelledError:
+            if inv.cancel_reason is None:
+                raise
+            return  # the client is gone: nobody reads the output
+        except FunctionServiceError as exc:
+            terminal = self._error_fields(exc)
+        await self._write(out, [terminal])
+
+    # -- liveness and cancellation -----------------------------------------------------------
+    async def _beat(self) -> None:
+        backoff = Backoff()
+        while True:
+            try:
+                info = json.dumps({"running": len(self._running), "completed": self.completed,
+                                   "functions": [d.name for d in self.registry.list()]})
+                await self.redis.set(self.keys.worker(self.id), info, px=int(self.heartbeat * 3000))
+                by_queue: dict[str, list[str]] = {}
+                for key, entry_id in list(self._held.values()):
+                    by_queue.setdefault(key, []).append(entry_id)
+                for key, ids in by_queue.items():   # reset idle time: these are alive, not to be reclaimed
+                    await self.redis.xclaim(key, Keys.GROUP, self.id, 0, ids, justid=True)
+                backoff.reset()
+                await asyncio.sleep(self.heartbeat)
+            except REDIS_DOWN:
+                await backoff.sleep()
+
+    async def _listen_cancel(self) -> None:
+        backoff = Backoff()
+        while True:
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.keys.cancel_channel)
+                backoff.reset()
+                while True:
+                    msg = await pubsub.get_message(timeout=5.0)
+                    if msg is None:
+                        continue
+                    inv = self._running.get(msg["data"])
+                    if inv is not None:
+                        reason = await self.redis.get(self.keys.cancelled(msg["data"])) or "cancelled"
+                        inv.cancel(reason)
+            except REDIS_DOWN:
+                await backoff.sleep()
+            finally:
+                await pubsub.aclose()

@@ -1,0 +1,148 @@
+"""Cluster mode over a real redis-server: frontends and workers as separate processes."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import aiohttp
+import pytest
+
+from conftest import FUNCTIONS
+from cluster_fixtures import CLUSTER_FUNCTIONS, FAST, redis_server, start_worker  # noqa: F401
+from frontend.client import iter_sse
+
+RELAY = {"name": "relay", "handler": "relay.handler", "codePath": str(CLUSTER_FUNCTIONS), "timeout": 30}
+
+
+async def wait_until(probe, what: str, limit: float = 15.0):
+    """Poll `probe()` until it returns something truthy (readiness, not a timing assertion)."""
+    deadline = time.monotonic() + limit
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def status(session: aiohttp.ClientSession, base: str) -> dict:
+    async with session.get(base + "/cluster/v1/status") as r:
+        return await r.json()
+
+
+async def workers_serving(session, base: str, name: str, count: int = 1):
+    async def probe():
+        st = await status(session, base)
+        live = [w for w in st["workers"] if name in w["functions"]]
+        return live if len(live) >= count else None
+    return await wait_until(probe, f"{count} worker(s) serving {name}")
+
+
+async def deploy(session, base: str, manifest: dict, method: str = "POST") -> dict:
+    url = base + "/admin/v1/functions" + (f"/{manifest['name']}" if method == "PUT" else "")
+    async with session.request(method, url, json=manifest) as r:
+        body = await r.json()
+        assert r.status in (200, 201), body
+        return body
+
+
+async def sse(session, base: str, name: str, event: dict, on_event=None):
+    """Invoke with SSE; returns (status, [(arrival time, data)])."""
+    got = []
+    async with session.post(f"{base}/serverless/v1/functions/{name}/invocations", json=event,
+                            headers={"Accept": "text/event-stream"}) as r:
+        async for ev in iter_sse(r):
+            got.append((time.monotonic(), ev["data"]))
+            if on_event is not None:
+                on_event(ev["data"])
+        return r.status, got
+
+
+def frontend_args(url: str, role: str = "frontend") -> list[str]:
+    return ["--cluster", url, *FAST, "-s", f"cluster.role={role}"]
+
+
+async def test_invoke_on_frontend_runs_on_worker_and_streams_as_produced(redis_server, start_server, start_worker):
+    a = start_server(*frontend_args(redis_server.url))
+    worker = start_worker(redis_server.url)
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, RELAY)
+        await workers_serving(s, a.url, "relay")
+        started = time.monotonic()
+        status_code, got = await sse(s, a.url, "relay", {"count": 5, "delay_ms": 300})
+    total = got[-1][0] - started
+    assert status_code == 200
+    data = [d for _, d in got]
+    assert data[-1] == "[DONE]"
+    events = [json.loads(d) for d in data[:5]]
+    assert [e["i"] for e in events] == [1, 2, 3, 4, 5]
+    assert {e["pid"] for e in events} == {worker.pid}          # produced by the worker process
+    assert json.loads(data[5]) == {"count": 5, "pid": worker.pid}
+    assert got[0][0] - started < 0.4 * total                   # the first event came while it ran
+
+
+async def test_json_invocation_and_generator_result_through_worker(redis_server, start_server, start_worker):
+    a = start_server(*frontend_args(redis_server.url))
+    start_worker(redis_server.url)
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, {**RELAY, "name": "gen", "handler": "relay.gen"})
+        await workers_serving(s, a.url, "gen")
+        async with s.post(a.url + "/serverless/v1/functions/gen/invocations", json={"count": 4}) as r:
+            assert r.status == 200
+            assert await r.json() == [0, 1, 2, 3]
+            assert r.headers["X-Inner-Code"] == "0"
+        async with s.post(a.url + "/serverless/v1/functions/ticker/invocations", data=b"{not json") as r:
+            assert r.status == 400                              # bad input is refused before queuing
+
+
+async def test_deploy_on_a_invoke_on_b_within_a_second(redis_server, start_server, start_worker):
+    a = start_server(*frontend_args(redis_server.url, role="all"))
+    b = start_server(*frontend_args(redis_server.url, role="all"))
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, RELAY)
+        deployed = time.monotonic()
+
+        async def on_b():
+            async with s.post(b.url + "/serverless/v1/functions/relay/invocations", json={"count": 1}) as r:
+                return r.status == 200 and await r.json()
+        result = await wait_until(on_b, "relay on B", limit=1.0)
+        assert result["count"] == 1 and time.monotonic() - deployed < 1.0
+        # a redeploy on B reaches A; a delete on A reaches B
+        await deploy(s, b.url, {**RELAY, "description": "v2"}, method="PUT")
+
+        async def described_on_a():
+            async with s.get(a.url + "/admin/v1/functions/relay") as r:
+                return (await r.json())["function"]["description"] == "v2"
+        await wait_until(described_on_a, "redeploy on A", limit=1.0)
+        async with s.delete(a.url + "/admin/v1/functions/relay") as r:
+            assert r.status == 200
+
+        async def gone_on_b():
+            async with s.get(b.url + "/admin/v1/functions/relay") as r:
+                return r.status == 404
+        await wait_until(gone_on_b, "delete on B", limit=1.0)
+
+
+async def test_node_without_the_code_reports_it_unavailable(redis_server, start_server, tmp_path):
+    code = tmp_path / "only_here"
+    code.mkdir()
+    (code / "mine.py").write_text("def handler(event, context):\n    return 'here'\n")
+    a = start_server(*frontend_args(redis_server.url, role="all"), "-s",
+                     f"runtime.codeRoots=[{FUNCTIONS},{CLUSTER_FUNCTIONS},{tmp_path}]")
+    b = start_server(*frontend_args(redis_server.url, role="frontend"))
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, {"name": "mine", "handler": "mine.handler", "codePath": str(code)})
+
+        async def unavailable_on_b():
+            return (await status(s, b.url))["unavailable"].get("mine")
+        reason = await wait_until(unavailable_on_b, "mine unavailable on B")
+        assert "codeRoots" in reason or "code" in reason
+        # B cannot run it but A's node (role all) is a worker that can: B queues it there.
+        await workers_serving(s, b.url, "mine")
+        async with s.post(b.url + "/serverless/v1/functions/mine/invocations", json={}) as r:
+            assert r.status == 200, await r.text()
+            assert await r.json() == "here"

@@ -92,6 +92,19 @@ def _error_event(exc: FunctionServiceError) -> bytes:
 async def _stream(request: web.Request, inv: Invocation, heartbeat: float) -> web.StreamResponse:
     """Each write is one `data:` event, sent as soon as it is read; then `data: [DONE]`."""
     stream = EventStream(request, headers={"X-Trace-Id": inv.trace_id})
+    try:
+        await _relay(stream, inv, heartbeat)
+        return await _finish(stream, inv)
+    except ConnectionError as exc:
+        if isinstance(exc, FunctionServiceError):
+            raise
+        # The client left while we wrote: stop the function, and end quietly (not a server error).
+        inv.cancel("client disconnected")
+        log.info("client of invocation %s of %s left: %s", inv.id, inv.spec.name, exc)
+        return stream.response
+
+
+async def _relay(stream: EventStream, inv: Invocation, heartbeat: float) -> None:
     raw = inv.mode == "raw"
     while True:
         try:
@@ -100,8 +113,12 @@ async def _stream(request: web.Request, inv: Invocation, heartbeat: float) -> we
             await stream.ping()  # a comment line with no blank line after it
             continue
         if not batch:
-            break
+            return
         await stream.write("".join(batch).encode() if raw else b"".join(encode_event(p) for p in batch))
+
+
+async def _finish(stream: EventStream, inv: Invocation) -> web.StreamResponse:
+    """`data: [DONE]` after a clean end; after a failure, the error as a last event first."""
     assert inv.task is not None
     try:
         await inv.task
@@ -111,7 +128,7 @@ async def _stream(request: web.Request, inv: Invocation, heartbeat: float) -> we
         log.info("invocation %s of %s failed mid-stream: %s", inv.id, inv.spec.name, exc.message)
         await stream.write(_error_event(exc) + DONE_EVENT)
         return await stream.finish()
-    if not raw:
+    if inv.mode != "raw":
         await stream.write(DONE_EVENT)
     return await stream.finish()
 

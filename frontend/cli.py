@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import logging
 import os
 import sys
+import urllib.parse
 from pathlib import Path
 
 from runtime.config import DEFAULT_CONFIG_PATH, load_config
@@ -128,6 +130,43 @@ def cmd_invoke(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def cmd_subscribe(args: argparse.Namespace) -> int:
+    """Print a named stream's elements as they arrive; the server ends the response on the terminator."""
+    client = _client(args)
+    headers = {"X-Stream-Name": args.name, "Accept": "text/event-stream"}
+    for header, value in (("Last-Event-ID", args.from_id), ("X-Timeout-Ms", args.timeout_ms),
+                          ("X-Expect-Num", args.expect_num), ("X-Stream-Terminator", args.terminator)):
+        if value is not None:
+            headers[header] = str(value)
+
+    async def run() -> int:
+        rc = 0
+        async with client.session() as s:
+            async with s.get(client.url + "/serverless/v1/stream/subscribe", headers=headers) as r:
+                if r.content_type != "text/event-stream":
+                    return _report(r.status, await r.text())
+                async for ev in iter_sse(r):
+                    if ev["event"] == "binary":
+                        sys.stdout.buffer.write(base64.b64decode(ev["data"]) + b"\n")
+                        sys.stdout.flush()
+                    elif ev["event"] in ("error", "end"):
+                        print(f"fnstream: {ev['event']}: {ev['data']}", file=sys.stderr, flush=True)
+                        rc = 1 if ev["event"] == "error" and '"lost_from_id"' not in ev["data"] else rc
+                    else:
+                        print(ev["data"], flush=True)
+        return rc
+
+    try:
+        return asyncio.run(run())
+    except KeyboardInterrupt:
+        return 130
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    path = "/serverless/v1/streams/" + urllib.parse.quote(args.name, safe="")
+    return _report(*asyncio.run(_client(args).call("POST", path, json_body=list(args.elements))))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fnstream", description="Python function-service runtime for streaming work")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -164,6 +203,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--data", default="{}", help="JSON event (default {})")
     p.add_argument("--stream", action="store_true", help="ask for Server-Sent Events and print them as they arrive")
+    p = client_command("subscribe", "print a named stream's elements as they arrive, until its terminator",
+                       cmd_subscribe)
+    p.add_argument("name")
+    p.add_argument("--from-id", type=int, help="resume after this element id (replays what is retained)")
+    p.add_argument("--timeout-ms", type=int, help="end after this long without an element (0: never)")
+    p.add_argument("--expect-num", type=int, help="end after this many elements")
+    p.add_argument("--terminator", help="the element that ends the stream (default: the server's)")
+    p = client_command("publish", "publish elements (UTF-8 text each) into a named stream", cmd_publish)
+    p.add_argument("name")
+    p.add_argument("elements", nargs="+", metavar="ELEMENT")
     return parser
 
 

@@ -1,0 +1,323 @@
+"""The in-process broker and the handler API, without HTTP."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from runtime.streams import (
+    BrokerSettings,
+    Element,
+    ElementTooLargeError,
+    InvalidElementError,
+    InvalidStreamIdError,
+    InvalidStreamNameError,
+    MemoryBroker,
+    ProducerConfig,
+    StreamBlockedError,
+    StreamDeletedError,
+    StreamNotFoundError,
+    StreamOptions,
+    SubscriptionConfig,
+    SubscriptionCutError,
+    acreate_stream_consumer,
+    acreate_stream_producer,
+    aquery_global_consumers_num,
+    aquery_global_producers_num,
+    bind_broker,
+    create_stream_consumer,
+    create_stream_producer,
+    query_global_producers_num,
+    terminator_forms,
+    unbind_broker,
+    validate_stream_name,
+)
+
+
+def elements(n: int, start: int = 1) -> list[bytes]:
+    return [f"e{i}".encode() for i in range(start, start + n)]
+
+
+async def drain(sub, n: int) -> list[Element]:
+    got: list[Element] = []
+    while len(got) < n:
+        batch = await sub.next_batch(n - len(got), timeout=5)
+        assert batch, f"timed out after {len(got)} of {n}"
+        got.extend(batch)
+    return got
+
+
+async def test_fan_out_in_order_with_sequence_ids():
+    broker = MemoryBroker()
+    subs = [await broker.subscribe("s") for _ in range(3)]
+    assert await broker.publish("s", elements(5)) == [1, 2, 3, 4, 5]
+    assert await broker.publish("s", [b"x"]) == [6]
+    for sub in subs:
+        got = await drain(sub, 6)
+        assert [e.id for e in got] == [1, 2, 3, 4, 5, 6]
+        assert [e.data for e in got] == elements(5) + [b"x"]
+    stats = await broker.stats("s")
+    assert (stats.produced, stats.delivered, stats.dropped, stats.consumers) == (6, 18, 0, 3)
+
+
+async def test_only_elements_after_subscribing_are_received():
+    broker = MemoryBroker()
+    await broker.publish("s", [b"early"])
+    sub = await broker.subscribe("s")
+    await broker.publish("s", [b"late"])
+    assert [(e.id, e.data) for e in await drain(sub, 1)] == [(2, b"late")]
+    assert await sub.next_batch(timeout=0.01) == []
+
+
+async def test_without_subscriber_elements_are_dropped_and_counted():
+    broker = MemoryBroker()
+    await broker.publish("s", elements(4))
+    stats = await broker.stats("s")
+    assert (stats.produced, stats.dropped, stats.retained) == (4, 4, 0)
+
+
+async def test_retention_lets_a_late_subscriber_read_everything():
+    broker = MemoryBroker()
+    await broker.configure("s", StreamOptions(retain_num=10))
+    await broker.publish("s", elements(4))
+    assert (await broker.stats("s")).dropped == 0
+    sub = await broker.subscribe("s", from_id=0)
+    await broker.publish("s", [b"live"])
+    got = await drain(sub, 5)
+    assert [e.id for e in got] == [1, 2, 3, 4, 5]
+    assert got[-1].data == b"live"
+
+
+async def test_resume_from_id_has_no_gap_and_no_duplicate():
+    broker = MemoryBroker(BrokerSettings(defaults=StreamOptions(retain_num=100)))
+    first = await broker.subscribe("s")
+    await broker.publish("s", elements(3))
+    seen = await drain(first, 2)
+    await first.close()
+    await broker.publish("s", elements(3, start=4))
+    again = await broker.subscribe("s", from_id=seen[-1].id)
+    assert again.lost is None
+    await broker.publish("s", [b"e7"])
+    rest = await drain(again, 5)
+    assert [e.id for e in seen + rest] == [1, 2, 3, 4, 5, 6, 7]
+    assert await again.next_batch(timeout=0.01) == []
+
+
+async def test_resume_older_than_retention_reports_lost_ids():
+    broker = MemoryBroker()
+    await broker.configure("s", StreamOptions(retain_num=3))
+    await broker.publish("s", elements(10))
+    sub = await broker.subscribe("s", from_id=2)
+    assert sub.lost == (3, 7)
+    assert [e.id for e in await drain(sub, 3)] == [8, 9, 10]
+    nothing_kept = MemoryBroker()
+    await nothing_kept.publish("t", elements(5))
+    assert (await nothing_kept.subscribe("t", from_id=1)).lost == (2, 5)
+    assert (await nothing_kept.subscribe("t", from_id=5)).lost is None
+
+
+@pytest.mark.parametrize("bad", [-1, 11])
+async def test_resume_id_out_of_range_is_refused(bad):
+    broker = MemoryBroker()
+    await broker.publish("s", elements(10))
+    with pytest.raises(InvalidStreamIdError):
+        await broker.subscribe("s", from_id=bad)
+
+
+async def test_cut_policy_bounds_the_buffer_and_names_the_resume_id():
+    broker = MemoryBroker(BrokerSettings(subscriber_buffer=5, policy="cut"))
+    slow = await broker.subscribe("s")
+    fast = await broker.subscribe("s")
+    for chunk in range(20):  # the fast reader keeps up, the slow one never reads
+        await broker.publish("s", elements(5, start=chunk * 5 + 1))
+        assert slow.buffered <= 5
+        await drain(fast, 5)
+    assert slow.max_buffered == 5
+    assert fast.max_buffered <= 5
+    got = await drain(slow, 5)
+    assert [e.id for e in got] == [1, 2, 3, 4, 5]
+    with pytest.raises(SubscriptionCutError) as info:
+        await slow.next_batch(timeout=1)
+    assert info.value.last_id == 5
+    assert info.value.to_dict()["resume_from_id"] == 5
+    assert "resume after id 5" in info.value.message
+    assert (await broker.stats("s")).consumers == 1
+
+
+async def test_block_policy_bounds_the_buffer_and_times_out_with_a_clear_error():
+    broker = MemoryBroker(BrokerSettings(subscriber_buffer=5, policy="block"))
+    sub = await broker.subscribe("s")
+    with pytest.raises(StreamBlockedError) as info:
+        await broker.publish("s", elements(8), timeout=0.05)
+    assert info.value.published == [1, 2, 3, 4, 5]
+    assert "ids 1..5 were published" in info.value.message
+    assert sub.max_buffered == 5
+    # With a reader (however slow), every element arrives and the buffer never exceeds 5.
+    received: list[int] = []
+
+    async def reader():
+        while len(received) < 105:
+            batch = await sub.next_batch(2, timeout=5)
+            assert batch
+            received.extend(e.id for e in batch)
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(reader())
+    await broker.publish("s", elements(100, start=6), timeout=5)
+    await task
+    assert received == list(range(1, 106))
+    assert sub.max_buffered == 5
+
+
+async def test_retention_never_exceeds_its_byte_caps():
+    broker = MemoryBroker(BrokerSettings(max_stream_size=1000))
+    await broker.configure("s", StreamOptions(retain_seconds=3600))  # time alone: the byte cap still holds
+    for _ in range(50):
+        await broker.publish("s", [b"x" * 100])
+        assert (await broker.stats("s")).retained_bytes <= 1000
+    await broker.configure("b", StreamOptions(retain_bytes=250))
+    for _ in range(10):
+        await broker.publish("b", [b"y" * 100])
+    stats = await broker.stats("b")
+    assert (stats.retained, stats.retained_bytes, stats.first_retained_id) == (2, 200, 9)
+
+
+async def test_retain_for_num_consumers_keeps_elements_for_the_first_consumers():
+    broker = MemoryBroker()
+    await broker.attach_producer("s", StreamOptions(retain_for_num_consumers=2))
+    await broker.publish("s", elements(3))
+    a = await broker.subscribe("s")
+    b = await broker.subscribe("s")
+    assert [e.id for e in await drain(a, 3)] == [1, 2, 3]
+    assert [e.id for e in await drain(b, 3)] == [1, 2, 3]
+    assert (await broker.stats("s")).retained == 0  # released once both subscribed
+    c = await broker.subscribe("s")
+    assert await c.next_batch(timeout=0.01) == []
+
+
+async def test_hundred_subscribers_each_receive_every_element():
+    broker = MemoryBroker()
+    subs = [await broker.subscribe("s") for _ in range(100)]
+    for i in range(20):
+        await broker.publish("s", [f"{i}".encode()])
+    results = await asyncio.gather(*(drain(s, 20) for s in subs))
+    assert all([e.id for e in r] == list(range(1, 21)) for r in results)
+
+
+async def test_bad_elements_publish_nothing():
+    broker = MemoryBroker(BrokerSettings(max_element_size=10))
+    sub = await broker.subscribe("s")
+    with pytest.raises(ElementTooLargeError):
+        await broker.publish("s", [b"ok", b"x" * 11])
+    with pytest.raises(InvalidElementError):
+        await broker.publish("s", [b"ok", b""])
+    assert (await broker.stats("s")).produced == 0
+    assert await sub.next_batch(timeout=0.01) == []
+
+
+@pytest.mark.parametrize("name", ["", "has space", "a" * 256, "tab\t", "é", "a,b", "a?b"])
+def test_bad_names_are_refused(name):
+    with pytest.raises(InvalidStreamNameError):
+        validate_stream_name(name)
+
+
+def test_good_names():
+    for name in ["a", "a" * 255, "x~.-/_!@#%^&*()+=;:Z9"]:
+        assert validate_stream_name(name) == name
+
+
+async def test_delete_ends_subscriptions_and_unknown_is_404():
+    broker = MemoryBroker()
+    sub = await broker.subscribe("s")
+    await broker.delete("s")
+    with pytest.raises(StreamDeletedError):
+        await sub.next_batch(timeout=1)
+    with pytest.raises(StreamNotFoundError) as info:
+        await broker.delete("s")
+    assert info.value.status == 404
+    assert await broker.list() == []
+
+
+async def test_closing_a_subscription_leaves_the_stream():
+    broker = MemoryBroker()
+    sub = await broker.subscribe("s")
+    assert (await broker.stats("s")).consumers == 1
+    await sub.close()
+    await sub.close()
+    assert (await broker.stats("s")).consumers == 0
+
+
+def test_terminator_forms_cover_the_yuanrong_marker_as_text_and_bytes():
+    forms = terminator_forms(r"\xE0\xFF\xE0\xFF")
+    assert forms == {b"\\xE0\\xFF\\xE0\\xFF", b"\xe0\xff\xe0\xff"}
+    assert terminator_forms("[DONE]") == {b"[DONE]"}
+
+
+# -- handler API ---------------------------------------------------------------------------------
+@pytest.fixture
+async def api_broker():
+    broker = MemoryBroker()
+    bind_broker(broker, asyncio.get_running_loop())
+    yield broker
+    unbind_broker(broker)
+
+
+async def test_async_producer_and_consumer(api_broker):
+    consumer = await acreate_stream_consumer("api", SubscriptionConfig())
+    async with await acreate_stream_producer("api", ProducerConfig(delay_flush_time=0)) as producer:
+        assert await aquery_global_producers_num("api") == 1
+        assert await aquery_global_consumers_num("api") == 1
+        for i in range(5):
+            await producer.asend(Element(f"v{i}".encode()))
+    assert await aquery_global_producers_num("api") == 0
+    got = await consumer.areceive(1000, expect_num=5)
+    assert [(e.id, e.data) for e in got] == [(i + 1, f"v{i}".encode()) for i in range(5)]
+    await consumer.aack(got[-1].id)
+    with pytest.raises(ValueError):
+        await consumer.aack(99)
+    assert await consumer.areceive(10) == []
+    await consumer.aclose()
+    assert await aquery_global_consumers_num("api") == 0
+    assert await aquery_global_producers_num("never-made") == 0
+
+
+async def test_delay_flush_time_batches_until_flush(api_broker):
+    consumer = await acreate_stream_consumer("batch")
+    producer = await acreate_stream_producer("batch", ProducerConfig(delay_flush_time=-1))
+    for i in range(3):
+        await producer.asend(b"x")
+    assert (await api_broker.stats("batch")).produced == 0  # held in the producer
+    await producer.aflush()
+    assert (await api_broker.stats("batch")).produced == 3
+    timed = await acreate_stream_producer("batch", ProducerConfig(delay_flush_time=5))
+    await timed.asend(b"y")
+    got = await consumer.areceive(5000, expect_num=4)  # the timer flushes without an explicit flush
+    assert [e.data for e in got] == [b"x", b"x", b"x", b"y"]
+    await producer.aclose()
+    await timed.aclose()
+
+
+async def test_sync_forms_work_from_threads_and_refuse_the_loop(api_broker):
+    def in_thread():
+        consumer = create_stream_consumer("sync", SubscriptionConfig())
+        with create_stream_producer("sync", ProducerConfig(delay_flush_time=0)) as producer:
+            assert query_global_producers_num("sync") == 1
+            producer.send(b"a")
+            producer.send("b")
+        got = consumer.receive(1000, expect_num=2)
+        consumer.close()
+        return [e.data for e in got]
+
+    assert await asyncio.to_thread(in_thread) == [b"a", b"b"]
+    with pytest.raises(RuntimeError, match="acreate_stream_producer"):
+        create_stream_producer("sync")
+
+
+async def test_producer_reports_a_blocked_publish(api_broker):
+    api_broker.settings = api_broker.settings.replace(subscriber_buffer=2)
+    await acreate_stream_consumer("blk")
+    producer = await acreate_stream_producer("blk", ProducerConfig(delay_flush_time=0, slow_consumer_policy="block"))
+    await producer.asend(b"1")
+    await producer.asend(b"2")
+    with pytest.raises(StreamBlockedError):
+        await producer.asend(b"3", timeout_ms=20)

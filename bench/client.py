@@ -1,0 +1,226 @@
+"""The load client: raw asyncio sockets, so the client costs far less CPU than the server.
+
+Streams: one connection per stream (`Connection: close`), the body read to EOF, events counted
+as blank-line terminators (`\\n\\n`) with C-speed `bytes.count` — every target writes whole events
+per chunk, so chunk framing never splits one. Invokes: keep-alive connections, responses framed
+by Content-Length. Times are `time.perf_counter()` seconds.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+__all__ = ("Target", "StreamResult", "open_stream", "run_streams", "hold_streams", "run_invokes", "percentile")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a scenario sends its requests; `stream_path` is None when the target cannot stream."""
+
+    name: str
+    host: str
+    port: int
+    stream_path: str | None
+    echo_path: str | None
+    sse_accept: bool = True
+
+
+def _request(target: Target, path: str, body: bytes, *, keep_alive: bool, sse: bool) -> bytes:
+    head = [f"POST {path} HTTP/1.1", f"Host: {target.host}:{target.port}", "Content-Type: application/json",
+            f"Content-Length: {len(body)}", "Connection: " + ("keep-alive" if keep_alive else "close")]
+    if sse and target.sse_accept:
+        head.append("Accept: text/event-stream")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def percentile(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+@dataclass
+class StreamResult:
+    status: int = 0
+    events: int = 0          # blank-line terminated events, [DONE] included
+    sent: float = 0.0
+    first_event: float | None = None
+    ended: float | None = None
+    head: bytes = b""
+
+    @property
+    def ttfe(self) -> float | None:
+        return None if self.first_event is None else self.first_event - self.sent
+
+
+class _StreamProtocol(asyncio.Protocol):
+    """Counts events of one SSE response until the server closes the connection."""
+
+    def __init__(self, done: asyncio.Future) -> None:
+        self.result = StreamResult()
+        self.done = done
+        self.transport: asyncio.Transport | None = None
+        self._head = b""
+        self._in_body = False
+        self._last = b""
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        r = self.result
+        if not self._in_body:
+            self._head += data
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            r.head = self._head[:end]
+            r.status = int(self._head[9:12])
+            data = self._head[end + 4:]
+            self._in_body = True
+            if not data:
+                return
+        n = data.count(b"\n\n")
+        if self._last == b"\n" and data[:1] == b"\n":
+            n += 1
+        self._last = data[-1:]
+        if n:
+            if r.first_event is None:
+                r.first_event = time.perf_counter()
+            r.events += n
+
+    def eof_received(self):
+        return False
+
+    def connection_lost(self, exc) -> None:
+        self.result.ended = time.perf_counter()
+        if not self.done.done():
+            self.done.set_result(self.result)
+
+
+async def open_stream(target: Target, event: dict) -> tuple[asyncio.Transport, _StreamProtocol, bytes]:
+    """Connect (untimed) and return the transport, protocol and request bytes, ready to send."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    transport, proto = await loop.create_connection(lambda: _StreamProtocol(done), target.host, target.port)
+    req = _request(target, target.stream_path, json.dumps(event).encode(), keep_alive=False, sse=True)
+    return transport, proto, req
+
+
+async def run_streams(target: Target, event: dict, concurrency: int, connect_limit: int = 100) -> list[StreamResult]:
+    """Open `concurrency` connections first, then send every request at once; wait for all ends."""
+    gate = asyncio.Semaphore(connect_limit)
+
+    async def connect():
+        async with gate:
+            return await open_stream(target, event)
+
+    conns = await asyncio.gather(*(connect() for _ in range(concurrency)))
+    for transport, proto, req in conns:
+        proto.result.sent = time.perf_counter()
+        transport.write(req)
+    return list(await asyncio.gather(*(proto.done for _t, proto, _r in conns)))
+
+
+async def hold_streams(target: Target, event: dict, count: int, connect_limit: int = 100) -> list:
+    """Open `count` streams and wait until each got its first event; the caller closes them."""
+    gate = asyncio.Semaphore(connect_limit)
+
+    async def one():
+        async with gate:
+            transport, proto, req = await open_stream(target, event)
+        proto.result.sent = time.perf_counter()
+        transport.write(req)
+        while proto.result.events == 0:
+            if proto.done.done():
+                raise RuntimeError(f"{target.name}: stream ended before its first event "
+                                   f"(status {proto.result.status})")
+            await asyncio.sleep(0.01)
+        return transport
+
+    return list(await asyncio.gather(*(one() for _ in range(count))))
+
+
+class _KeepAliveProtocol(asyncio.Protocol):
+    """One keep-alive connection, one request at a time; responses framed by Content-Length."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future | None = None
+        self.buf = b""
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def request(self, data: bytes) -> asyncio.Future:
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return self.waiter
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = self.buf[:end].lower()
+        length = 0
+        at = head.find(b"content-length:")
+        if at >= 0:
+            eol = head.find(b"\r\n", at)
+            length = int(head[at + 15:eol if eol >= 0 else len(head)])
+        if len(self.buf) < end + 4 + length:
+            return
+        status = int(self.buf[9:12])
+        body = self.buf[end + 4:end + 4 + length]
+        self.buf = self.buf[end + 4 + length:]
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result((status, body))
+
+    def connection_lost(self, exc) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError(f"connection lost: {exc}"))
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+@dataclass
+class InvokeResult:
+    requests: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+
+
+async def run_invokes(target: Target, event: dict, concurrency: int, seconds: float) -> InvokeResult:
+    """`concurrency` keep-alive workers send requests back to back for `seconds`."""
+    loop = asyncio.get_running_loop()
+    body = json.dumps(event).encode()
+    expected = json.loads(body)
+    req = _request(target, target.echo_path, body, keep_alive=True, sse=False)
+    result = InvokeResult()
+    protos = [(await loop.create_connection(_KeepAliveProtocol, target.host, target.port))[1]
+              for _ in range(concurrency)]
+    start = time.perf_counter()
+    stop_at = start + seconds
+
+    async def worker(proto: _KeepAliveProtocol) -> None:
+        lat = result.latencies
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= stop_at:
+                return
+            status, resp = await proto.request(req)
+            lat.append(time.perf_counter() - t0)
+            result.requests += 1
+            if status != 200 or (result.requests % 997 == 0 and json.loads(resp) != expected):
+                result.errors += 1
+
+    await asyncio.gather(*(worker(p) for p in protos))
+    result.seconds = time.perf_counter() - start
+    for p in protos:
+        p.transport.close()
+    return result

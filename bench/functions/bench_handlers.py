@@ -1,0 +1,47 @@
+"""The benchmark workload as fnstream handlers; bench/targets/ serve the same contract.
+
+Event: {"count": N, "first_delay_ms": d, "delay_ms": g, "hold_s": h}. Sleep d, write N events
+{"i": i} g apart, then keep the stream open h seconds (idle streams) and return None.
+"""
+import asyncio
+import time
+
+
+def _params(event):
+    event = event if isinstance(event, dict) else {}
+    return (int(event.get("count", 10)), float(event.get("first_delay_ms", 0)) / 1000,
+            float(event.get("delay_ms", 0)) / 1000, float(event.get("hold_s", 0)))
+
+
+async def stream_async(event, context):
+    count, first, delay, hold = _params(event)
+    stream = context.get_stream()
+    if first:
+        await asyncio.sleep(first)
+    for i in range(count):
+        if i and delay:
+            await asyncio.sleep(delay)
+        await stream.write({"i": i})
+    if hold:
+        await asyncio.sleep(hold)
+
+
+def stream_thread(event, context):
+    count, first, delay, hold = _params(event)
+    stream = context.get_stream()
+    if first:
+        time.sleep(first)
+    for i in range(count):
+        if i and delay:
+            time.sleep(delay)
+        stream.write({"i": i})
+    if hold:
+        time.sleep(hold)
+
+
+def echo(event, context):
+    return event
+
+
+async def echo_async(event, context):
+    return event

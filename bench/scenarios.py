@@ -1,0 +1,104 @@
+"""The benchmark scenarios. Each returns its headline `value` and details; the runner adds the
+client's and the server's CPU use over the scenario so a client bottleneck shows."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from .client import StreamResult, Target, hold_streams, percentile, run_invokes, run_streams
+from .servers import ServerProc
+
+__all__ = ("Scenario", "SCENARIOS", "measure")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    key: str
+    title: str
+    unit: str
+    higher_is_better: bool
+    run: Callable[[Target, ServerProc, float], Awaitable[dict]]
+    targets: tuple[str, ...] = ("aiohttp", "fastapi", "fnstream-async", "fnstream-thread")
+    rounds: bool = True      # repeated each round, best kept; False: measured once
+
+
+def _check(results: list[StreamResult], expected_events: int) -> int:
+    """How many streams failed: non-200 or the wrong number of events."""
+    return sum(1 for r in results if r.status != 200 or r.events != expected_events)
+
+
+async def _streams(target: Target, count: int, concurrency: int) -> dict:
+    results = await run_streams(target, {"count": count}, concurrency)
+    start = min(r.sent for r in results)
+    end = max(r.ended for r in results)
+    ttfes = [r.ttfe for r in results if r.ttfe is not None]
+    events = sum(r.events for r in results) - len(results)  # [DONE] is not a handler event
+    return {"value": events / (end - start), "seconds": end - start, "events": events,
+            "ttfe_p50_ms": percentile(ttfes, 50) * 1000, "ttfe_p99_ms": percentile(ttfes, 99) * 1000,
+            "errors": _check(results, count + 1)}
+
+
+async def ttfe(target: Target, server: ServerProc, scale: float) -> dict:
+    """First write after 50 ms, two more 20 ms apart: TTFE ≈ 50 ms only if the first is flushed."""
+    results = []
+    for _ in range(max(3, int(10 * scale))):
+        results.extend(await run_streams(target, {"count": 3, "first_delay_ms": 50, "delay_ms": 20}, 1))
+    ttfes = [r.ttfe * 1000 for r in results if r.ttfe is not None]
+    return {"value": percentile(ttfes, 50), "ttfe_p99_ms": percentile(ttfes, 99), "errors": _check(results, 4)}
+
+
+async def one_stream(target: Target, server: ServerProc, scale: float) -> dict:
+    return await _streams(target, max(1000, int(100_000 * scale)), 1)
+
+
+async def streams_100(target: Target, server: ServerProc, scale: float) -> dict:
+    return await _streams(target, max(10, int(100 * scale)), 100)
+
+
+async def streams_1000(target: Target, server: ServerProc, scale: float) -> dict:
+    return await _streams(target, max(10, int(100 * scale)), max(100, int(1000 * scale)))
+
+
+async def invoke(target: Target, server: ServerProc, scale: float) -> dict:
+    event = {"prompt": "hello", "n": 1, "tags": ["a", "b"]}
+    r = await run_invokes(target, event, 64, max(0.5, 3 * scale))
+    return {"value": r.requests / r.seconds, "requests": r.requests, "errors": r.errors,
+            "p50_ms": percentile(r.latencies, 50) * 1000, "p99_ms": percentile(r.latencies, 99) * 1000}
+
+
+async def idle_memory(target: Target, server: ServerProc, scale: float) -> dict:
+    """RSS growth per open SSE response that got one event and then idles (handler sleeping)."""
+    n = max(100, int(1000 * scale))
+    await asyncio.sleep(0.3)
+    before = server.rss_kb()
+    transports = await hold_streams(target, {"count": 1, "hold_s": 300}, n)
+    await asyncio.sleep(0.5)
+    after = server.rss_kb()
+    for t in transports:
+        t.close()
+    await asyncio.sleep(1.0)  # let the server cancel the handlers before the next scenario
+    return {"value": (after - before) / n, "streams": n, "rss_before_kb": before, "rss_after_kb": after,
+            "errors": 0}
+
+
+SCENARIOS: list[Scenario] = [
+    Scenario("idle_memory", "memory per idle open stream", "KB", False, idle_memory,
+             targets=("aiohttp", "fastapi", "fnstream-async"), rounds=False),
+    Scenario("ttfe", "time to first event (first write at 50 ms), p50", "ms", False, ttfe),
+    Scenario("one_stream", "one stream, 100k events", "events/s", True, one_stream),
+    Scenario("streams_100", "100 concurrent streams × 100 events", "events/s", True, streams_100),
+    Scenario("streams_1000", "1000 concurrent streams × 100 events", "events/s", True, streams_1000),
+    Scenario("invoke", "JSON invoke of echo, 64 concurrent", "req/s", True, invoke),
+]
+
+
+async def measure(scenario: Scenario, target: Target, server: ServerProc, scale: float) -> dict:
+    """Run one scenario against one target, with client and server CPU over the same wall time."""
+    wall0, client0, server0 = time.perf_counter(), time.process_time(), server.cpu_seconds()
+    out = await scenario.run(target, server, scale)
+    wall = time.perf_counter() - wall0
+    out["client_cpu"] = round((time.process_time() - client0) / wall, 3)
+    out["server_cpu"] = round((server.cpu_seconds() - server0) / wall, 3)
+    return out

@@ -12,7 +12,8 @@ import json
 import time
 from dataclasses import dataclass, field
 
-__all__ = ("Target", "StreamResult", "open_stream", "run_streams", "hold_streams", "run_invokes", "percentile")
+__all__ = ("Target", "StreamResult", "open_stream", "run_streams", "hold_streams", "run_invokes", "percentile",
+           "subscribe", "keep_alive", "post_request")
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,14 @@ class Target:
     sse_accept: bool = True
 
 
-def _request(target: Target, path: str, body: bytes, *, keep_alive: bool, sse: bool) -> bytes:
+def _request(target: Target, path: str, body: bytes | None, *, keep_alive: bool, sse: bool) -> bytes:
+    """POST with a JSON body, or GET when `body` is None."""
+    if body is None:
+        head = [f"GET {path} HTTP/1.1", f"Host: {target.host}:{target.port}",
+                "Connection: " + ("keep-alive" if keep_alive else "close")]
+        if sse:
+            head.append("Accept: text/event-stream")
+        return ("\r\n".join(head) + "\r\n\r\n").encode()
     head = [f"POST {path} HTTP/1.1", f"Host: {target.host}:{target.port}", "Content-Type: application/json",
             f"Content-Length: {len(body)}", "Connection: " + ("keep-alive" if keep_alive else "close")]
     if sse and target.sse_accept:
@@ -66,6 +74,7 @@ class _StreamProtocol(asyncio.Protocol):
         self._head = b""
         self._in_body = False
         self._last = b""
+        self.waiter: asyncio.Future | None = None  # set by a caller that awaits the next event
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -91,6 +100,8 @@ class _StreamProtocol(asyncio.Protocol):
             if r.first_event is None:
                 r.first_event = time.perf_counter()
             r.events += n
+            if self.waiter is not None and not self.waiter.done():
+                self.waiter.set_result(time.perf_counter())
 
     def eof_received(self):
         return False
@@ -101,13 +112,43 @@ class _StreamProtocol(asyncio.Protocol):
             self.done.set_result(self.result)
 
 
-async def open_stream(target: Target, event: dict) -> tuple[asyncio.Transport, _StreamProtocol, bytes]:
-    """Connect (untimed) and return the transport, protocol and request bytes, ready to send."""
+async def open_stream(target: Target, event: dict | None,
+                      path: str | None = None) -> tuple[asyncio.Transport, _StreamProtocol, bytes]:
+    """Connect (untimed) and return the transport, protocol and request bytes, ready to send.
+
+    POST `event` to the target's stream path, or GET `path` when `event` is None.
+    """
     loop = asyncio.get_running_loop()
     done = loop.create_future()
     transport, proto = await loop.create_connection(lambda: _StreamProtocol(done), target.host, target.port)
-    req = _request(target, target.stream_path, json.dumps(event).encode(), keep_alive=False, sse=True)
+    body = None if event is None else json.dumps(event).encode()
+    req = _request(target, path or target.stream_path, body, keep_alive=False, sse=True)
     return transport, proto, req
+
+
+async def subscribe(target: Target, path: str, count: int) -> list[_StreamProtocol]:
+    """`count` GET SSE subscriptions to `path`, each answered (status line and headers read)."""
+    protos = []
+    for _ in range(count):
+        transport, proto, req = await open_stream(target, None, path)
+        proto.result.sent = time.perf_counter()
+        transport.write(req)
+        protos.append(proto)
+    while any(p.result.status == 0 and not p.done.done() for p in protos):
+        await asyncio.sleep(0.005)
+    bad = [p.result.status for p in protos if p.result.status != 200]
+    if bad:
+        raise RuntimeError(f"{target.name}: subscriptions answered {bad[:3]}")
+    return protos
+
+
+async def keep_alive(target: Target) -> "_KeepAliveProtocol":
+    """One keep-alive connection; `await proto.request(_request(...))` gives (status, body)."""
+    return (await asyncio.get_running_loop().create_connection(_KeepAliveProtocol, target.host, target.port))[1]
+
+
+def post_request(target: Target, path: str, body: bytes) -> bytes:
+    return _request(target, path, body, keep_alive=True, sse=False)
 
 
 async def run_streams(target: Target, event: dict, concurrency: int, connect_limit: int = 100) -> list[StreamResult]:

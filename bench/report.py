@@ -18,7 +18,7 @@ def ratio(rows: dict[str, dict], scenario_key: str, target: str) -> float | None
 
 
 def _fmt(value: float, unit: str) -> str:
-    if unit in ("events/s", "req/s"):
+    if unit in ("events/s", "req/s", "elements/s"):
         return f"{value:,.0f}"
     return f"{value:.1f}"
 

@@ -3,11 +3,13 @@ client's and the server's CPU use over the scenario so a client bottleneck shows
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from .client import StreamResult, Target, hold_streams, percentile, run_invokes, run_streams
+from .client import (StreamResult, Target, hold_streams, keep_alive, percentile, post_request, run_invokes,
+                     run_streams, subscribe)
 from .servers import ServerProc
 
 __all__ = ("Scenario", "SCENARIOS", "measure")
@@ -83,6 +85,49 @@ async def idle_memory(target: Target, server: ServerProc, scale: float) -> dict:
             "errors": 0}
 
 
+_FANOUT_RUNS = iter(range(1_000_000))
+
+
+async def fanout(target: Target, server: ServerProc, scale: float) -> dict:
+    """1 producer function → 100 REST subscribers of one named stream; elements/s delivered."""
+    name = f"bench-fanout-{next(_FANOUT_RUNS)}"
+    count, subscribers = max(200, int(5000 * scale)), 100
+    protos = await subscribe(target, f"/serverless/v1/streams/{name}", subscribers)
+    invoker = await keep_alive(target)
+    start = time.perf_counter()
+    status, body = await invoker.request(post_request(
+        target, "/serverless/v1/functions/bench-fanout/invocations",
+        json.dumps({"stream": name, "count": count}).encode()))
+    invoker.transport.close()
+    results = [await p.done for p in protos]
+    end = max(r.ended for r in results)
+    delivered = sum(r.events for r in results) - subscribers  # the [DONE] terminators
+    errors = (status != 200) + sum(1 for r in results if r.events != count + 1)
+    return {"value": delivered / (end - start), "delivered": delivered, "seconds": end - start, "errors": errors}
+
+
+async def publish_latency(target: Target, server: ServerProc, scale: float) -> dict:
+    """Time from sending `POST /serverless/v1/streams/{name}` to the subscriber holding the event."""
+    name = f"bench-latency-{next(_FANOUT_RUNS)}"
+    (proto,) = await subscribe(target, f"/serverless/v1/streams/{name}", 1)
+    publisher = await keep_alive(target)
+    path = f"/serverless/v1/streams/{name}"
+    latencies, errors = [], 0
+    loop = asyncio.get_running_loop()
+    for i in range(max(20, int(200 * scale))):
+        proto.waiter = loop.create_future()
+        t0 = time.perf_counter()
+        status, _body = await publisher.request(post_request(target, path, json.dumps([f"m{i}"]).encode()))
+        errors += status != 200
+        latencies.append((await asyncio.wait_for(proto.waiter, 10)) - t0)
+    await publisher.request(post_request(target, path, b'["[DONE]"]'))
+    publisher.transport.close()
+    await asyncio.wait_for(proto.done, 10)
+    ms = [x * 1000 for x in latencies]
+    return {"value": percentile(ms, 50), "p99_ms": percentile(ms, 99), "p50_ms": percentile(ms, 50),
+            "errors": errors}
+
+
 SCENARIOS: list[Scenario] = [
     Scenario("idle_memory", "memory per idle open stream", "KB", False, idle_memory,
              targets=("aiohttp", "fastapi", "fnstream-async"), rounds=False),
@@ -91,6 +136,10 @@ SCENARIOS: list[Scenario] = [
     Scenario("streams_100", "100 concurrent streams × 100 events", "events/s", True, streams_100),
     Scenario("streams_1000", "1000 concurrent streams × 100 events", "events/s", True, streams_1000),
     Scenario("invoke", "JSON invoke of echo, 64 concurrent", "req/s", True, invoke),
+    Scenario("fanout", "named stream fan-out, 1 producer → 100 subscribers", "elements/s", True, fanout,
+             targets=("fnstream-async",)),
+    Scenario("publish_latency", "named stream subscribe→publish latency, p50", "ms", False, publish_latency,
+             targets=("fnstream-async",)),
 ]
 
 

@@ -51,6 +51,9 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
 
     async def _shutdown_executor(app: web.Application):
         yield
+        # Worker processes: cancelled handlers are reaped, then every pool runs preStop and exits.
+        await app[EXECUTOR].process.aclose()
+        await app[REGISTRY].stop_workers()
         app[EXECUTOR].shutdown()
 
     app.cleanup_ctx.append(_shutdown_executor)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from .context import Context
 from .errors import FunctionServiceError, FunctionTimeoutError, HandlerError
 from .invocation import Invocation
+from .process.executor import ProcessExecutor
 
 __all__ = ("Executor",)
 
@@ -33,12 +34,15 @@ class Executor:
 
     def __init__(self, thread_pool_size: int = 64) -> None:
         self._pool = ThreadPoolExecutor(thread_pool_size, thread_name_prefix="fnstream-handler")
+        self.process = ProcessExecutor()  # `executor: process` functions run on worker processes
 
     def run_sync(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
         return asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
     def start(self, inv: Invocation) -> "asyncio.Task[Any]":
         """Take a concurrency slot (429 when full) and run the invocation in its own task."""
+        if inv.deployment.executor == "process":
+            return self.process.start(inv)
         inv.deployment.acquire()
         inv.task = inv.loop.create_task(self._run(inv), name=f"invocation-{inv.id}")
         return inv.task

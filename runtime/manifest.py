@@ -42,6 +42,10 @@ class FunctionSpec(BaseModel):
     description: str = ""
     rawStream: bool = Field(False, description="send stream writes verbatim (handler frames its own SSE)")
     models: list[str] = Field(default_factory=list, description="model ids served (OpenAI routes)")
+    executor: Literal["async", "thread", "process"] | None = Field(
+        None, description="where handlers run; default: async for async handlers, thread for plain def")
+    instances: int | None = Field(None, ge=1, le=256,
+                                  description="worker processes (executor: process); default min(concurrency, CPUs)")
 
     @field_validator("name")
     @classmethod

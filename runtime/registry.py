@@ -15,12 +15,14 @@ from typing import Any, Callable, Iterable, Literal
 from .errors import ConcurrencyLimitError, DeployError, FunctionNotFoundError, InitializerError
 from .loader import LoadedCode, load_code
 from .manifest import FunctionSpec
+from .process.pool import WorkerPool
 
-__all__ = ("Deployment", "Registry", "handler_kind", "parse_function_ref")
+__all__ = ("Deployment", "Registry", "handler_kind", "parse_function_ref", "executor_for")
 
 log = logging.getLogger("fnstream.runtime")
 
 Kind = Literal["async", "sync", "gen", "asyncgen"]
+ExecutorName = Literal["async", "thread", "process"]
 _URN_RE = re.compile(r"^sn:cn:yrk:(?P<tenant>[^:]+):function:0@(?P<namespace>[^@]+)@(?P<name>[^:]+):(?P<version>[^:]+)$")
 
 
@@ -32,6 +34,19 @@ def handler_kind(func: Callable) -> Kind:
     if inspect.isgeneratorfunction(func):
         return "gen"
     return "sync"
+
+
+def executor_for(spec: FunctionSpec, kind: Kind) -> ExecutorName:
+    """The manifest's `executor`, or the default for the handler's kind; DeployError if they clash."""
+    is_async = kind in ("async", "asyncgen")
+    if spec.executor is None:
+        return "async" if is_async else "thread"
+    if spec.executor == "async" and not is_async:
+        raise DeployError(f"function {spec.name!r}: field 'executor': 'async' needs an `async def` handler")
+    if spec.executor == "thread" and is_async:
+        raise DeployError(f"function {spec.name!r}: field 'executor': 'thread' needs a plain `def` handler "
+                          "(use 'async' or 'process')")
+    return spec.executor
 
 
 def parse_function_ref(ref: str) -> dict[str, str | None]:
@@ -50,6 +65,8 @@ class Deployment:
         self.spec = spec
         self.code = code
         self.kind: Kind = handler_kind(code.handler)
+        self.executor: ExecutorName = executor_for(spec, self.kind)
+        self.pool: WorkerPool | None = None  # executor: process - started by Registry.deploy
         self.revision = revision
         self.inflight = 0
         self.invocations = 0
@@ -98,7 +115,9 @@ class Deployment:
         data = self.spec.public()
         data["status"] = {"revision": self.revision, "kind": self.kind, "inflight": self.inflight,
                           "invocations": self.invocations, "failures": self.failures,
-                          "initError": self.init_error}
+                          "initError": self.init_error, "executor": self.executor}
+        if self.pool is not None:
+            data["status"]["pool"] = self.pool.describe()
         return data
 
 
@@ -128,10 +147,18 @@ class Registry:
                 raise DeployError(f"function(s) already deployed: {', '.join(existing)}; use PUT to redeploy",
                                   code=200409, status=409)
         loaded = [(spec, load_code(spec, self.code_roots)) for spec in specs]
+        for spec, code in loaded:
+            executor_for(spec, handler_kind(code.handler))  # refuse a clash before registering anything
         out = []
         for spec, code in loaded:
             self._revision += 1
             dep = Deployment(spec, code, self._revision)
+            if dep.executor == "process":
+                dep.pool = WorkerPool(dep, self.code_roots, instances=spec.instances)
+                dep.pool.start()
+            old = self._deployments.get(spec.name)
+            if old is not None and old.pool is not None:
+                old.pool.stop()  # its busy workers finish their invocation on the old code first
             self._deployments[spec.name] = dep
             out.append(dep)
             log.info("deployed %s (%s, %s handler, revision %d)", spec.name, spec.urn, dep.kind, dep.revision)
@@ -156,7 +183,14 @@ class Registry:
         dep = self._deployments.pop(name, None)
         if dep is None:
             raise FunctionNotFoundError(f"function {name!r} is not deployed")
+        if dep.pool is not None:
+            dep.pool.stop()  # runs preStop in each worker
         log.info("deleted %s", name)
         for cb in self.on_change:
             cb(name, None)
         return dep
+
+    async def stop_workers(self, grace: float = 10.0) -> None:
+        """Stop every worker pool (preStop runs; busy workers get `grace` seconds), for shutdown."""
+        pools = [d.pool for d in self._deployments.values() if d.pool is not None]
+        await asyncio.gather(*(p.aclose(grace) for p in pools))

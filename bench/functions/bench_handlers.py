@@ -45,3 +45,15 @@ def echo(event, context):
 
 async def echo_async(event, context):
     return event
+
+
+async def fanout_producer(event, context):
+    """Send `count` elements, then the `[DONE]` terminator, into the named stream `stream`."""
+    from runtime import ProducerConfig
+
+    producer = await context.acreate_stream_producer(event["stream"], ProducerConfig())
+    for i in range(int(event.get("count", 1000))):
+        await producer.asend(f'{{"i":{i}}}')
+    await producer.asend("[DONE]")
+    await producer.aclose()
+    return None

@@ -1,0 +1,101 @@
+"""Runs invocations of `executor: process` functions on their pool's worker processes.
+
+Same contract as the in-process executor: `start` takes the concurrency slot and sets
+`inv.task`; writes arrive in `inv.channel`; the task returns the result or raises a
+FunctionServiceError. What a process adds: a timeout kills and replaces the worker, a cancel
+interrupts the handler and kills the worker if it does not stop within `cancel_grace` seconds,
+and a crash of the handler's process fails only that invocation.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ..errors import FunctionServiceError, FunctionTimeoutError, InitializerError
+from ..invocation import Invocation
+from .pool import Job, WorkerPool, WorkerProcess
+
+__all__ = ("ProcessExecutor",)
+
+log = logging.getLogger("fnstream.process")
+
+
+class ProcessExecutor:
+    """Starts process invocations; holds the tasks that reap cancelled ones."""
+
+    def __init__(self, cancel_grace: float = 2.0) -> None:
+        self.cancel_grace = cancel_grace
+        self._reapers: set[asyncio.Task] = set()
+
+    def start(self, inv: Invocation) -> "asyncio.Task[Any]":
+        """Take a concurrency slot (429 when full) and run the invocation in its own task."""
+        if inv.deployment.pool is None:
+            raise RuntimeError(f"function {inv.deployment.name!r} has no worker pool")
+        inv.deployment.acquire()
+        inv.task = inv.loop.create_task(self._run(inv), name=f"invocation-{inv.id}")
+        return inv.task
+
+    async def _run(self, inv: Invocation) -> Any:
+        dep = inv.deployment
+        pool: WorkerPool = dep.pool
+        worker: WorkerProcess | None = None
+        job: Job | None = None
+        handed_off = False  # the reaper task releases the worker and the slot
+        try:
+            timeout = asyncio.timeout(inv.remaining())
+            try:
+                async with timeout:
+                    worker = await pool.acquire()
+                    if pool.init_error is not None:
+                        raise InitializerError(pool.init_error)
+                    job, frame = pool.begin(worker, inv)
+                    # An event can be megabytes: never block the loop on the socket.
+                    await asyncio.to_thread(worker.send, frame)
+                    kind, value = await asyncio.shield(job.future)
+            except TimeoutError:
+                if not timeout.expired():
+                    raise
+                reason = f"function {dep.name!r} timed out after {dep.spec.timeout:g} s"
+                inv.expire(reason)
+                if worker is not None and job is not None:
+                    worker.kill(reason)  # a process can be killed: no handler outlives its timeout
+                raise FunctionTimeoutError(reason) from None
+            if kind == "error":
+                raise value
+            return value
+        except asyncio.CancelledError:
+            if worker is not None and job is not None and not job.future.done():
+                worker.cancel(inv.id, inv.cancel_reason or "cancelled")
+                task = asyncio.get_running_loop().create_task(self._reap(pool, worker, job))
+                self._reapers.add(task)
+                task.add_done_callback(self._reapers.discard)
+                handed_off = True
+            raise
+        except FunctionServiceError:
+            dep.failures += 1
+            raise
+        finally:
+            inv.channel.close()
+            if not handed_off:
+                if worker is not None:
+                    pool.release(worker)
+                dep.release()
+
+    async def _reap(self, pool: WorkerPool, worker: WorkerProcess, job: Job) -> None:
+        """Wait for a cancelled handler to stop; kill its worker if it will not."""
+        dep = job.inv.deployment
+        try:
+            try:
+                await asyncio.wait_for(asyncio.shield(job.future), self.cancel_grace)
+            except TimeoutError:
+                worker.kill(f"the handler did not stop within {self.cancel_grace:g} s of being cancelled")
+                await job.future  # resolved when the reader thread sees the worker die
+        finally:
+            pool.release(worker)
+            dep.release()
+
+    async def aclose(self) -> None:
+        """Wait for the reapers of cancelled invocations (each ends within the grace)."""
+        if self._reapers:
+            await asyncio.gather(*self._reapers, return_exceptions=True)

@@ -1,0 +1,271 @@
+"""The process executor: handlers in worker processes, isolated, parallel, with hard limits.
+
+Each hard-limit failure has one test, and after each the next invocation must succeed.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from frontend.keys import EXECUTOR
+
+PROC = Path(__file__).resolve().parent / "process_functions"
+SSE = {"Accept": "text/event-stream"}
+
+
+@pytest.fixture
+async def pclient(make_client):
+    """An in-process client whose code root is tests/process_functions and nothing deployed."""
+    return await make_client(**{"runtime.codeRoots": [str(PROC)], "runtime.deployDir": None})
+
+
+async def deploy(client, name: str, handler: str, **fields) -> dict:
+    manifest = {"name": name, "handler": f"proc.{handler}", "codePath": ".", "executor": "process",
+                "instances": 1, **fields}
+    resp = await client.post("/admin/v1/functions", data=json.dumps(manifest))
+    body = await resp.json()
+    assert resp.status == 201, body
+    return body["function"]
+
+
+async def pool_status(client, name: str) -> dict:
+    resp = await client.get(f"/admin/v1/functions/{name}")
+    return (await resp.json())["function"]["status"]["pool"]
+
+
+async def wait_until(predicate, what: str, limit: float = 20.0):
+    """Poll an async predicate until it returns something truthy (a bounded wait, not a timing check)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        value = await predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+async def wait_ready(client, name: str) -> list[int]:
+    async def ready():
+        pool = await pool_status(client, name)
+        workers = pool["workers"]
+        if len(workers) == pool["instances"] and all(w["state"] == "idle" for w in workers):
+            return [w["pid"] for w in workers]
+        return None
+    return await wait_until(ready, f"the workers of {name}")
+
+
+async def invoke(client, name: str, event: dict, headers: dict | None = None):
+    return await client.post(f"/serverless/v1/functions/{name}/invocations", json=event, headers=headers or {})
+
+
+async def call_ok(client, name: str, event: dict) -> dict:
+    resp = await invoke(client, name, event)
+    body = await resp.json()
+    assert resp.status == 200, body
+    return body
+
+
+def parse_sse(text: str) -> list[str]:
+    return [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+
+
+# -- basics ------------------------------------------------------------------------------------
+async def test_runs_in_a_worker_with_initializer_once_per_process(pclient):
+    await deploy(pclient, "p-pid", "pid", initializer="proc.init")
+    pids = await wait_ready(pclient, "p-pid")
+    first = await call_ok(pclient, "p-pid", {"a": 1})
+    second = await call_ok(pclient, "p-pid", {"a": 2})
+    assert first["pid"] == second["pid"] == pids[0] != os.getpid()
+    assert first["init_pid"] == first["pid"]  # the initializer ran in the worker itself
+    assert second["echo"] == {"a": 2}
+    pool = await pool_status(pclient, "p-pid")
+    assert pool["workers"][0]["invocations"] == 2 and pool["restarts"] == 0
+
+
+async def test_generator_and_async_handlers(pclient):
+    await deploy(pclient, "p-gen", "gen")
+    await deploy(pclient, "p-async", "aticker")
+    assert await call_ok(pclient, "p-gen", {"count": 3}) == [{"i": 0}, {"i": 1}, {"i": 2}]
+    resp = await invoke(pclient, "p-async", {"count": 3, "delay_ms": 10}, SSE)
+    events = parse_sse(await resp.text())
+    assert [json.loads(e)["tick"] for e in events[:3]] == [1, 2, 3]
+    assert json.loads(events[3])["pid"] != os.getpid() and events[-1] == "[DONE]"
+
+
+@pytest.mark.parametrize("manifest, message", [
+    ({"handler": "proc.pid", "executor": "async"}, "'async' needs an `async def` handler"),
+    ({"handler": "proc.aticker", "executor": "thread"}, "'thread' needs a plain `def` handler"),
+    ({"handler": "proc.pid", "executor": "fork"}, "executor"),
+    ({"handler": "proc.pid", "executor": "process", "instances": 0}, "instances"),
+])
+async def test_bad_executor_fields_are_refused(pclient, manifest, message):
+    resp = await pclient.post("/admin/v1/functions", data=json.dumps({"name": "p-bad", "codePath": ".", **manifest}))
+    body = await resp.json()
+    assert resp.status == 400 and message in body["message"]
+    assert (await pclient.get("/admin/v1/functions/p-bad")).status == 404
+
+
+# -- streaming ---------------------------------------------------------------------------------
+async def test_sse_events_arrive_while_the_worker_runs_real_server(start_server):
+    server = start_server("--deploy-dir", str(PROC / "deploy"), "-s", f"runtime.codeRoots=[{PROC}]")
+    async with aiohttp.ClientSession() as session:
+        deadline = time.monotonic() + 20
+        while True:  # the worker must be up, or its start-up would count as the first event's delay
+            async with session.get(server.url + "/admin/v1/functions/proc-ticker") as r:
+                workers = (await r.json())["function"]["status"]["pool"]["workers"]
+            if workers and workers[0]["state"] == "idle":
+                break
+            assert time.monotonic() < deadline, "worker never became ready"
+            await asyncio.sleep(0.05)
+        started = time.monotonic()
+        arrivals, events = [], []
+        async with session.post(server.url + "/serverless/v1/functions/proc-ticker/invocations",
+                                json={"count": 5, "delay_ms": 200}, headers=SSE) as resp:
+            assert resp.status == 200
+            async for line in resp.content:
+                if line.startswith(b"data: "):
+                    arrivals.append(time.monotonic() - started)
+                    events.append(line[6:].strip().decode())
+        total = time.monotonic() - started
+    assert [json.loads(e)["tick"] for e in events[:5]] == [1, 2, 3, 4, 5]
+    assert events[-1] == "[DONE]"
+    assert arrivals[0] < 0.4 * total, (arrivals, total)
+
+
+async def test_slow_client_blocks_the_worker_and_loses_nothing(make_client, tmp_path):
+    client = await make_client(**{"runtime.codeRoots": [str(PROC)], "runtime.deployDir": None,
+                                  "frontend.args.streamBufferEvents": 2})
+    await deploy(client, "p-big", "big_writer")
+    progress = tmp_path / "progress"
+    count, size = 300, 200_000  # 60 MB: far more than the socket buffers can hide
+    resp = await invoke(client, "p-big", {"count": count, "size": size, "progress": str(progress)}, SSE)
+    assert resp.status == 200
+    await resp.content.readline()  # the first event has started to arrive; now stop reading
+
+    async def settled():
+        before = progress.read_text() if progress.exists() else ""
+        await asyncio.sleep(0.3)
+        after = progress.read_text() if progress.exists() else ""
+        return after if after and after == before else None
+    written = int(await wait_until(settled, "the writer to block"))
+    assert written < count  # the worker is blocked: backpressure crossed the process boundary
+    events = parse_sse("data: " + (await resp.text()))  # now read everything
+    assert sum(1 for e in events if len(e) >= size) == count
+    assert events[-2] == '"done"' and events[-1] == "[DONE]"
+
+
+# -- hard limits -------------------------------------------------------------------------------
+async def test_timeout_kills_and_replaces_the_worker(pclient):
+    await deploy(pclient, "p-sleep", "sleeper", timeout=1)
+    (old_pid,) = await wait_ready(pclient, "p-sleep")
+    resp = await invoke(pclient, "p-sleep", {"seconds": 30})
+    body = await resp.json()
+    assert resp.status == 504 and body["code"] == 4010 and "timed out" in body["message"]
+    after = await call_ok(pclient, "p-sleep", {"seconds": 0})
+    assert after["pid"] != old_pid
+    assert (await pool_status(pclient, "p-sleep"))["restarts"] == 1
+
+
+async def test_client_disconnect_interrupts_the_handler(pclient, tmp_path):
+    await deploy(pclient, "p-cancel", "until_cancelled")
+    (pid,) = await wait_ready(pclient, "p-cancel")
+    marker = tmp_path / "cancelled"
+    resp = await invoke(pclient, "p-cancel", {"marker": str(marker)}, SSE)
+    assert (await resp.content.readline()).startswith(b"id: 1")
+    resp.close()  # the client goes away mid-stream
+
+    async def interrupted():
+        return marker.exists()
+    await wait_until(interrupted, "the handler to be interrupted")
+    assert marker.read_text() == str(pid)  # interrupted in place: its finally block ran
+    marker.unlink()
+    assert await call_ok(pclient, "p-cancel", {"marker": str(marker), "limit": 3}) == 3
+    pool = await pool_status(pclient, "p-cancel")
+    assert pool["restarts"] == 0 and pool["workers"][0]["pid"] == pid
+
+
+async def test_handler_ignoring_cancel_is_killed_after_grace(pclient):
+    pclient.app[EXECUTOR].process.cancel_grace = 0.3
+    await deploy(pclient, "p-stubborn", "stubborn", concurrency=1)
+    (pid,) = await wait_ready(pclient, "p-stubborn")
+    resp = await invoke(pclient, "p-stubborn", {}, SSE)
+    assert b"started" in await resp.content.readuntil(b"started")
+    resp.close()
+
+    async def replaced():
+        pool = await pool_status(pclient, "p-stubborn")
+        return pool["restarts"] == 1 and pool["workers"] and pool["workers"][0]["state"] == "idle"
+    await wait_until(replaced, "the stubborn worker to be killed and replaced")
+    # concurrency is 1: the slot of the cancelled invocation was freed once its worker really ended.
+    assert await call_ok(pclient, "p-stubborn", {"ok": True}) == "ok"
+
+
+async def test_memory_limit_fails_clearly_then_a_fresh_worker_runs(pclient):
+    await deploy(pclient, "p-hog", "hog", memory=256)
+    (old_pid,) = await wait_ready(pclient, "p-hog")
+    resp = await invoke(pclient, "p-hog", {"mb": 1024})
+    body = await resp.json()
+    assert resp.status == 500 and body["code"] == 4001
+    assert "exceeded its memory limit of 256 MB" in body["message"]
+    assert await call_ok(pclient, "p-hog", {"mb": 1}) == 1024 * 1024
+    assert old_pid not in await wait_ready(pclient, "p-hog")
+
+
+@pytest.mark.parametrize("how, message, same_worker", [
+    ("raise", "ValueError: boom from the handler", True),
+    ("sys.exit", "the handler called sys.exit(3)", True),
+    ("os._exit", "exited with code 7", False),
+    ("segfault", "killed by signal SIGSEGV", False),
+])
+async def test_handler_crash_fails_only_that_invocation(pclient, how, message, same_worker):
+    await deploy(pclient, "p-crash", "crash")
+    await deploy(pclient, "p-other", "sleeper")
+    (old_pid,) = await wait_ready(pclient, "p-crash")
+    other = asyncio.ensure_future(call_ok(pclient, "p-other", {"seconds": 0.5}))  # runs meanwhile
+    resp = await invoke(pclient, "p-crash", {"how": how})
+    body = await resp.json()
+    assert resp.status == 500 and body["code"] == 4001 and message in body["message"], body
+    assert (await other)["slept"] == 0.5  # other invocations (and the frontend) are untouched
+    await deploy(pclient, "p-next", "pid")
+    assert (await call_ok(pclient, "p-next", {}))["pid"] != os.getpid()
+    pids = await wait_ready(pclient, "p-crash")
+    assert (old_pid in pids) == same_worker
+
+
+async def test_cpu_bound_invocations_run_in_parallel_processes(pclient, tmp_path):
+    await deploy(pclient, "p-cpu", "cpu", instances=2, concurrency=2)
+    await wait_ready(pclient, "p-cpu")
+    event = {"barrier": str(tmp_path), "n": 2, "loops": 200_000}
+    a, b = await asyncio.gather(call_ok(pclient, "p-cpu", event), call_ok(pclient, "p-cpu", event))
+    assert a["pid"] != b["pid"] and os.getpid() not in (a["pid"], b["pid"])
+    assert a["total"] == b["total"] == sum(i * i for i in range(200_000))
+
+
+# -- lifecycle ---------------------------------------------------------------------------------
+async def test_delete_runs_pre_stop_in_the_worker(pclient, tmp_path):
+    marker = tmp_path / "stopped"
+    await deploy(pclient, "p-stop", "pid", preStop="proc.pre_stop", environment={"marker": str(marker)})
+    (pid,) = await wait_ready(pclient, "p-stop")
+    assert (await pclient.delete("/admin/v1/functions/p-stop")).status == 200
+
+    async def stopped():
+        return marker.exists() and marker.read_text()
+    assert await wait_until(stopped, "preStop") == f"preStop {pid}"
+
+
+async def test_sigterm_stops_workers_with_pre_stop_and_exits_0(start_server, tmp_path):
+    marker = tmp_path / "prestop"
+    server = start_server("--deploy-dir", str(PROC / "deploy"), "-s", f"runtime.codeRoots=[{PROC}]",
+                          env={"FNSTREAM_TEST_PRESTOP": str(marker)})
+    async with aiohttp.ClientSession() as session:
+        async with session.post(server.url + "/serverless/v1/functions/proc-stop/invocations", json={}) as r:
+            pid = (await r.json())["pid"]
+    output = server.stop()
+    assert server.proc.returncode == 0, output
+    assert marker.read_text() == f"preStop {pid}"

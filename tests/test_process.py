@@ -16,13 +16,14 @@ import pytest
 from frontend.keys import EXECUTOR
 
 PROC = Path(__file__).resolve().parent / "process_functions"
+FUNCTIONS = Path(__file__).resolve().parent.parent / "functions"
 SSE = {"Accept": "text/event-stream"}
 
 
 @pytest.fixture
 async def pclient(make_client):
     """An in-process client whose code root is tests/process_functions and nothing deployed."""
-    return await make_client(**{"runtime.codeRoots": [str(PROC)], "runtime.deployDir": None})
+    return await make_client(**{"runtime.codeRoots": [str(PROC), str(FUNCTIONS)], "runtime.deployDir": None})
 
 
 async def deploy(client, name: str, handler: str, **fields) -> dict:
@@ -158,6 +159,33 @@ async def test_slow_client_blocks_the_worker_and_loses_nothing(make_client, tmp_
     events = parse_sse("data: " + (await resp.text()))  # now read everything
     assert sum(1 for e in events if len(e) >= size) == count
     assert events[-2] == '"done"' and events[-1] == "[DONE]"
+
+
+async def test_named_streams_from_workers_sync_and_async(pclient):
+    """functions/stream_producer (def, blocking API) and stream_consumer (async API), both in workers."""
+    for name, module in (("p-producer", "stream_producer"), ("p-consumer", "stream_consumer")):
+        manifest = {"name": name, "handler": f"{module}.handler", "codePath": str(FUNCTIONS),
+                    "executor": "process", "instances": 1}
+        assert (await pclient.post("/admin/v1/functions", data=json.dumps(manifest))).status == 201
+        await wait_ready(pclient, name)
+    consumer = asyncio.ensure_future(call_ok(pclient, "p-consumer", {"stream": "proc-s", "timeout_ms": 10000}))
+
+    async def subscribed():
+        resp = await pclient.get("/serverless/v1/streams?stream=proc-s")
+        return resp.status == 200 and (await resp.json())["streams"][0]["consumers"] == 1
+    await wait_until(subscribed, "the worker's subscription")
+    sent = await call_ok(pclient, "p-producer", {"stream": "proc-s", "count": 5})
+    got = await consumer
+    assert sent["sent"] == 5 and got["ended"] == "terminator"
+    assert [json.loads(e)["seq"] for e in got["elements"]] == [1, 2, 3, 4, 5]
+    for name in ("p-producer", "p-consumer"):  # both really ran in their worker process
+        assert (await pool_status(pclient, name))["workers"][0]["invocations"] == 1
+
+    async def released():  # the worker closed its subscription and detached its producer
+        resp = await pclient.get("/serverless/v1/streams?stream=proc-s")
+        stats = (await resp.json())["streams"][0]
+        return stats["consumers"] == 0 and stats["producers"] == 0
+    await wait_until(released, "the stream to be released")
 
 
 # -- hard limits -------------------------------------------------------------------------------

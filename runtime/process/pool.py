@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import FunctionServiceError, StreamClosedError
 from .errors import WorkerCrashedError, WorkerUnavailableError, error_from_wire
 from .protocol import DEFAULT_CREDITS, Connection, ConnectionClosed, ProtocolError
+from .streams_bridge import StreamBridge
 
 if TYPE_CHECKING:
     from ..invocation import Invocation
@@ -96,6 +97,7 @@ class WorkerProcess:
         self.job: Job | None = None
         self.exited = threading.Event()
         self.returncode: int | None = None
+        self.streams = StreamBridge(self)
         self.conn.send({"t": "hello", "spec": pool.spec.model_dump(mode="json"),
                         "code_roots": [str(p) for p in pool.code_roots], "credits": pool.credits})
         self._reader = threading.Thread(target=self._read_loop, name=f"fnstream-worker-{self.pid}", daemon=True)
@@ -149,6 +151,7 @@ class WorkerProcess:
         finally:
             self.returncode = self.proc.wait()
             self.conn.close()
+            self.streams.release()
             self.exited.set()
             self.pool._on_exit(self)
 
@@ -175,7 +178,7 @@ class WorkerProcess:
             if msg.get("error"):
                 log.error("function %s: worker %d: %s", self.pool.name, self.pid, msg["error"])
         elif kind == "stream_call":
-            self.pool.stream_call(self, msg)
+            self.streams.handle(msg)
 
     def _deliver(self, msg: dict) -> None:
         """Put one write into the invocation's channel (blocking while it is full), then give a credit."""
@@ -338,10 +341,6 @@ class WorkerPool:
                 with self.lock:
                     self.broken = f"function {self.name!r}: cannot start a worker process: {exc}"
                     self._wake_waiters()
-
-    def stream_call(self, worker: WorkerProcess, msg: dict) -> None:
-        worker.send({"t": "stream_reply", "seq": msg["seq"], "error": "HandlerError",
-                     "message": "named streams are not available in worker processes"})
 
     # -- stop ----------------------------------------------------------------------------------
     def stop(self, grace: float = 10.0) -> threading.Thread:

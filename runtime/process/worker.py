@@ -30,8 +30,10 @@ from ..errors import FunctionServiceError, ResultNotSerializableError, StreamClo
 from ..invocation import encode_payload
 from ..loader import load_code
 from ..manifest import FunctionSpec
+from ..streams import bind_broker
 from .errors import MemoryLimitError
 from .protocol import Connection, ConnectionClosed, ProtocolError
+from .streams_bridge import ProxyBroker, stream_error
 
 __all__ = ("Worker", "main")
 
@@ -146,6 +148,10 @@ class Worker:
         # Frames from the main thread go through a bounded outbox and a writer thread: the cancel
         # signal raises at any bytecode of the main thread and must never cut a frame in half.
         self._outbox: queue.Queue[dict] = queue.Queue(maxsize=64)
+        # Named streams: the API runs on this loop (in its own thread) for sync handlers, and on
+        # the handler's own loop for async ones; either way every broker call goes to the frontend.
+        self.streams = ProxyBroker(self.stream_call)
+        self._streams_loop = asyncio.new_event_loop()
 
     def post(self, frame: dict) -> None:
         self._outbox.put(frame)
@@ -187,8 +193,11 @@ class Worker:
     def serve(self) -> None:
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
         threading.Thread(target=self._write_loop, name="fnstream-worker-writer", daemon=True).start()
-        init_error = self.start()
+        threading.Thread(target=self._streams_loop.run_forever, name="fnstream-worker-streams", daemon=True).start()
+        bind_broker(self.streams, self._streams_loop)
+        # The reader runs before the initializer, which may use named streams (their replies).
         threading.Thread(target=self._read_loop, name="fnstream-worker-reader", daemon=True).start()
+        init_error = self.start()
         self.post({"t": "ready", "pid": os.getpid(), "init_error": init_error})
         while True:
             msg = self._inbox.get()
@@ -264,11 +273,11 @@ class Worker:
             async def drain() -> None:
                 async for item in handler(inv.event, ctx):
                     self._add_item(inv, item)
-            asyncio.run(drain())
+            asyncio.run(self._on_own_loop(drain()))
             return None
         result = handler(inv.event, ctx)
         if inspect.iscoroutine(result):
-            return asyncio.run(result)
+            return asyncio.run(self._on_own_loop(result))
         if inspect.isgenerator(result):
             while True:
                 try:
@@ -277,6 +286,14 @@ class Worker:
                     return stop.value
                 self._add_item(inv, item)
         return result
+
+    async def _on_own_loop(self, coro: Any) -> Any:
+        """Run an async handler with the stream API bound to its loop (asyncio objects are per loop)."""
+        bind_broker(self.streams, asyncio.get_running_loop())
+        try:
+            return await coro
+        finally:
+            bind_broker(self.streams, self._streams_loop)
 
     def _run(self, msg: dict) -> bool:
         """Run one invocation and report its outcome; False when this worker must exit."""
@@ -318,6 +335,7 @@ class Worker:
         finally:
             with self._cond:
                 self._inv = None
+                self._stream_replies.clear()  # answers to calls a cancelled handler gave up on
         self.post({"t": "error", "id": inv.id, "error": outcome[0], "message": outcome[1], "retire": retire})
         if retire:
             self.flush()
@@ -335,8 +353,7 @@ class Worker:
                 self._cond.wait()
             reply = self._stream_replies.pop(seq)
         if "error" in reply:
-            from .errors import error_from_wire
-            raise error_from_wire(reply["error"], reply["message"])
+            raise stream_error(reply["error"], reply["message"])
         return reply.get("value")
 
     # -- stop ----------------------------------------------------------------------------------

@@ -1,0 +1,191 @@
+"""Named streams across the process boundary: the same API in a worker as in the frontend.
+
+In the worker, `ProxyBroker` is bound as the stream broker, so `create_stream_producer` & co.
+(runtime/streams/api.py) work unchanged; each broker call becomes a `stream_call` frame. In the
+frontend, `StreamBridge` runs those calls on the real broker and remembers the worker's
+subscriptions and producers, so a worker that dies leaves nothing behind.
+"""
+from __future__ import annotations
+
+import asyncio
+import builtins
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from .. import errors as core_errors
+from ..errors import FunctionServiceError, HandlerError
+from ..streams import errors as stream_errors
+from ..streams.broker import AbstractBroker, AbstractSubscription, BrokerSettings, Element, StreamOptions, StreamStats
+
+if TYPE_CHECKING:
+    from .pool import WorkerProcess
+
+__all__ = ("ProxyBroker", "ProxySubscription", "StreamBridge", "stream_error")
+
+log = logging.getLogger("fnstream.process")
+
+Call = Callable[..., Any]  # the worker's blocking `stream_call(op, *args)`
+
+
+def stream_error(name: str, message: str) -> BaseException:
+    """Rebuild an error raised by the frontend's broker (stream errors, ValueError...)."""
+    for module in (stream_errors, core_errors):
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and issubclass(cls, FunctionServiceError):
+            return cls(message)
+    cls = getattr(builtins, name, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        return cls(message)
+    return HandlerError(message)
+
+
+# -- worker side -------------------------------------------------------------------------------
+class ProxySubscription(AbstractSubscription):
+    def __init__(self, call: Call, sub_id: int, name: str, lost: Sequence[int] | None) -> None:
+        self._call = call
+        self._id = sub_id
+        self.name = name
+        self.lost = tuple(lost) if lost else None  # type: ignore[assignment]
+        self.last_id = 0
+
+    async def next_batch(self, max_items: int | None = None, timeout: float | None = None) -> list[Element]:
+        items = await asyncio.to_thread(self._call, "sub_next", self._id, max_items, timeout)
+        batch = [Element(data, ele_id) for ele_id, data in items]
+        if batch:
+            self.last_id = batch[-1].id
+        return batch
+
+    def ack(self, ele_id: int) -> None:
+        self._call("sub_ack", self._id, ele_id)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._call, "sub_close", self._id)
+
+
+class ProxyBroker(AbstractBroker):
+    """A broker whose every operation runs in the frontend (over the worker's connection)."""
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+        self._settings: BrokerSettings | None = None
+
+    @property
+    def settings(self) -> BrokerSettings:  # type: ignore[override]
+        if self._settings is None:
+            self._settings = BrokerSettings(max_element_size=self._call("max_element_size"))
+        return self._settings
+
+    async def _remote(self, op: str, *args: Any) -> Any:
+        return await asyncio.to_thread(self._call, op, *args)
+
+    async def publish(self, name: str, elements: Sequence[bytes], *, timeout: float | None = None) -> list[int]:
+        return await self._remote("publish", name, [bytes(e) for e in elements], timeout)
+
+    async def subscribe(self, name: str, *, from_id: int | None = None,
+                        buffer: int | None = None) -> AbstractSubscription:
+        sub_id, real_name, lost = await self._remote("subscribe", name, from_id, buffer)
+        return ProxySubscription(self._call, sub_id, real_name, lost)
+
+    async def configure(self, name: str, options: StreamOptions) -> None:
+        await self._remote("configure", name, dataclasses.asdict(options))
+
+    async def attach_producer(self, name: str, options: StreamOptions | None = None) -> None:
+        await self._remote("attach_producer", name, None if options is None else dataclasses.asdict(options))
+
+    async def detach_producer(self, name: str) -> None:
+        await self._remote("detach_producer", name)
+
+    async def stats(self, name: str) -> StreamStats:
+        return StreamStats(**await self._remote("stats", name))
+
+    async def list(self) -> list[StreamStats]:
+        return [StreamStats(**s) for s in await self._remote("list")]
+
+    async def delete(self, name: str) -> None:
+        await self._remote("delete", name)
+
+
+# -- frontend side -----------------------------------------------------------------------------
+class StreamBridge:
+    """Runs one worker's stream calls on the frontend's broker; `release` undoes what it left."""
+
+    def __init__(self, worker: "WorkerProcess") -> None:
+        self._worker = worker
+        self._subs: dict[int, AbstractSubscription] = {}
+        self._next_sub = 0
+        self._producers: list[str] = []
+        self._target: tuple[AbstractBroker, asyncio.AbstractEventLoop] | None = None
+
+    def handle(self, msg: dict) -> None:
+        """Called on the worker's reader thread: run the call on the broker's loop, reply from there."""
+        from ..streams import current_broker
+        try:
+            self._target = broker, loop = current_broker()
+        except RuntimeError as exc:
+            self._worker.send({"t": "stream_reply", "seq": msg["seq"], "error": "RuntimeError", "message": str(exc)})
+            return
+        asyncio.run_coroutine_threadsafe(self._answer(broker, msg), loop)
+
+    async def _answer(self, broker: AbstractBroker, msg: dict) -> None:
+        reply: dict[str, Any] = {"t": "stream_reply", "seq": msg["seq"]}
+        try:
+            reply["value"] = await self._run(broker, msg["op"], *msg["args"])
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the handler that asked
+            reply["error"], reply["message"] = type(exc).__name__, str(getattr(exc, "message", exc))
+        # A batch of elements can be large: never block the loop on the worker's socket.
+        await asyncio.to_thread(self._worker.send, reply)
+
+    async def _run(self, broker: AbstractBroker, op: str, *args: Any) -> Any:
+        if op == "max_element_size":
+            return broker.settings.max_element_size
+        if op == "publish":
+            return await broker.publish(args[0], args[1], timeout=args[2])
+        if op == "subscribe":
+            sub = await broker.subscribe(args[0], from_id=args[1], buffer=args[2])
+            self._next_sub += 1
+            self._subs[self._next_sub] = sub
+            return [self._next_sub, sub.name, list(sub.lost) if sub.lost else None]
+        if op == "sub_next":
+            batch = await self._subs[args[0]].next_batch(args[1], args[2])
+            return [[e.id, e.data] for e in batch]
+        if op == "sub_ack":
+            return self._subs[args[0]].ack(args[1])
+        if op == "sub_close":
+            sub = self._subs.pop(args[0], None)
+            return None if sub is None else await sub.close()
+        if op in ("configure", "attach_producer"):
+            options = None if args[1] is None else StreamOptions(**args[1])
+            if op == "configure":
+                return await broker.configure(args[0], options)  # type: ignore[arg-type]
+            await broker.attach_producer(args[0], options)
+            self._producers.append(args[0])
+            return None
+        if op == "detach_producer":
+            if args[0] in self._producers:
+                self._producers.remove(args[0])
+            return await broker.detach_producer(args[0])
+        if op == "stats":
+            return (await broker.stats(args[0])).to_dict()
+        if op == "list":
+            return [s.to_dict() for s in await broker.list()]
+        if op == "delete":
+            return await broker.delete(args[0])
+        raise ValueError(f"unknown stream operation {op!r}")
+
+    def release(self) -> None:
+        """The worker is gone: close its subscriptions and detach its producers."""
+        if self._target is None or not (self._subs or self._producers):
+            return
+        broker, loop = self._target
+        subs, producers = list(self._subs.values()), list(self._producers)
+        self._subs.clear()
+        self._producers.clear()
+
+        async def cleanup() -> None:
+            for sub in subs:
+                await sub.close()
+            for name in producers:
+                await broker.detach_producer(name)
+        if not loop.is_closed():
+            asyncio.run_coroutine_threadsafe(cleanup(), loop)

@@ -287,6 +287,19 @@ async def test_delete_runs_pre_stop_in_the_worker(pclient, tmp_path):
     assert await wait_until(stopped, "preStop") == f"preStop {pid}"
 
 
+async def test_redeploy_replaces_the_pool_and_stops_the_old_workers(pclient, tmp_path):
+    marker = tmp_path / "stopped"
+    await deploy(pclient, "p-re", "pid", preStop="proc.pre_stop", environment={"marker": str(marker)})
+    (old_pid,) = await wait_ready(pclient, "p-re")
+    manifest = {"name": "p-re", "handler": "proc.pid", "codePath": ".", "executor": "process", "instances": 1}
+    assert (await pclient.put("/admin/v1/functions/p-re", data=json.dumps(manifest))).status == 200
+    assert (await call_ok(pclient, "p-re", {}))["pid"] != old_pid
+
+    async def stopped():
+        return marker.exists() and marker.read_text()
+    assert await wait_until(stopped, "the old worker's preStop") == f"preStop {old_pid}"
+
+
 async def test_sigterm_stops_workers_with_pre_stop_and_exits_0(start_server, tmp_path):
     marker = tmp_path / "prestop"
     server = start_server("--deploy-dir", str(PROC / "deploy"), "-s", f"runtime.codeRoots=[{PROC}]",

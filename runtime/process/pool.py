@@ -71,7 +71,7 @@ class Job:
 
     def finish(self, outcome: tuple[str, Any]) -> None:
         """Resolve from any thread; the first outcome wins."""
-        self.loop.call_soon_threadsafe(_resolve, self.future, outcome)
+        _call_soon(self.loop, _resolve, self.future, outcome)
 
 
 class WorkerProcess:
@@ -145,8 +145,8 @@ class WorkerProcess:
                 self._handle(self.conn.recv())
         except ConnectionClosed:
             pass
-        except ProtocolError as exc:
-            log.error("function %s: worker %d broke the protocol (%s); killing it", self.pool.name, self.pid, exc)
+        except Exception as exc:  # noqa: BLE001 - a broken worker must never leave a stuck reader behind
+            log.error("function %s: worker %d: %s: %s; killing it", self.pool.name, self.pid, type(exc).__name__, exc)
             self.proc.kill()
         finally:
             self.returncode = self.proc.wait()
@@ -286,7 +286,7 @@ class WorkerPool:
     def _wake_waiters(self) -> None:
         """Called with the lock held. Wakes every waiter; each retries (pools are small)."""
         for loop, waiter in self._waiters:
-            loop.call_soon_threadsafe(_resolve_none, waiter)
+            _call_soon(loop, _resolve_none, waiter)
         self._waiters.clear()
 
     # -- supervision (reader threads) ----------------------------------------------------------
@@ -377,6 +377,13 @@ class WorkerPool:
         with self.lock:
             return {"instances": self.size, "restarts": self.restarts, "error": self.broken,
                     "workers": [w.describe() for w in self.workers]}
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        pass  # that loop is closed: nobody waits for this any more
 
 
 def _resolve_none(fut: "asyncio.Future[None]") -> None:

@@ -26,9 +26,11 @@ class OutputChannel(Generic[T]):
         self.capacity = capacity
         self._items: deque[T] = deque()
         self._lock = threading.Lock()
-        self._space = threading.Condition(self._lock)
+        # Made on first need: most channels never see a blocked writer, and every open stream
+        # pays for what its channel holds.
+        self._space: threading.Condition | None = None
         self._reader: asyncio.Future[None] | None = None
-        self._async_writers: deque[asyncio.Future[None]] = deque()
+        self._async_writers: list[asyncio.Future[None]] = []
         self._closed = False
         self._cancel_reason: str | None = None
 
@@ -80,6 +82,8 @@ class OutputChannel(Generic[T]):
                     self._items.append(item)
                     self._wake_reader()
                     return
+                if self._space is None:
+                    self._space = threading.Condition(self._lock)
                 if not self._space.wait(timeout):
                     raise StreamClosedError("stream write timed out: the client is not reading")
 
@@ -104,9 +108,12 @@ class OutputChannel(Generic[T]):
                 if self._items:
                     batch = list(self._items)
                     self._items.clear()
-                    self._space.notify_all()
-                    while self._async_writers:
-                        _resolve(self._async_writers.popleft())
+                    if self._space is not None:
+                        self._space.notify_all()
+                    if self._async_writers:
+                        for w in self._async_writers:
+                            _resolve(w)
+                        self._async_writers.clear()
                     return batch
                 if self._closed or self._cancel_reason is not None:
                     return []
@@ -115,7 +122,13 @@ class OutputChannel(Generic[T]):
             if timeout is None:
                 await reader
             else:
-                await asyncio.wait_for(reader, timeout)
+                # A timer on the reader future itself: lighter than wait_for's extra future, and
+                # this runs once per batch on every open stream.
+                timer = self._loop.call_later(timeout, _expire, reader)
+                try:
+                    await reader
+                finally:
+                    timer.cancel()
 
     # -- ends --------------------------------------------------------------------------------
     def close(self) -> None:
@@ -130,7 +143,8 @@ class OutputChannel(Generic[T]):
             if self._cancel_reason is None:
                 self._cancel_reason = reason
             self._items.clear()
-            self._space.notify_all()
+            if self._space is not None:
+                self._space.notify_all()
             writers = list(self._async_writers)
             self._async_writers.clear()
             self._wake_reader()
@@ -143,6 +157,11 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
+
+
+def _expire(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

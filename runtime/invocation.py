@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
-import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
 from .channel import OutputChannel
@@ -26,8 +26,18 @@ log = logging.getLogger("fnstream.runtime")
 Mode = Literal["json", "sse", "raw"]
 
 
+# The bits uuid4 fixes: version 4 and the RFC 4122 variant.
+_V4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_V4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
 def new_trace_id() -> str:
-    return uuid.uuid4().hex
+    """A random id shaped like `uuid.uuid4().hex`, at a fraction of its cost on every request.
+
+    Ids name requests in logs and headers; they are not secrets, so the (fork-safe) module PRNG
+    is enough and no system call is needed.
+    """
+    return "%032x" % ((random.getrandbits(128) & _V4_CLEAR) | _V4_SET)
 
 
 def encode_payload(data: Any) -> str:
@@ -64,7 +74,7 @@ class Invocation:
     def __init__(self, deployment: "Deployment", event: Any, *, mode: Mode, loop: asyncio.AbstractEventLoop,
                  buffer_events: int = 100, max_write_size: int = 4 * 1024 * 1024,
                  max_response_size: int = 6 * 1024 * 1024, trace_id: str | None = None) -> None:
-        self.id = uuid.uuid4().hex
+        self.id = new_trace_id()
         self.trace_id = trace_id or new_trace_id()
         self.deployment = deployment
         self.spec = deployment.spec

@@ -7,6 +7,7 @@ cancelled; a thread cannot be killed, so its output is closed and its later writ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import traceback
@@ -67,8 +68,10 @@ class Executor:
                     if dep.kind == "async":
                         return await handler(inv.event, ctx)
                     if dep.kind == "asyncgen":
-                        async for item in handler(inv.event, ctx):
-                            await inv.add_item(item)
+                        # aclosing: a cancelled generator runs its cleanup now, not at garbage collection
+                        async with contextlib.aclosing(handler(inv.event, ctx)) as items:
+                            async for item in items:
+                                await inv.add_item(item)
                         return None
                     thread_future = self.run_sync(lambda: self._call_in_thread(inv, ctx))
                     return await asyncio.shield(thread_future)
@@ -107,10 +110,11 @@ class Executor:
     def _call_in_thread(inv: Invocation, ctx: Context) -> Any:
         result = inv.deployment.code.handler(inv.event, ctx)
         if inspect.isgenerator(result):
-            while True:
-                try:
-                    item = next(result)
-                except StopIteration as stop:
-                    return stop.value
-                inv.add_item_blocking(item)
+            with contextlib.closing(result):
+                while True:
+                    try:
+                        item = next(result)
+                    except StopIteration as stop:
+                        return stop.value
+                    inv.add_item_blocking(item)
         return result

@@ -88,9 +88,16 @@ async def run_invocation(request: web.Request, dep: Deployment, event: Any) -> w
         if inv.streaming:
             return await _stream_response(request, inv, args.heartbeatSeconds)
         return await _json_response(inv)
-    except (asyncio.CancelledError, ConnectionError):
+    except asyncio.CancelledError:
         inv.cancel("client disconnected")
         raise
+    except ConnectionError as exc:
+        if isinstance(exc, FunctionServiceError):
+            raise
+        # The client left while we wrote: stop the function and end quietly (not a server error).
+        inv.cancel("client disconnected")
+        log.info("client of invocation %s of %s left: %s", inv.id, inv.spec.name, exc)
+        return web.Response(status=499)
 
 
 async def _json_response(inv: Invocation) -> web.Response:

@@ -56,7 +56,7 @@ class WorkerProcess:
 
     def __init__(self, url: str, *args: str) -> None:
         cmd = [sys.executable, "-m", "frontend.cli", "worker", "--cluster", url, *FAST, *args]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "FNSTREAM_LOG": "WARNING"}, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         self.pid = self.proc.pid
 

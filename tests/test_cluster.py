@@ -66,6 +66,14 @@ def frontend_args(url: str, role: str = "frontend") -> list[str]:
     return ["--cluster", url, *FAST, "-s", f"cluster.role={role}"]
 
 
+@pytest.fixture
+def start_server(start_server):
+    """Quiet servers: nobody reads their stdout pipe while a test runs, so a chatty one would block."""
+    def factory(*args: str):
+        return start_server(*args, env={"FNSTREAM_LOG": "WARNING"})
+    return factory
+
+
 async def test_invoke_on_frontend_runs_on_worker_and_streams_as_produced(redis_server, start_server, start_worker):
     a = start_server(*frontend_args(redis_server.url))
     worker = start_worker(redis_server.url)
@@ -146,3 +154,129 @@ async def test_node_without_the_code_reports_it_unavailable(redis_server, start_
         async with s.post(b.url + "/serverless/v1/functions/mine/invocations", json={}) as r:
             assert r.status == 200, await r.text()
             assert await r.json() == "here"
+
+
+def pid_of(worker_id: str) -> int:
+    return int(worker_id.split("-")[-2])
+
+
+async def test_worker_killed_before_output_is_rerun_by_another(redis_server, start_server, start_worker):
+    a = start_server(*frontend_args(redis_server.url))
+    w1, w2 = start_worker(redis_server.url), start_worker(redis_server.url)
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, RELAY)
+        await workers_serving(s, a.url, "relay", count=2)
+        call = asyncio.create_task(sse(s, a.url, "relay", {"wait_ms": 1500, "count": 3, "delay_ms": 50}))
+
+        async def busy_worker():
+            return [w for w in (await status(s, a.url))["workers"] if w["running"]]
+        taken = (await wait_until(busy_worker, "a worker to take the invocation"))[0]
+        victim = pid_of(taken["id"])
+        os.kill(victim, signal.SIGKILL)
+        status_code, got = await call
+    survivor = ({w1.pid, w2.pid} - {victim}).pop()
+    data = [d for _, d in got]
+    assert status_code == 200 and data[-1] == "[DONE]"
+    events = [json.loads(d) for d in data[:-1]]
+    assert [e["i"] for e in events[:3]] == [1, 2, 3]
+    assert {e["pid"] for e in events} == {survivor}
+    assert events[3] == {"count": 3, "pid": survivor}
+
+
+async def test_worker_killed_mid_stream_gives_error_event_then_done(redis_server, start_server, start_worker):
+    a = start_server(*frontend_args(redis_server.url))
+    start_worker(redis_server.url)
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, RELAY)
+        await workers_serving(s, a.url, "relay")
+        killed = []
+
+        def on_event(data: str) -> None:
+            if not killed and data.startswith("{") and json.loads(data).get("i") == 2:
+                os.kill(json.loads(data)["pid"], signal.SIGKILL)
+                killed.append(True)
+        status_code, got = await sse(s, a.url, "relay", {"count": 100, "delay_ms": 100}, on_event)
+    data = [d for _, d in got]
+    assert status_code == 200 and killed
+    assert data[-1] == "[DONE]"
+    error = json.loads(data[-2])
+    assert error["code"] == 4002 and "lost" in error["message"]
+    ticks = [json.loads(d)["i"] for d in data[:-2]]
+    assert ticks == list(range(1, len(ticks) + 1)) and len(ticks) < 100   # nothing replayed twice
+
+
+async def test_client_gone_cancels_on_the_worker_and_drops_keys(redis_server, start_server, start_worker):
+    a = start_server(*frontend_args(redis_server.url))
+    start_worker(redis_server.url)
+    r = redis_server.client()
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, RELAY)
+        await workers_serving(s, a.url, "relay")
+        async with s.post(a.url + "/serverless/v1/functions/relay/invocations", json={"count": 1000, "delay_ms": 20},
+                          headers={"Accept": "text/event-stream"}) as resp:
+            async for ev in iter_sse(resp):
+                if json.loads(ev["data"])["i"] == 3:
+                    break          # leave mid-stream
+
+        async def stopped():
+            w = (await status(s, a.url))["workers"][0]
+            return w["running"] == 0 and w["completed"] == 1
+        await wait_until(stopped, "the worker to stop the abandoned invocation")
+
+        async def no_invocation_keys():
+            return not [k for k in r.keys("*") if "{inv:" in k and not k.endswith(":cancel")]
+        await wait_until(no_invocation_keys, "per-invocation keys to go")
+        assert all(r.ttl(k) > 0 for k in r.keys("*{inv:*"))   # only the expiring cancel marker may remain
+
+
+async def test_redis_down_gives_503_then_recovers(redis_server, start_server, start_worker):
+    a = start_server(*frontend_args(redis_server.url))
+    b = start_server(*frontend_args(redis_server.url, role="all"))
+    start_worker(redis_server.url)
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, RELAY)
+        await workers_serving(s, a.url, "relay")
+        redis_server.kill()
+        async with s.post(a.url + "/serverless/v1/functions/relay/invocations", json={"count": 1}) as r:
+            body = await r.json()
+            assert r.status == 503 and body["code"] == 200503 and "Redis" in body["message"], body
+        async with s.post(a.url + "/admin/v1/functions", json={**RELAY, "name": "relay2"}) as r:
+            body = await r.json()
+            assert r.status == 503 and "unreachable" in body["message"], body
+        async with s.get(a.url + "/healthz") as r:
+            assert r.status == 200
+        # a node that can run the function itself keeps serving it
+        async with s.post(b.url + "/serverless/v1/functions/ticker/invocations", json={"count": 2, "delay_ms": 1}) as r:
+            assert r.status == 200 and await r.json() == {"ticks": 2}
+
+        redis_server.start()            # empty again: the nodes re-publish their functions
+
+        async def works_again():
+            async with s.post(a.url + "/serverless/v1/functions/relay/invocations", json={"count": 2}) as r:
+                return r.status == 200 and await r.json()
+        result = await wait_until(works_again, "recovery after Redis restarted")
+        assert result["count"] == 2
+
+
+async def test_no_per_invocation_keys_after_1000_invocations(redis_server, start_server, start_worker):
+    a = start_server(*frontend_args(redis_server.url))
+    start_worker(redis_server.url)
+    r = redis_server.client()
+    async with aiohttp.ClientSession() as s:
+        await workers_serving(s, a.url, "echo")
+        url = a.url + "/serverless/v1/functions/echo/invocations"
+        sem = asyncio.Semaphore(32)
+
+        async def one(i: int):
+            async with sem:
+                accept = "text/event-stream" if i % 2 else "application/json"
+                async with s.post(url, json={"i": i}, headers={"Accept": accept}) as resp:
+                    assert resp.status == 200
+                    return await resp.text()
+        bodies = await asyncio.gather(*(one(i) for i in range(1000)))
+        assert all(str(i) in body for i, body in enumerate(bodies))
+
+        async def clean():
+            return not [k for k in r.keys("*") if "{inv:" in k]
+        await wait_until(clean, "per-invocation keys to be deleted")
+        assert r.xlen("fnstream:{queue:echo}") == 0

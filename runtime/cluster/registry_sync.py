@@ -120,6 +120,11 @@ class RegistrySync:
 
     async def sync(self) -> None:
         """Make the local registry match Redis (changes not yet flushed win locally)."""
+        if self._applied and not await self.redis.exists(self.keys.version):
+            # Redis came back empty (restarted without persistence): give it this node's functions again.
+            log.warning("cluster: the registry in Redis is gone; re-publishing this node's functions")
+            self._applied.clear()
+            await self.push_initial()
         records = await self._records()
         for name, rec in records.items():
             if name not in self._pending and self._applied.get(name) != rec["version"]:

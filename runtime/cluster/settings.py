@@ -81,10 +81,10 @@ def describe_url(url: str) -> str:
 
 
 def connect(url: str) -> aioredis.Redis:
-    """An asyncio client that fails fast (one quick retry) so callers can answer 503 at once."""
+    """An asyncio client that fails fast (two quick retries) so callers can answer 503 at once."""
     return aioredis.Redis.from_url(
         url, decode_responses=True, socket_connect_timeout=2, socket_timeout=10,
-        retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1), health_check_interval=5)
+        retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 2), health_check_interval=5)
 
 
 class Backoff:

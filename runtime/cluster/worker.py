@@ -177,17 +177,21 @@ class Worker:
                 log.info("worker %s: re-running invocation %s taken over from a lost worker", self.id, inv_id)
             await self._execute(inv_id, out, fields)
         except REDIS_DOWN as exc:
+            # Leave the entry pending and stop touching it: once idle it is reclaimed (and re-run if
+            # no output went out, else answered with "worker lost").
             log.warning("worker %s: lost Redis while running %s: %s", self.id, inv_id, exc)
             inv = self._running.get(inv_id)
             if inv is not None:
                 inv.cancel("lost the connection to Redis")
+            self._held.pop(inv_id, None)
+            self._slots.release()
             return
         except Exception:  # noqa: BLE001 - a bad entry must not stop the worker
             log.exception("worker %s: invocation %s failed", self.id, inv_id)
         finally:
             self._running.pop(inv_id, None)
-            await self._done_with(inv_id)
             self.completed += 1
+        await self._done_with(inv_id)
 
     def _error_fields(self, exc: FunctionServiceError) -> dict[str, str]:
         return {"t": "error", "code": str(exc.code), "status": str(exc.status), "message": exc.message}

@@ -46,8 +46,8 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app.add_routes(health.routes)
     app.add_routes(invoke.routes)
     app.add_routes(admin.routes)
-    app.add_routes(openai.routes)
     app.add_routes(streams.routes)
+    app.add_routes(openai.routes)
 
     async def _shutdown_executor(app: web.Application):
         yield
@@ -57,6 +57,13 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
         app[EXECUTOR].shutdown()
 
     app.cleanup_ctx.append(_shutdown_executor)
+
+    async def _drain_invocations(app: web.Application) -> None:
+        # Runs after the listener stopped and before aiohttp waits for open responses: aborted
+        # invocations end their SSE responses with an error event and [DONE].
+        await app[EXECUTOR].drain(app[CONFIG].frontend.args.shutdownGraceSeconds)
+
+    app.on_shutdown.append(_drain_invocations)
 
     async def _bind_broker(app: web.Application):
         # Handlers reach the broker through runtime.create_stream_producer() & co. (runtime/streams/api.py).

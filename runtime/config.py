@@ -30,6 +30,7 @@ class FrontendArgs(_Strict):
     streamBufferEvents: int = Field(100, ge=1, description="per-invocation output buffer (events)")
     maxWriteSize: int = Field(4 * 1024 * 1024, ge=1, description="bytes per stream write")
     maxResponseSize: int = Field(6 * 1024 * 1024, ge=1, description="bytes of a JSON result")
+    shutdownGraceSeconds: float = Field(10, ge=0, description="in-flight invocations may finish this long on SIGTERM")
 
 
 class FrontendConfig(_Strict):

@@ -14,6 +14,7 @@ __all__ = (
     "NotAcceptableError",
     "BodyTooLargeError",
     "ConcurrencyLimitError",
+    "ServiceUnavailableError",
     "HandlerError",
     "InitializerError",
     "ResultNotSerializableError",
@@ -72,6 +73,12 @@ class BodyTooLargeError(FunctionServiceError):
 
 class ConcurrencyLimitError(FunctionServiceError):
     code, status = 200429, 429
+
+
+class ServiceUnavailableError(FunctionServiceError):
+    """The server is shutting down (or a service it needs is unreachable)."""
+
+    code, status = 200503, 503
 
 
 class HandlerError(FunctionServiceError):

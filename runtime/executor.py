@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from .context import Context
-from .errors import FunctionServiceError, FunctionTimeoutError, HandlerError
+from .errors import FunctionServiceError, FunctionTimeoutError, HandlerError, ServiceUnavailableError
 from .invocation import Invocation
 from .process.executor import ProcessExecutor
 
@@ -36,6 +36,7 @@ class Executor:
     def __init__(self, thread_pool_size: int = 64) -> None:
         self._pool = ThreadPoolExecutor(thread_pool_size, thread_name_prefix="fnstream-handler")
         self.process = ProcessExecutor()  # `executor: process` functions run on worker processes
+        self.active: set[Invocation] = set()
 
     def run_sync(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
         return asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -43,10 +44,25 @@ class Executor:
     def start(self, inv: Invocation) -> "asyncio.Task[Any]":
         """Take a concurrency slot (429 when full) and run the invocation in its own task."""
         if inv.deployment.executor == "process":
-            return self.process.start(inv)
-        inv.deployment.acquire()
-        inv.task = inv.loop.create_task(self._run(inv), name=f"invocation-{inv.id}")
-        return inv.task
+            task = self.process.start(inv)
+        else:
+            inv.deployment.acquire()
+            task = inv.task = inv.loop.create_task(self._run(inv), name=f"invocation-{inv.id}")
+        self.active.add(inv)
+        task.add_done_callback(lambda _t: self.active.discard(inv))
+        return task
+
+    async def drain(self, grace: float) -> int:
+        """Let in-flight invocations finish for `grace` seconds, then abort the rest (shutdown)."""
+        if self.active:
+            log.info("waiting up to %gs for %d in-flight invocation(s)", grace, len(self.active))
+            await asyncio.wait([inv.task for inv in self.active if inv.task], timeout=grace or None)
+        left = list(self.active)
+        for inv in left:
+            inv.abort(ServiceUnavailableError("the server is shutting down"))
+        if left:
+            log.warning("aborted %d invocation(s) still running after %gs", len(left), grace)
+        return len(left)
 
     async def invoke(self, inv: Invocation) -> Any:
         """Start and wait for the result (no streaming)."""

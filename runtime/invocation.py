@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any, Literal
 
 from .channel import OutputChannel
-from .errors import ResponseTooLargeError, StreamBufferFullError, StreamClosedError, StreamWriteError
+from .errors import FunctionServiceError, ResponseTooLargeError, StreamBufferFullError, StreamClosedError, StreamWriteError
 
 if TYPE_CHECKING:
     from .registry import Deployment
@@ -91,6 +91,7 @@ class Invocation:
         self.writes = 0
         self.task: asyncio.Task | None = None
         self.cancel_reason: str | None = None
+        self.abort_error: FunctionServiceError | None = None
         self.stream = StreamWriter(self)
 
     @property
@@ -111,6 +112,22 @@ class Invocation:
             self.task.add_done_callback(_consume_outcome)
             if not self.task.done():
                 self.task.cancel(reason)
+
+    def abort(self, error: FunctionServiceError) -> None:
+        """Stop the invocation on fnstream's side (e.g. shutdown); `outcome()` then raises `error`."""
+        self.abort_error = error
+        self.cancel(error.message)
+
+    async def outcome(self) -> Any:
+        """The handler's result; its error; or the abort error if fnstream stopped it."""
+        assert self.task is not None
+        try:
+            return await self.task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self.abort_error is not None and (current is None or current.cancelling() == 0):
+                raise self.abort_error from None
+            raise
 
     def expire(self, reason: str) -> None:
         """The deadline passed: close the output so a thread handler's later writes raise."""

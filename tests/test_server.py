@@ -133,3 +133,22 @@ async def test_cli_stream_prints_as_events_arrive(server):
     assert len(arrivals) == 6
     # printed one by one as they arrive (3 gaps of 300 ms), not in one burst at the end
     assert arrivals[3] - arrivals[0] > 0.6, arrivals
+
+
+async def test_sigterm_lets_short_work_finish_and_ends_long_streams_cleanly(start_server):
+    import signal
+    server = start_server("-s", "frontend.args.shutdownGraceSeconds=1")
+    async with aiohttp.ClientSession() as s:
+        long_resp = await s.post(server.url + "/serverless/v1/functions/ticker/invocations", headers=SSE,
+                                 json={"count": 1000, "delay_ms": 100})
+        short_resp = await s.post(server.url + "/serverless/v1/functions/ticker/invocations", headers=SSE,
+                                  json={"count": 4, "delay_ms": 100})
+        assert len(await read_events(long_resp, limit=1)) == 1
+        server.proc.send_signal(signal.SIGTERM)
+        short_events = [e["data"] for _, e in await read_events(short_resp)]
+        long_events = [e["data"] for _, e in await read_events(long_resp)]
+    assert short_events[-2:] == ['{"ticks":4}', "[DONE]"]  # finished within the grace period
+    error = json.loads(long_events[-2])
+    assert error["code"] == 200503 and "shutting down" in error["message"]
+    assert long_events[-1] == "[DONE]"
+    assert server.proc.wait(10) == 0

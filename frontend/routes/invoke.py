@@ -101,8 +101,7 @@ async def run_invocation(request: web.Request, dep: Deployment, event: Any) -> w
 
 
 async def _json_response(inv: Invocation) -> web.Response:
-    assert inv.task is not None
-    result = await inv.task
+    result = await inv.outcome()
     if inv.deployment.kind in ("gen", "asyncgen") and result is None:
         result = inv.aggregate
     body = encode_result(result, inv.max_response_size)
@@ -135,9 +134,8 @@ async def _stream_response(request: web.Request, inv: Invocation, heartbeat: flo
                 next_id += 1
             data = b"".join(parts)
         await stream.write(data)
-    assert inv.task is not None
     try:
-        result = await inv.task
+        result = await inv.outcome()
         if not raw and result is not None:
             await stream.write(encode_event(encode_result(result, inv.max_response_size), next_id))
     except FunctionServiceError as exc:

@@ -119,9 +119,8 @@ async def _relay(stream: EventStream, inv: Invocation, heartbeat: float) -> None
 
 async def _finish(stream: EventStream, inv: Invocation) -> web.StreamResponse:
     """`data: [DONE]` after a clean end; after a failure, the error as a last event first."""
-    assert inv.task is not None
     try:
-        await inv.task
+        await inv.outcome()
     except FunctionServiceError as exc:
         if not stream.prepared:
             raise  # nothing sent yet: a plain error response with the right status
@@ -143,8 +142,7 @@ async def _whole(inv: Invocation) -> web.Response:
         if size > inv.max_response_size:
             inv.cancel("answer too large")
             raise ResponseTooLargeError(f"the answer of {inv.spec.name!r} exceeds {inv.max_response_size} bytes")
-    assert inv.task is not None
-    result = await inv.task
+    result = await inv.outcome()
     headers = {"X-Trace-Id": inv.trace_id}
     answer = _single_object(inv, parts, result)
     if answer.get("error"):

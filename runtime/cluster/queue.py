@@ -116,6 +116,11 @@ class RemoteInvocation:
     def start(self) -> None:
         self.task = self.loop.create_task(self._pump(), name=f"remote-invocation-{self.id}")
 
+    async def outcome(self) -> Any:
+        """The result relayed from the worker, or its error (same contract as Invocation.outcome)."""
+        assert self.task is not None
+        return await self.task
+
     def cancel(self, reason: str) -> None:
         if self.cancel_reason is not None:
             return

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from runtime.cluster import ClusterNode
 
-from .keys import EXECUTOR, REGISTRY
+from .keys import BROKER, EXECUTOR, REGISTRY
 
 __all__ = ("CLUSTER", "attach_cluster", "cluster_middleware", "routes")
 
@@ -45,6 +45,7 @@ def attach_cluster(app: web.Application) -> None:
 
     node = ClusterNode(app[CONFIG], app[REGISTRY], app[EXECUTOR])
     app[CLUSTER] = node
+    app[BROKER] = node.broker   # named streams in Redis: every node sees every stream
 
     async def _node(app: web.Application):
         await node.start()

@@ -17,7 +17,10 @@ from runtime.errors import FunctionNotFoundError
 from runtime.executor import Executor
 from runtime.registry import Deployment, Registry, parse_function_ref
 
+from runtime.streams import BrokerSettings, bind_broker, unbind_broker
+
 from .queue import RemoteInvocation, WorkQueue
+from .redis_broker import RedisBroker
 from .registry_sync import RegistrySync
 from .settings import REDIS_DOWN, ClusterUnavailableError, Keys, connect, describe_url, node_id
 from .worker import Worker
@@ -43,6 +46,8 @@ class ClusterNode:
         self.registry = registry
         self.sync = RegistrySync(self.redis, self.keys, registry, self.id, interval=cc.registrySyncSeconds,
                                  publish=self.role != "worker")
+        self.broker = RedisBroker(connect(cc.redisUrl, decode=False), cc.keyPrefix,
+                                  BrokerSettings.from_config(config.streams))
         self.queue = WorkQueue(self.redis, self.keys, ttl=cc.outputTtlSeconds, heartbeat=cc.workerHeartbeatSeconds)
         self.worker: Worker | None = None
         self.workers: dict[str, dict] = {}        # live workers (refreshed every heartbeat)
@@ -142,6 +147,7 @@ async def serve_worker(config: Config) -> None:
     executor = Executor(config.runtime.threadPoolSize)
     node = ClusterNode(config, registry, executor, role="worker")
     await node.start()
+    bind_broker(node.broker, asyncio.get_running_loop())   # handlers' named streams live in Redis
     print(f"fnstream worker {node.id} on {describe_url(node.url)}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -151,4 +157,6 @@ async def serve_worker(config: Config) -> None:
         await stop.wait()
     finally:
         await node.stop()
+        unbind_broker(node.broker)
+        await node.broker.close()
         executor.shutdown()

@@ -80,10 +80,10 @@ def describe_url(url: str) -> str:
     return url
 
 
-def connect(url: str) -> aioredis.Redis:
+def connect(url: str, *, decode: bool = True) -> aioredis.Redis:
     """An asyncio client that fails fast (two quick retries) so callers can answer 503 at once."""
     return aioredis.Redis.from_url(
-        url, decode_responses=True, socket_connect_timeout=2, socket_timeout=10,
+        url, decode_responses=decode, socket_connect_timeout=2, socket_timeout=10,
         retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 2), health_check_interval=5)
 
 

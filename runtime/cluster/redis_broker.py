@@ -1,0 +1,227 @@
+"""Named streams as Redis Streams, so a subscriber on one node gets what a producer on another writes.
+
+Element ids are the memory broker's 1, 2, 3... and the Redis entry id of element N is `0-N`
+(a Lua script takes the next number and appends atomically, so ids stay in order across
+producers); the SSE `id:` a client resumes from is that same number. Each subscriber reads with
+blocking XREAD from its own position, so fan-out, order and `Last-Event-ID` resume come from
+Redis itself. Memory is bounded by XADD MAXLEN (the larger of `retainNum` and the subscriber
+buffer): a subscriber that falls further behind than that finds a gap and is cut with the id to
+resume after, as under the memory broker's 'cut' policy ('block' is not offered here).
+Keys are hash-tagged by stream name: `{stream:NAME}:s` (entries) and `{stream:NAME}:meta`.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import redis.asyncio as aioredis
+
+from runtime.streams.broker import AbstractBroker, AbstractSubscription, BrokerSettings, Element, StreamOptions, StreamStats
+from runtime.streams.errors import (
+    InvalidStreamIdError,
+    StreamDeletedError,
+    StreamNotFoundError,
+    SubscriptionCutError,
+    SubscriptionEndedError,
+)
+from runtime.streams.names import validate_stream_name
+
+from .settings import REDIS_DOWN, ClusterUnavailableError
+
+__all__ = ("RedisBroker", "RedisSubscription")
+
+# KEYS: entries, meta; ARGV: maxlen, then the elements. Returns the first id given.
+_PUBLISH = """
+local first = redis.call('HINCRBY', KEYS[2], 'seq', #ARGV - 1) - (#ARGV - 2)
+for i = 2, #ARGV do
+  redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '0-' .. (first + i - 2), 'd', ARGV[i])
+end
+redis.call('HINCRBY', KEYS[2], 'produced', #ARGV - 1)
+return first
+"""
+_POLL = 1.0   # seconds a blocking read waits before checking the stream still exists
+
+
+def _seq(entry_id: bytes | str) -> int:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.partition("-")[2])
+
+
+def _text(value: bytes | None) -> str | None:
+    return value.decode("utf-8", "replace") if value else None
+
+
+class RedisSubscription(AbstractSubscription):
+    """A position in one Redis stream; reads never hold more than `capacity` elements."""
+
+    def __init__(self, broker: "RedisBroker", name: str, start_id: int, capacity: int,
+                 lost: tuple[int, int] | None, terminator: str | None) -> None:
+        self._broker = broker
+        self.name = name
+        self.last_id = start_id
+        self.acked_id = start_id
+        self.capacity = capacity
+        self.lost = lost
+        self._terminator = terminator
+        self._closed = False
+
+    @property
+    def stream_terminator(self) -> str | None:
+        return self._terminator
+
+    async def next_batch(self, max_items: int | None = None, timeout: float | None = None) -> list[Element]:
+        if self._closed:
+            raise SubscriptionEndedError(f"subscription to {self.name!r} is closed", last_id=self.last_id)
+        count = min(self.capacity, max_items) if max_items and max_items > 0 else self.capacity
+        deadline = None if timeout is None else time.monotonic() + timeout
+        keys = self._broker.keys(self.name)
+        while True:
+            wait = _POLL if deadline is None else max(0.0, min(_POLL, deadline - time.monotonic()))
+            try:
+                reply = await self._broker.redis.xread({keys[0]: f"0-{self.last_id}"}, count=count,
+                                                       block=max(1, int(wait * 1000)))
+            except REDIS_DOWN as exc:
+                raise ClusterUnavailableError(f"stream {self.name!r}: Redis unreachable ({exc}); "
+                                              f"resume after id {self.last_id}") from None
+            if reply:
+                entries = reply[0][1]
+                if _seq(entries[0][0]) > self.last_id + 1:
+                    raise SubscriptionCutError(
+                        f"stream {self.name!r}: this subscriber fell more than the stream's bound behind and "
+                        f"was cut; resume after id {self.last_id} (Last-Event-ID: {self.last_id})",
+                        last_id=self.last_id)
+                if self._terminator is None:   # a producer may have agreed one after we subscribed
+                    self._terminator = _text(await self._broker.redis.hget(keys[1], "terminator"))
+                batch = [Element(fields[b"d"], _seq(eid)) for eid, fields in entries]
+                self.last_id = batch[-1].id
+                return batch
+            meta = await self._broker.redis.hmget(keys[1], "seq", "terminator")
+            if meta[0] is None:
+                raise StreamDeletedError(f"stream {self.name!r} was deleted", last_id=self.last_id)
+            self._terminator = _text(meta[1])
+            if deadline is not None and time.monotonic() >= deadline:
+                return []
+
+    def ack(self, ele_id: int) -> None:
+        if ele_id > self.last_id:
+            raise ValueError(f"cannot ack id {ele_id}: the last element received has id {self.last_id}")
+        self.acked_id = max(self.acked_id, ele_id)
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                await self._broker.redis.hincrby(self._broker.keys(self.name)[1], "consumers", -1)
+            except REDIS_DOWN:
+                pass
+
+
+class RedisBroker(AbstractBroker):
+    """The AbstractBroker over Redis Streams (cluster mode)."""
+
+    def __init__(self, redis: aioredis.Redis, prefix: str, settings: BrokerSettings | None = None) -> None:
+        self.redis = redis            # a client without decode_responses: elements are bytes
+        self.prefix = prefix
+        self.settings = settings or BrokerSettings()
+        self.index = f"{prefix}:streams"
+        self._publish = redis.register_script(_PUBLISH)
+
+    def keys(self, name: str) -> tuple[str, str]:
+        return f"{self.prefix}:{{stream:{name}}}:s", f"{self.prefix}:{{stream:{name}}}:meta"
+
+    async def _call(self, coro):
+        try:
+            return await coro
+        except REDIS_DOWN as exc:
+            raise ClusterUnavailableError(f"named streams need Redis, which is unreachable: {exc}") from None
+
+    async def _ensure(self, name: str) -> tuple[str, str]:
+        keys = self.keys(validate_stream_name(name))
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hsetnx(keys[1], "seq", 0)
+            pipe.hsetnx(keys[1], "retain_num", self.settings.defaults.retain_num)
+            pipe.sadd(self.index, name)
+            await self._call(pipe.execute())
+        return keys
+
+    async def _maxlen(self, meta: str) -> int:
+        retain = int(await self._call(self.redis.hget(meta, "retain_num")) or 0)
+        return max(retain, self.settings.subscriber_buffer)
+
+    async def publish(self, name: str, elements: Sequence[bytes], *, timeout: float | None = None) -> list[int]:
+        self.check_elements(elements)
+        if not elements:
+            return []
+        keys = await self._ensure(name)
+        maxlen = await self._maxlen(keys[1])
+        args = [maxlen, *elements]
+        first = int(await self._call(self._publish(keys=list(keys), args=args)))
+        return list(range(first, first + len(elements)))
+
+    async def subscribe(self, name: str, *, from_id: int | None = None, buffer: int | None = None) -> RedisSubscription:
+        keys = await self._ensure(name)
+        seq_text, terminator = await self._call(self.redis.hmget(keys[1], "seq", "terminator"))
+        last = int(seq_text or 0)
+        lost = None
+        if from_id is None:
+            start = last
+        else:
+            if from_id < 0 or from_id > last:
+                raise InvalidStreamIdError(f"stream {name!r}: id {from_id} is out of range; ids so far are 1..{last}")
+            first = await self._call(self.redis.xrange(keys[0], count=1))
+            first_kept = _seq(first[0][0]) if first else last + 1
+            if from_id + 1 < first_kept:
+                lost = (from_id + 1, first_kept - 1)
+                from_id = first_kept - 1   # replay what is left, then live
+            start = from_id
+        await self._call(self.redis.hincrby(keys[1], "consumers", 1))
+        return RedisSubscription(self, name, start, buffer or self.settings.subscriber_buffer, lost, _text(terminator))
+
+    async def configure(self, name: str, options: StreamOptions) -> None:
+        keys = await self._ensure(name)
+        current = int(await self._call(self.redis.hget(keys[1], "retain_num")) or 0)
+        fields = {"retain_num": max(current, options.retain_num)}
+        if options.terminator is not None:
+            fields["terminator"] = options.terminator
+        await self._call(self.redis.hset(keys[1], mapping=fields))
+
+    async def attach_producer(self, name: str, options: StreamOptions | None = None) -> None:
+        if options is not None:
+            await self.configure(name, options)
+        keys = await self._ensure(name)
+        await self._call(self.redis.hincrby(keys[1], "producers", 1))
+
+    async def detach_producer(self, name: str) -> None:
+        await self._call(self.redis.hincrby(self.keys(name)[1], "producers", -1))
+
+    async def stats(self, name: str) -> StreamStats:
+        keys = self.keys(validate_stream_name(name))
+        meta = {k.decode(): v.decode("utf-8", "replace") for k, v in (await self._call(self.redis.hgetall(keys[1]))).items()}
+        if not meta:
+            raise StreamNotFoundError(f"stream {name!r} does not exist")
+        length = await self._call(self.redis.xlen(keys[0]))
+        first = await self._call(self.redis.xrange(keys[0], count=1))
+        return StreamStats(
+            name=name, producers=max(0, int(meta.get("producers", 0))), consumers=max(0, int(meta.get("consumers", 0))),
+            produced=int(meta.get("produced", 0)), delivered=0, dropped=0, last_id=int(meta.get("seq", 0)),
+            first_retained_id=_seq(first[0][0]) if first else None, retained=length, retained_bytes=0,
+            policy="cut", terminator=meta.get("terminator") or None)
+
+    async def list(self) -> list[StreamStats]:
+        out = []
+        for name in sorted(n.decode() for n in await self._call(self.redis.smembers(self.index))):
+            try:
+                out.append(await self.stats(name))
+            except StreamNotFoundError:
+                await self._call(self.redis.srem(self.index, name))
+        return out
+
+    async def delete(self, name: str) -> None:
+        keys = self.keys(validate_stream_name(name))
+        removed = await self._call(self.redis.delete(*keys))
+        await self._call(self.redis.srem(self.index, name))
+        if not removed:
+            raise StreamNotFoundError(f"stream {name!r} does not exist")
+
+    async def close(self) -> None:
+        await self.redis.aclose()

@@ -1,0 +1,122 @@
+"""Named streams in cluster mode: Redis Streams shared by every node (real redis-server, real processes)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import pytest
+
+from cluster_fixtures import redis_server, start_worker  # noqa: F401
+from frontend.client import iter_sse
+from runtime.cluster.redis_broker import RedisBroker
+from runtime.cluster.settings import connect
+from runtime.streams import BrokerSettings, StreamDeletedError, SubscriptionCutError
+from test_cluster import frontend_args, start_server, status, wait_until, workers_serving  # noqa: F401
+
+SUB = "/serverless/v1/stream/subscribe"
+STREAMS = "/serverless/v1/streams"
+
+
+async def consumers(s, base: str, name: str) -> int:
+    async with s.get(f"{base}{STREAMS}?stream={name}") as r:
+        return r.status == 200 and (await r.json())["streams"][0]["consumers"]
+
+
+async def test_subscribe_on_a_while_a_function_invoked_on_b_produces(redis_server, start_server, start_worker):
+    a = start_server(*frontend_args(redis_server.url))
+    b = start_server(*frontend_args(redis_server.url))
+    worker = start_worker(redis_server.url)
+    count = 5
+    async with aiohttp.ClientSession() as s:
+        await workers_serving(s, b.url, "stream-producer")
+        sub = await s.get(a.url + SUB, headers={"X-Stream-Name": "across", "X-Timeout-Ms": "20000"})
+        assert sub.status == 200
+        stamps, events = [], []
+
+        async def read():
+            async for ev in iter_sse(sub):
+                stamps.append(time.monotonic())
+                events.append(ev)
+        reading = asyncio.ensure_future(read())
+        started = time.monotonic()
+        async with s.post(b.url + "/serverless/v1/functions/stream-producer/invocations",
+                          json={"stream": "across", "count": count, "delay_ms": 200}) as inv:
+            assert inv.status == 200, await inv.text()
+            assert (await inv.json())["sent"] == count
+        await asyncio.wait_for(reading, 10)
+        sub.close()
+    total = stamps[-1] - started
+    assert [e["id"] for e in events] == [str(i) for i in range(1, count + 2)]
+    assert [json.loads(e["data"])["seq"] for e in events[:-1]] == list(range(1, count + 1))
+    assert events[-1]["data"] == "[DONE]"                     # the response ends on the terminator
+    assert stamps[0] - started < 0.4 * total                  # elements arrive as produced
+    assert worker.proc.poll() is None
+
+
+async def test_last_event_id_resume_across_nodes(redis_server, start_server):
+    a = start_server(*frontend_args(redis_server.url, role="all"))
+    b = start_server(*frontend_args(redis_server.url, role="all"))
+    async with aiohttp.ClientSession() as s:
+        first = await s.get(f"{b.url}{STREAMS}/resume")
+        await wait_until(lambda: consumers(s, a.url, "resume"), "a subscriber on B")
+        async with s.post(f"{a.url}{STREAMS}/resume", json=["1", "2", "3"]) as r:
+            assert r.status == 200, await r.text()
+        seen = []
+        async for ev in iter_sse(first):
+            seen.append(ev)
+            if len(seen) == 2:
+                break
+        first.close()
+        async with s.post(f"{a.url}{STREAMS}/resume", json=["4", "5"]) as r:
+            assert r.status == 200
+        again = await s.get(f"{a.url}{STREAMS}/resume", headers={"Last-Event-ID": seen[-1]["id"]})
+        async with s.post(f"{b.url}{STREAMS}/resume", json=["6", "[DONE]"]) as r:
+            assert r.status == 200
+        rest = [ev async for ev in iter_sse(again)]
+    assert [int(e["id"]) for e in seen + rest] == list(range(1, 8))
+    assert [e["data"] for e in seen + rest] == ["1", "2", "3", "4", "5", "6", "[DONE]"]
+
+
+@pytest.fixture
+async def broker(redis_server):
+    b = RedisBroker(connect(redis_server.url, decode=False), "fnstream", BrokerSettings(subscriber_buffer=5))
+    yield b
+    await b.close()
+
+
+async def test_fan_out_order_and_hash_tagged_keys(broker, redis_server):
+    subs = [await broker.subscribe("fan/out") for _ in range(3)]
+    ids = await broker.publish("fan/out", [b"a", b"b\x00\xff", b"c"])
+    assert ids == [1, 2, 3]
+    for sub in subs:
+        batch = await sub.next_batch(timeout=1)
+        assert [(e.id, e.data) for e in batch] == [(1, b"a"), (2, b"b\x00\xff"), (3, b"c")]
+    keys = redis_server.client().keys("*")
+    assert sorted(k for k in keys if "stream" in k and k != "fnstream:streams") == [
+        "fnstream:{stream:fan/out}:meta", "fnstream:{stream:fan/out}:s"]
+    assert (await broker.stats("fan/out")).consumers == 3
+
+
+async def test_slow_subscriber_is_bounded_and_cut_with_resume_id(broker, redis_server):
+    sub = await broker.subscribe("slow")
+    await broker.publish("slow", [b"1", b"2"])
+    assert [e.id for e in await sub.next_batch(timeout=1)] == [1, 2]
+    await broker.publish("slow", [str(i).encode() for i in range(3, 51)])
+    assert redis_server.client().xlen("fnstream:{stream:slow}:s") == 5    # memory stays bounded
+    with pytest.raises(SubscriptionCutError) as cut:
+        await sub.next_batch(timeout=1)
+    assert cut.value.last_id == 2
+    late = await broker.subscribe("slow", from_id=2)
+    assert late.lost == (3, 45)
+    assert [e.id for e in await late.next_batch(timeout=1)] == [46, 47, 48, 49, 50]
+
+
+async def test_delete_ends_live_subscribers(broker):
+    sub = await broker.subscribe("gone")
+    waiting = asyncio.ensure_future(sub.next_batch())
+    await asyncio.sleep(0.1)
+    await broker.delete("gone")
+    with pytest.raises(StreamDeletedError):
+        await asyncio.wait_for(waiting, 5)

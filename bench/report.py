@@ -66,7 +66,8 @@ def draw_chart(scenarios, targets: list[str], rows: dict[str, dict], path: Path)
               (False, "latency and memory vs bare aiohttp (lower is better)")]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for ax, (higher, title) in zip(axes, groups):
-        scs = [s for s in scenarios if s.higher_is_better is higher]
+        scs = [s for s in scenarios if s.higher_is_better is higher
+               and any(ratio(rows, s.key, t) for t in others)]  # fnstream-only rows have no ratio
         width = 0.8 / max(1, len(others))
         for i, t in enumerate(others):
             values = [ratio(rows, s.key, t) or 0.0 for s in scs]
@@ -75,7 +76,7 @@ def draw_chart(scenarios, targets: list[str], rows: dict[str, dict], path: Path)
             ax.bar_label(bars, labels=[f"{v:.2f}" if v else "" for v in values], fontsize=7)
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         ax.set_xticks(range(len(scs)))
-        ax.set_xticklabels([s.title.replace(", ", ",\n").replace(" (", "\n(") for s in scs], fontsize=7)
+        ax.set_xticklabels([s.short or s.title for s in scs], fontsize=8)
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)
     fig.tight_layout()

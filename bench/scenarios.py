@@ -22,8 +22,9 @@ class Scenario:
     unit: str
     higher_is_better: bool
     run: Callable[[Target, ServerProc, float], Awaitable[dict]]
-    targets: tuple[str, ...] = ("aiohttp", "fastapi", "fnstream-async", "fnstream-thread")
+    targets: tuple[str, ...] = ("aiohttp", "fastapi", "fnstream-async", "fnstream-thread", "fnstream-process")
     rounds: bool = True      # repeated each round, best kept; False: measured once
+    short: str = ""          # chart label
 
 
 def _check(results: list[StreamResult], expected_events: int) -> int:
@@ -130,16 +131,25 @@ async def publish_latency(target: Target, server: ServerProc, scale: float) -> d
 
 SCENARIOS: list[Scenario] = [
     Scenario("idle_memory", "memory per idle open stream", "KB", False, idle_memory,
-             targets=("aiohttp", "fastapi", "fnstream-async"), rounds=False),
-    Scenario("ttfe", "time to first event (first write at 50 ms), p50", "ms", False, ttfe),
-    Scenario("one_stream", "one stream, 100k events", "events/s", True, one_stream),
-    Scenario("streams_100", "100 concurrent streams × 100 events", "events/s", True, streams_100),
-    Scenario("streams_1000", "1000 concurrent streams × 100 events", "events/s", True, streams_1000),
-    Scenario("invoke", "JSON invoke of echo, 64 concurrent", "req/s", True, invoke),
+             targets=("aiohttp", "fastapi", "fnstream-async"), rounds=False,
+             short="idle stream\nmemory"),
+    Scenario("ttfe", "time to first event (first write at 50 ms), p50", "ms", False, ttfe,
+             short="time to\nfirst event"),
+    Scenario("one_stream", "one stream, 100k events", "events/s", True, one_stream,
+             short="1 stream\n100k events"),
+    Scenario("streams_100", "100 concurrent streams × 100 events", "events/s", True, streams_100,
+             short="100 streams\n× 100"),
+    Scenario("streams_1000", "1000 concurrent streams × 100 events", "events/s", True, streams_1000,
+             targets=("aiohttp", "fastapi", "fnstream-async", "fnstream-thread"),  # 2 worker processes: a queue test
+             short="1000 streams\n× 100"),
+    Scenario("invoke", "JSON invoke of echo, 64 concurrent", "req/s", True, invoke,
+             short="JSON invoke\nc=64"),
     Scenario("fanout", "named stream fan-out, 1 producer → 100 subscribers", "elements/s", True, fanout,
-             targets=("fnstream-async",)),
+             targets=("fnstream-async",),
+             short="fan-out\n1→100"),
     Scenario("publish_latency", "named stream subscribe→publish latency, p50", "ms", False, publish_latency,
-             targets=("fnstream-async",)),
+             targets=("fnstream-async",),
+             short="publish\nlatency"),
 ]
 
 

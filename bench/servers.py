@@ -116,6 +116,7 @@ TARGETS: dict[str, tuple[str, str | None, str | None]] = {
     "fastapi": ("fastapi", "/stream", "/echo"),
     "fnstream-async": ("fnstream", _FN.format("bench-stream"), _FN.format("bench-echo-async")),
     "fnstream-thread": ("fnstream", _FN.format("bench-stream-thread"), _FN.format("bench-echo")),
+    "fnstream-process": ("fnstream", _FN.format("bench-stream-process"), _FN.format("bench-echo-process")),
 }
 
 

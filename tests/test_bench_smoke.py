@@ -21,7 +21,7 @@ def test_bench_client_against_fnstream(start_server):
     server = start_server("--config", str(BENCH / "config.yaml"), env={"FNSTREAM_LOG": "WARNING"})
 
     async def drive():
-        for name in ("fnstream-async", "fnstream-thread"):
+        for name in ("fnstream-async", "fnstream-thread", "fnstream-process"):
             target = _target(server, name)
             results = await run_streams(target, {"count": 50}, 5)
             assert [(r.status, r.events) for r in results] == [(200, 51)] * 5  # 50 events + [DONE]

@@ -48,10 +48,14 @@ async def echo_async(event, context):
 
 
 async def fanout_producer(event, context):
-    """Send `count` elements, then the `[DONE]` terminator, into the named stream `stream`."""
+    """Send `count` elements, then the `[DONE]` terminator, into the named stream `stream`.
+
+    Policy `block`: the producer waits for the slowest subscriber instead of cutting it (the
+    default `cut` would end subscribers that fall `streams.subscriberBuffer` elements behind).
+    """
     from runtime import ProducerConfig
 
-    producer = await context.acreate_stream_producer(event["stream"], ProducerConfig())
+    producer = await context.acreate_stream_producer(event["stream"], ProducerConfig(slow_consumer_policy="block"))
     for i in range(int(event.get("count", 1000))):
         await producer.asend(f'{{"i":{i}}}')
     await producer.asend("[DONE]")

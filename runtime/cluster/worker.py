@@ -227,11 +227,12 @@ class Worker:
             batch = await inv.channel.get_batch()
             if not batch:
                 break
-            while written - acked >= inv.channel.capacity:   # the frontend is behind: wait for it
-                await asyncio.sleep(0.01)
+            # At most two buffers' worth in Redis ahead of the frontend: one being relayed, one in flight.
+            window = 2 * inv.channel.capacity
+            while written - acked >= window and inv.cancel_reason is None:
                 acked = int(await self.redis.get(self.keys.ack(inv_id)) or 0)
-                if inv.cancel_reason is not None:
-                    break
+                if written - acked >= window:
+                    await asyncio.sleep(0.002)
             await self._write(out, [{"t": "data", "d": payload} for payload in batch])
             written += len(batch)
         assert inv.task is not None

@@ -280,3 +280,38 @@ async def test_no_per_invocation_keys_after_1000_invocations(redis_server, start
             return not [k for k in r.keys("*") if "{inv:" in k]
         await wait_until(clean, "per-invocation keys to be deleted")
         assert r.xlen("fnstream:{queue:echo}") == 0
+
+
+async def test_in_process_node_queues_what_exceeds_its_capacity(redis_server, make_client):
+    """A `role: all` node runs what fits locally and queues the rest; its own worker takes it when a slot frees."""
+    from conftest import make_config
+    cfg = make_config(**{"cluster.redisUrl": redis_server.url, "cluster.workerHeartbeatSeconds": 0.2,
+                         "runtime.codeRoots": [str(FUNCTIONS), str(CLUSTER_FUNCTIONS)]})
+    client = await make_client(cfg)
+    r = await client.post("/admin/v1/functions", json={**RELAY, "concurrency": 1})
+    assert r.status == 201, await r.text()
+
+    async def serving():
+        return "relay" in [f for w in (await (await client.get("/cluster/v1/status")).json())["workers"]
+                           for f in w["functions"]]
+    await wait_until(serving, "the node's worker to serve relay")
+
+    async def call():
+        resp = await client.post("/serverless/v1/functions/relay/invocations", json={"count": 3, "delay_ms": 100},
+                                 headers={"Accept": "text/event-stream"})
+        assert resp.status == 200
+        return [ev["data"] async for ev in iter_sse(resp)]
+    first, second = await asyncio.gather(call(), call())
+    for events in (first, second):
+        assert [json.loads(d)["i"] for d in events[:3]] == [1, 2, 3] and events[-1] == "[DONE]"
+    groups = redis_server.client().xinfo_groups("fnstream:{queue:relay}")
+    assert groups[0]["entries-read"] == 1        # exactly one of the two went through the queue
+
+
+def test_cluster_config_is_checked():
+    from runtime.config import load_config
+    from runtime.errors import ConfigError
+    cfg = load_config(data={})
+    assert cfg.cluster.redisUrl is None and cfg.cluster.role == "all"   # default: no Redis at all
+    with pytest.raises(ConfigError, match="cluster.role"):
+        load_config(data={"cluster": {"role": "boss"}})

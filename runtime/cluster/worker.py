@@ -17,7 +17,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from runtime.errors import FunctionServiceError, FunctionTimeoutError, ResponseTooLargeError, ResultNotSerializableError
+from runtime.errors import (
+    ConcurrencyLimitError,
+    FunctionServiceError,
+    FunctionTimeoutError,
+    ResponseTooLargeError,
+    ResultNotSerializableError,
+)
 from runtime.executor import Executor
 from runtime.invocation import Invocation
 from runtime.registry import Registry
@@ -216,7 +222,8 @@ class Worker:
                              trace_id=fields.get("trace"))
             inv.id = inv_id
             inv.deadline = min(inv.deadline, time.monotonic() + float(fields.get("deadline", "inf")) - time.time())
-            self.executor.start(inv)
+            if not await self._start_when_free(inv, inv_id):
+                return
         except FunctionServiceError as exc:
             await self._write(out, [{"t": "start", "worker": self.id}, self._error_fields(exc)])
             return
@@ -248,6 +255,22 @@ class Worker:
         except FunctionServiceError as exc:
             terminal = self._error_fields(exc)
         await self._write(out, [terminal])
+
+    async def _start_when_free(self, inv: Invocation, inv_id: str) -> bool:
+        """Start it; a queued invocation waits for a free concurrency slot (False: cancelled meanwhile)."""
+        waited = 0
+        while True:
+            try:
+                self.executor.start(inv)
+                return True
+            except ConcurrencyLimitError:
+                if inv.remaining() <= 0:
+                    raise FunctionTimeoutError(f"function {inv.spec.name!r} timed out waiting for a free slot "
+                                               f"(concurrency {inv.spec.concurrency})") from None
+                waited += 1
+                if waited % 25 == 0 and await self.redis.exists(self.keys.cancelled(inv_id)):
+                    return False
+                await asyncio.sleep(0.02)
 
     # -- liveness and cancellation -----------------------------------------------------------
     async def _beat(self) -> None:

@@ -6,6 +6,8 @@ Event: {"count": N, "first_delay_ms": d, "delay_ms": g, "hold_s": h}. Sleep d, w
 import asyncio
 import time
 
+__all__ = ("stream_async", "stream_thread", "echo", "echo_async", "fanout_producer")
+
 
 def _params(event):
     event = event if isinstance(event, dict) else {}

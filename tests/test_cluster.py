@@ -315,3 +315,18 @@ def test_cluster_config_is_checked():
     assert cfg.cluster.redisUrl is None and cfg.cluster.role == "all"   # default: no Redis at all
     with pytest.raises(ConfigError, match="cluster.role"):
         load_config(data={"cluster": {"role": "boss"}})
+
+
+async def test_timeout_on_the_worker_reaches_the_client(redis_server, start_server, start_worker):
+    a = start_server(*frontend_args(redis_server.url))
+    start_worker(redis_server.url)
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, {**RELAY, "timeout": 0.5})
+        await workers_serving(s, a.url, "relay")
+        async with s.post(a.url + "/serverless/v1/functions/relay/invocations", json={"wait_ms": 3000}) as r:
+            body = await r.json()
+            assert r.status == 504 and body["code"] == 4010 and "timed out" in body["message"], body
+        status_code, got = await sse(s, a.url, "relay", {"count": 50, "delay_ms": 100})
+    data = [d for _, d in got]
+    assert status_code == 200 and data[-1] == "[DONE]"
+    assert json.loads(data[-2])["code"] == 4010 and json.loads(data[0])["i"] == 1   # events, then the timeout

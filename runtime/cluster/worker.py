@@ -62,6 +62,10 @@ class Worker:
         self._jobs: set[asyncio.Task] = set()
         self.completed = 0
 
+    @property
+    def free_slots(self) -> int:
+        return self.concurrency - len(self._held)
+
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         for coro, name in ((self._consume(), "consume"), (self._beat(), "heartbeat"),
@@ -97,8 +101,8 @@ class Worker:
     async def _consume(self) -> None:
         backoff = Backoff()
         while True:
-            await self._slots.acquire()
-            free = self._slots._value + 1  # noqa: SLF001 - how many more we could take at once
+            await self._slots.acquire()       # wait for at least one free slot
+            free = max(1, self.free_slots)
             self._slots.release()
             try:
                 streams = await self._queues()
@@ -128,7 +132,7 @@ class Worker:
             await asyncio.sleep(self.claim_idle / 2)
             try:
                 for key in list(self._grouped):
-                    free = self._slots._value  # noqa: SLF001
+                    free = self.free_slots
                     if free <= 0:
                         break
                     reply = await self.redis.xautoclaim(key, Keys.GROUP, self.id, int(self.claim_idle * 1000),

@@ -1,4 +1,4 @@
-"""Bearer-token auth: `Authorization: Bearer <token>` or `X-Auth`, roles `user` and `developer`.
+"""Bearer-token auth: `Authorization: Bearer <token>`, `X-Auth`, or `?token=` on GET; roles `user` and `developer`.
 
 Off when no tokens are configured. Invoke routes need either role; everything else but
 `/healthz` needs `developer`. Tokens are compared in constant time.
@@ -34,7 +34,12 @@ def _presented_token(request: web.Request) -> str | None:
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
-    return request.headers.get("X-Auth") or None
+    if request.headers.get("X-Auth"):
+        return request.headers["X-Auth"]
+    # A browser EventSource cannot set headers: GET requests may carry `?token=` (as openYuanrong's).
+    if request.method == "GET" and request.query.get("token"):
+        return request.query["token"]
+    return None
 
 
 def _match(presented: str, tokens: list[AuthToken]) -> AuthToken | None:

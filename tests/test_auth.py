@@ -26,6 +26,10 @@ async def test_auth_roles(make_client):
     assert resp.status == 200
     resp = await client.get("/admin/v1/functions")
     assert resp.status == 401
+    # a browser EventSource cannot send headers: GET may carry ?token=
+    assert (await client.get("/admin/v1/functions?token=dev-token")).status == 200
+    assert (await client.get("/admin/v1/functions?token=user-token")).status == 403
+    assert (await client.post(invoke + "?token=user-token", json={})).status == 401  # GET only
     # a token of another tenant may not invoke this tenant's functions
     resp = await client.post(invoke, json={}, headers={"Authorization": "Bearer other-tenant"})
     assert resp.status == 403 and "tenant" in (await resp.json())["message"]

@@ -6,6 +6,7 @@ import logging
 import signal
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 
 from runtime.config import Config
 from runtime.executor import Executor
@@ -22,9 +23,18 @@ __all__ = ("build_app", "build_registry", "serve", "SERVER_KWARGS")
 
 log = logging.getLogger("fnstream.frontend")
 
+
+class AccessLogger(AbstractAccessLogger):
+    """One line per request, without the query string: `?token=` must not reach the logs."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.info("%s %s %s %d %.1fms", request.remote, request.method, request.path,
+                         response.status, time * 1000)
+
+
 # aiohttp cancels a request's handler when its client disconnects only when asked to; fnstream
 # relies on it to cancel invocations of clients that left.
-SERVER_KWARGS = {"handler_cancellation": True}
+SERVER_KWARGS = {"handler_cancellation": True, "access_log_class": AccessLogger}
 
 
 def build_registry(config: Config, *, deploy: bool = True) -> Registry:

@@ -42,6 +42,10 @@ class OutputChannel(Generic[T]):
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def cancel_reason(self) -> str | None:
+        return self._cancel_reason
+
     def __len__(self) -> int:
         return len(self._items)
 

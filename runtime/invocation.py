@@ -11,6 +11,7 @@ import json
 import logging
 import random
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Literal
 
 from .channel import OutputChannel
@@ -165,10 +166,16 @@ class StreamWriter:
     full is refused at the next write, so memory stays bounded either way.
     """
 
-    __slots__ = ("_inv", "_pending", "max_write_size")
+    __slots__ = ("_inv", "_channel", "_loop", "_streaming", "_pending", "max_write_size")
 
     def __init__(self, invocation: Invocation) -> None:
-        self._inv = invocation
+        # Weak: the invocation holds its writer, and a reference cycle would leave every finished
+        # invocation (task, channel, context...) to the cyclic garbage collector. What a write
+        # needs after the invocation is gone (its channel, mode, loop) is held directly.
+        self._inv = weakref.ref(invocation)
+        self._channel = invocation.channel
+        self._loop = invocation.loop
+        self._streaming = invocation.streaming
         self._pending: asyncio.Future | None = None
         self.max_write_size = invocation.max_write_size
 
@@ -176,28 +183,32 @@ class StreamWriter:
         self.max_write_size = int(size)
 
     def write(self, data: Any):
-        inv = self._inv
         payload = encode_payload(data)
         if len(payload) > self.max_write_size and len(payload.encode()) > self.max_write_size:
             raise StreamWriteError(f"stream write of {len(payload.encode())} bytes exceeds the limit of "
                                    f"{self.max_write_size} bytes")
-        if not inv.streaming:
-            if inv.cancel_reason is not None:
-                raise StreamClosedError(f"stream closed: {inv.cancel_reason}")
+        channel = self._channel
+        if not self._streaming:
+            # The channel carries the invocation's cancel reason (cancel and expire set both).
+            if channel.cancel_reason is not None:
+                raise StreamClosedError(f"stream closed: {channel.cancel_reason}")
             return _DONE  # a plain JSON request has no stream; writes are dropped as in openYuanrong
-        channel = inv.channel
-        if _running_loop() is inv.loop:
+        inv = self._inv()  # None only once the invocation ended: its channel is closed and refuses
+        if _running_loop() is self._loop:
             if self._pending is not None and not self._pending.done():
                 raise StreamBufferFullError("stream buffer is full: use `await context.get_stream().write(...)` "
                                             "in async handlers so the writer waits for the client")
             if channel.try_put(payload):
-                inv.writes += 1
+                if inv is not None:
+                    inv.writes += 1
                 return _DONE
             self._pending = asyncio.ensure_future(channel.put(payload))
-            inv.writes += 1
+            if inv is not None:
+                inv.writes += 1
             return self._pending
-        channel.put_blocking(payload, timeout=max(inv.remaining(), 0.001))
-        inv.writes += 1
+        channel.put_blocking(payload, timeout=max(inv.remaining(), 0.001) if inv is not None else 0.001)
+        if inv is not None:
+            inv.writes += 1
         return _DONE
 
 

@@ -1,17 +1,15 @@
 """Fixtures for cluster tests: a private redis-server on a free port, and `fnstream worker` processes."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import redis
 
-from conftest import FUNCTIONS, ROOT, free_port
+from conftest import FUNCTIONS, FnstreamProcess, free_port
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 CLUSTER_FUNCTIONS = Path(__file__).resolve().parent / "cluster_functions"
@@ -51,29 +49,11 @@ class RedisServer:
             self.proc.wait()
 
 
-class WorkerProcess:
+class WorkerProcess(FnstreamProcess):
     """A real `fnstream worker --cluster URL` subprocess."""
 
     def __init__(self, url: str, *args: str) -> None:
-        cmd = [sys.executable, "-m", "frontend.cli", "worker", "--cluster", url, *FAST, *args]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "FNSTREAM_LOG": "WARNING"}, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
-        self.pid = self.proc.pid
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.stdout.read() if self.proc.stdout else ""
+        super().__init__("worker", "--cluster", url, *FAST, *args, env={"FNSTREAM_LOG": "WARNING"})
 
 
 @pytest.fixture

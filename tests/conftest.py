@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -49,22 +50,53 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class ServerProcess:
+class FnstreamProcess:
+    """A real `python -m frontend.cli ...` subprocess whose output goes to a file.
+
+    A file, not a pipe: a pipe nobody reads fills up and freezes a busy server.
+    """
+
+    def __init__(self, *cli_args: str, env: dict | None = None) -> None:
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", *cli_args], cwd=ROOT,
+                                     env={**os.environ, **(env or {})}, stdout=self.log,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.pid = self.proc.pid
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> str:
+        """SIGTERM, then SIGKILL after 10 s; returns everything the process printed."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.output()
+
+
+class ServerProcess(FnstreamProcess):
     """A real `fnstream serve` subprocess; `url` is its base URL."""
 
     def __init__(self, *args: str, env: dict | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "frontend.cli", "serve", "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})},
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        super().__init__("serve", "--port", str(self.port), *args, env=env)
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 15) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.proc.stdout.read()}")
+                raise RuntimeError(f"server exited early:\n{self.output()}")
             try:
                 with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
                     if r.status == 200:
@@ -73,16 +105,6 @@ class ServerProcess:
                 time.sleep(0.05)
         self.stop()
         raise RuntimeError("server did not become ready")
-
-    def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.stdout.read() if self.proc.stdout else ""
 
 
 @pytest.fixture

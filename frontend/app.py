@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from runtime.config import Config
 from runtime.executor import Executor
+from runtime.lifecycle import wait_for_stop_signal
 from runtime.manifest import load_deploy_dir
 from runtime.registry import Registry
 from runtime.streams import AbstractBroker, bind_broker, build_broker, unbind_broker
@@ -98,14 +98,8 @@ async def serve(app: web.Application, host: str, port: int, *, shutdown_timeout:
     await site.start()
     log.info("fnstream listening on http://%s:%d (%d functions)", host, port, len(app[REGISTRY]))
     print(f"fnstream listening on http://{host}:{port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await wait_for_stop_signal()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
         log.info("shutting down")
         await runner.cleanup()

@@ -20,7 +20,7 @@ from .errors import FunctionServiceError, ResponseTooLargeError, StreamBufferFul
 if TYPE_CHECKING:
     from .registry import Deployment
 
-__all__ = ("Invocation", "StreamWriter", "encode_payload", "new_trace_id")
+__all__ = ("Invocation", "StreamWriter", "encode_payload", "new_trace_id", "WRITTEN", "Written")
 
 log = logging.getLogger("fnstream.runtime")
 
@@ -56,7 +56,7 @@ def encode_payload(data: Any) -> str:
         raise StreamWriteError(f"stream write: {type(data).__name__} is not JSON-serializable: {exc}") from None
 
 
-class _Done:
+class Written:
     """An already-finished awaitable: `await stream.write(x)` works whether or not it waited."""
 
     __slots__ = ()
@@ -66,7 +66,7 @@ class _Done:
         yield  # pragma: no cover - makes this a generator
 
 
-_DONE = _Done()
+WRITTEN = Written()
 
 
 class Invocation:
@@ -192,7 +192,7 @@ class StreamWriter:
             # The channel carries the invocation's cancel reason (cancel and expire set both).
             if channel.cancel_reason is not None:
                 raise StreamClosedError(f"stream closed: {channel.cancel_reason}")
-            return _DONE  # a plain JSON request has no stream; writes are dropped as in openYuanrong
+            return WRITTEN  # a plain JSON request has no stream; writes are dropped as in openYuanrong
         inv = self._inv()  # None only once the invocation ended: its channel is closed and refuses
         if _running_loop() is self._loop:
             if self._pending is not None and not self._pending.done():
@@ -201,7 +201,7 @@ class StreamWriter:
             if channel.try_put(payload):
                 if inv is not None:
                     inv.writes += 1
-                return _DONE
+                return WRITTEN
             self._pending = asyncio.ensure_future(channel.put(payload))
             if inv is not None:
                 inv.writes += 1
@@ -209,7 +209,7 @@ class StreamWriter:
         channel.put_blocking(payload, timeout=max(inv.remaining(), 0.001) if inv is not None else 0.001)
         if inv is not None:
             inv.writes += 1
-        return _DONE
+        return WRITTEN
 
 
 def _consume_outcome(task: asyncio.Task) -> None:

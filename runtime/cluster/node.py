@@ -15,6 +15,7 @@ from typing import Any
 from runtime.config import Config
 from runtime.errors import FunctionNotFoundError
 from runtime.executor import Executor
+from runtime.lifecycle import wait_for_stop_signal
 from runtime.registry import Deployment, Registry, parse_function_ref
 
 from runtime.streams import BrokerSettings, bind_broker, unbind_broker
@@ -141,20 +142,14 @@ class ClusterNode:
 
 async def serve_worker(config: Config) -> None:
     """`fnstream worker`: run a worker-only node until SIGINT/SIGTERM."""
-    import signal
-
     registry = Registry(config.runtime.codeRoots)
     executor = Executor(config.runtime.threadPoolSize)
     node = ClusterNode(config, registry, executor, role="worker")
     await node.start()
     bind_broker(node.broker, asyncio.get_running_loop())   # handlers' named streams live in Redis
     print(f"fnstream worker {node.id} on {describe_url(node.url)}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await wait_for_stop_signal()
     finally:
         await node.stop()
         unbind_broker(node.broker)

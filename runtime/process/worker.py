@@ -27,7 +27,7 @@ from typing import Any
 
 from ..context import Context
 from ..errors import FunctionServiceError, ResultNotSerializableError, StreamClosedError, StreamWriteError
-from ..invocation import encode_payload
+from ..invocation import WRITTEN, Written, encode_payload
 from ..loader import load_code
 from ..manifest import FunctionSpec
 from ..streams import bind_broker
@@ -44,17 +44,6 @@ class _Cancelled(BaseException):
     """Raised inside the handler when the frontend cancels the invocation (client gone)."""
 
 
-class _Done:
-    """`await stream.write(x)` works in async handlers; the write itself already happened."""
-
-    __slots__ = ()
-
-    def __await__(self):
-        return
-        yield  # pragma: no cover - makes this a generator
-
-
-_DONE = _Done()
 
 
 class _Deployment:
@@ -99,7 +88,7 @@ class WorkerStream:
     def set_max_write_size(self, size: int) -> None:
         self.max_write_size = int(size)
 
-    def write(self, data: Any) -> _Done:
+    def write(self, data: Any) -> Written:
         payload = encode_payload(data)
         if len(payload) > self.max_write_size and len(payload.encode()) > self.max_write_size:
             raise StreamWriteError(f"stream write of {len(payload.encode())} bytes exceeds the limit of "
@@ -107,9 +96,9 @@ class WorkerStream:
         if not self._inv.streaming:
             if self._inv.cancel_reason is not None:
                 raise StreamClosedError(f"stream closed: {self._inv.cancel_reason}")
-            return _DONE  # a plain JSON request has no stream; writes are dropped as in-process
+            return WRITTEN  # a plain JSON request has no stream; writes are dropped as in-process
         self._worker.send_output(self._inv, {"t": "write", "id": self._inv.id, "p": payload})
-        return _DONE
+        return WRITTEN
 
 
 class _FrameLogHandler(logging.Handler):

@@ -7,10 +7,14 @@ status. Events already queued are written in one call (coalesced); a lone event 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Callable
 
 from aiohttp import web
 
-__all__ = ("encode_event", "encode_comment", "EventStream", "SSE_HEADERS", "DONE_EVENT", "PING")
+if TYPE_CHECKING:
+    from runtime.channel import OutputChannel
+
+__all__ = ("encode_event", "encode_comment", "EventStream", "relay", "frame_raw", "SSE_HEADERS", "DONE_EVENT", "PING")
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
@@ -41,6 +45,29 @@ def encode_event(data: str, event_id: int | str | None = None, event: str | None
 
 def encode_comment(text: str) -> bytes:
     return "".join(f": {line}\n" for line in _LINE_BREAK.split(text)).encode()
+
+
+def frame_raw(batch: list[str]) -> bytes:
+    """Payloads verbatim: for handlers that frame their own SSE (`rawStream`)."""
+    return "".join(batch).encode()
+
+
+async def relay(stream: "EventStream", channel: "OutputChannel[str]", heartbeat: float,
+                frame: Callable[[list[str]], bytes]) -> None:
+    """Write each batch read from `channel` as one socket write, until the channel closes.
+
+    A batch is everything queued since the last write (coalesced; a lone event is not delayed).
+    After `heartbeat` seconds without one, a `: ping` comment keeps proxies from timing out.
+    """
+    while True:
+        try:
+            batch = await channel.get_batch(timeout=heartbeat)
+        except TimeoutError:
+            await stream.ping()
+            continue
+        if not batch:
+            return
+        await stream.write(frame(batch))
 
 
 class EventStream:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -29,7 +30,7 @@ from ..body import read_json_body
 from ..cluster import CLUSTER
 from ..keys import CONFIG, EXECUTOR, PRINCIPAL, REGISTRY, TRACE_ID
 from ..negotiation import parse_accept, quality
-from ..sse import DONE_EVENT, EventStream, encode_event
+from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 
 __all__ = ("routes", "negotiate_mode", "run_invocation", "encode_result", "find_function")
 
@@ -118,24 +119,13 @@ def _headers(inv: Invocation, code: int) -> dict[str, str]:
 async def _stream_response(request: web.Request, inv: Invocation, heartbeat: float) -> web.StreamResponse:
     stream = EventStream(request, headers={"X-Trace-Id": inv.trace_id})
     raw = inv.mode == "raw"
-    next_id = 1
-    while True:
-        try:
-            batch = await inv.channel.get_batch(timeout=heartbeat)
-        except TimeoutError:
-            await stream.ping()
-            continue
-        if not batch:
-            break
-        if raw:
-            data = "".join(batch).encode()
-        else:
-            parts = []
-            for payload in batch:
-                parts.append(encode_event(payload, next_id))
-                next_id += 1
-            data = b"".join(parts)
-        await stream.write(data)
+    ids = itertools.count(1)
+
+    def frame_with_ids(batch: list[str]) -> bytes:
+        return b"".join([encode_event(payload, next(ids)) for payload in batch])
+
+    await relay(stream, inv.channel, heartbeat, frame_raw if raw else frame_with_ids)
+    next_id = next(ids)
     try:
         result = await inv.outcome()
         if not raw and result is not None:

@@ -25,7 +25,7 @@ from runtime.registry import Deployment
 from ..body import read_json_body
 from ..errors import openai_error_body
 from ..keys import CONFIG, EXECUTOR, PRINCIPAL, REGISTRY, TRACE_ID
-from ..sse import DONE_EVENT, EventStream, encode_event
+from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 
 __all__ = ("routes", "CHAT_ROUTE", "COMPLETIONS_ROUTE")
 
@@ -105,16 +105,12 @@ async def _stream(request: web.Request, inv: Invocation, heartbeat: float) -> we
 
 
 async def _relay(stream: EventStream, inv: Invocation, heartbeat: float) -> None:
-    raw = inv.mode == "raw"
-    while True:
-        try:
-            batch = await inv.channel.get_batch(timeout=heartbeat)
-        except TimeoutError:
-            await stream.ping()  # a comment line with no blank line after it
-            continue
-        if not batch:
-            return
-        await stream.write("".join(batch).encode() if raw else b"".join(encode_event(p) for p in batch))
+    # No `id:` lines on OpenAI routes: after an id, openai-python mis-parses comment heartbeats.
+    await relay(stream, inv.channel, heartbeat, frame_raw if inv.mode == "raw" else _frame_chunks)
+
+
+def _frame_chunks(batch: list[str]) -> bytes:
+    return b"".join([encode_event(payload) for payload in batch])
 
 
 async def _finish(stream: EventStream, inv: Invocation) -> web.StreamResponse:

@@ -41,8 +41,18 @@ class Executor:
     def run_sync(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
         return asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
-    def start(self, inv: Invocation) -> "asyncio.Task[Any]":
-        """Take a concurrency slot (429 when full) and run the invocation in its own task."""
+    def start(self, inv: Invocation, *, inline: bool = False) -> "asyncio.Task[Any] | None":
+        """Take a concurrency slot (429 when full) and run the invocation in its own task.
+
+        With `inline`, a plain-JSON call of an `async def` handler does not get a task: it runs in
+        the caller's own task when the caller awaits `inv.outcome()` (one task and one loop turn
+        less per request; nothing reads its output concurrently anyway).
+        """
+        dep = inv.deployment
+        if inline and not inv.streaming and dep.kind in ("async", "asyncgen") and dep.executor != "process":
+            dep.acquire()
+            inv.defer(self._run_inline)
+            return None
         if inv.deployment.executor == "process":
             task = self.process.start(inv)
         else:
@@ -51,6 +61,14 @@ class Executor:
         self.active.add(inv)
         task.add_done_callback(lambda _t: self.active.discard(inv))
         return task
+
+    async def _run_inline(self, inv: Invocation) -> Any:
+        inv.task = asyncio.current_task()
+        self.active.add(inv)
+        try:
+            return await self._run(inv)
+        finally:
+            self.active.discard(inv)
 
     async def drain(self, grace: float) -> int:
         """Let in-flight invocations finish for `grace` seconds, then abort the rest (shutdown)."""

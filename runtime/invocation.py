@@ -12,7 +12,7 @@ import logging
 import random
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal
 
 from .channel import OutputChannel
 from .errors import FunctionServiceError, ResponseTooLargeError, StreamBufferFullError, StreamClosedError, StreamWriteError
@@ -93,6 +93,7 @@ class Invocation:
         self.task: asyncio.Task | None = None
         self.cancel_reason: str | None = None
         self.abort_error: FunctionServiceError | None = None
+        self._deferred: "Callable[[Invocation], Awaitable[Any]] | None" = None
         self.stream = StreamWriter(self)
 
     @property
@@ -119,8 +120,21 @@ class Invocation:
         self.abort_error = error
         self.cancel(error.message)
 
+    def defer(self, run: "Callable[[Invocation], Awaitable[Any]]") -> None:
+        """Run later, in the task that awaits `outcome()` (see Executor.start's `inline`)."""
+        self._deferred = run
+
     async def outcome(self) -> Any:
         """The handler's result; its error; or the abort error if fnstream stopped it."""
+        if self._deferred is not None:
+            run, self._deferred = self._deferred, None
+            try:
+                return await run(self)
+            except asyncio.CancelledError:
+                if self.abort_error is None:
+                    raise
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                raise self.abort_error from None
         assert self.task is not None
         try:
             return await self.task

@@ -143,12 +143,18 @@ async def test_sigterm_lets_short_work_finish_and_ends_long_streams_cleanly(star
                                  json={"count": 1000, "delay_ms": 100})
         short_resp = await s.post(server.url + "/serverless/v1/functions/ticker/invocations", headers=SSE,
                                   json={"count": 4, "delay_ms": 100})
+        plain = asyncio.ensure_future(s.post(server.url + "/serverless/v1/functions/ticker/invocations",
+                                             json={"count": 1000, "delay_ms": 100}))
         assert len(await read_events(long_resp, limit=1)) == 1
+        await asyncio.sleep(0.2)
         server.proc.send_signal(signal.SIGTERM)
         short_events = [e["data"] for _, e in await read_events(short_resp)]
         long_events = [e["data"] for _, e in await read_events(long_resp)]
+        plain_resp = await plain
+        plain_body = await plain_resp.json()
     assert short_events[-2:] == ['{"ticks":4}', "[DONE]"]  # finished within the grace period
     error = json.loads(long_events[-2])
     assert error["code"] == 200503 and "shutting down" in error["message"]
     assert long_events[-1] == "[DONE]"
+    assert plain_resp.status == 503 and plain_body["code"] == 200503
     assert server.proc.wait(10) == 0

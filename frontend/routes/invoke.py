@@ -86,7 +86,7 @@ async def run_invocation(request: web.Request, dep: Deployment, event: Any) -> w
         inv = Invocation(dep, event, mode=mode, loop=asyncio.get_running_loop(),
                          buffer_events=args.streamBufferEvents, max_write_size=args.maxWriteSize,
                          max_response_size=args.maxResponseSize, trace_id=request.get(TRACE_ID))
-        app[EXECUTOR].start(inv)
+        app[EXECUTOR].start(inv, inline=True)
     try:
         if inv.streaming:
             return await _stream_response(request, inv, args.heartbeatSeconds)

@@ -1,7 +1,9 @@
-"""Fixtures for cluster tests: a private redis-server on a free port, and `fnstream worker` processes."""
+"""Fixtures for cluster tests: a private redis-server (or a 3-master Redis Cluster) on free ports,
+and `fnstream worker` processes."""
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -12,6 +14,7 @@ import redis
 from conftest import FUNCTIONS, FnstreamProcess, free_port
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 CLUSTER_FUNCTIONS = Path(__file__).resolve().parent / "cluster_functions"
 # Short timings so liveness, reclaim and sync happen within a test's patience.
 FAST = ["-s", "cluster.workerHeartbeatSeconds=0.2", "-s", "cluster.claimIdleSeconds=1",
@@ -49,6 +52,67 @@ class RedisServer:
             self.proc.wait()
 
 
+def _cluster_port() -> int:
+    """A free port whose cluster-bus port (port + 10000) is free too."""
+    for _ in range(100):
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
+class RedisClusterServers:
+    """Three redis-server masters (no replicas, no persistence) joined into one Redis Cluster."""
+
+    def __init__(self, directory: Path, masters: int = 3) -> None:
+        self.ports = [_cluster_port() for _ in range(masters)]
+        self.url = f"redis+cluster://127.0.0.1:{self.ports[0]}"
+        self.procs = [subprocess.Popen(
+            [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+             "--cluster-config-file", str(directory / f"nodes-{port}.conf"), "--dir", str(directory),
+             "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for port in self.ports]
+        for port in self.ports:
+            self._wait(redis.Redis(port=port))
+        created = subprocess.run([REDIS_CLI, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                                  "--cluster-replicas", "0", "--cluster-yes"], capture_output=True, text=True,
+                                 timeout=60)
+        if created.returncode != 0:
+            self.kill()
+            raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout[-500:]} {created.stderr[-500:]}")
+        first = redis.Redis(port=self.ports[0], decode_responses=True)
+        for _ in range(500):
+            if "cluster_state:ok" in first.execute_command("CLUSTER", "INFO"):
+                return
+            time.sleep(0.02)
+        raise RuntimeError("the Redis Cluster did not reach state ok")
+
+    @staticmethod
+    def _wait(client: redis.Redis) -> None:
+        for _ in range(200):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def client(self) -> redis.RedisCluster:
+        return redis.RedisCluster(host="127.0.0.1", port=self.ports[0], decode_responses=True)
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 class WorkerProcess(FnstreamProcess):
     """A real `fnstream worker --cluster URL` subprocess."""
 
@@ -61,6 +125,13 @@ def redis_server():
     server = RedisServer()
     yield server
     server.kill()
+
+
+@pytest.fixture
+def redis_cluster(tmp_path):
+    servers = RedisClusterServers(tmp_path)
+    yield servers
+    servers.kill()
 
 
 @pytest.fixture

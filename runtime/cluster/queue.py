@@ -70,9 +70,10 @@ class WorkQueue:
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.set(self.keys.cancelled(inv_id), reason, ex=max(1, int(self.ttl)))
-                pipe.publish(self.keys.cancel_channel, inv_id)
                 pipe.delete(self.keys.output(inv_id), self.keys.ack(inv_id))
                 await pipe.execute()
+            # After the marker is set; outside the pipeline (a cluster pipeline cannot PUBLISH).
+            await self.redis.publish(self.keys.cancel_channel, inv_id)
         except REDIS_DOWN as exc:
             log.warning("could not send the cancellation of %s (Redis unreachable: %s); its keys expire", inv_id, exc)
 

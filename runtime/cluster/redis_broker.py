@@ -137,7 +137,8 @@ class RedisBroker(AbstractBroker):
 
     async def _ensure(self, name: str) -> tuple[str, str]:
         keys = self.keys(validate_stream_name(name))
-        async with self.redis.pipeline(transaction=True) as pipe:
+        # Idempotent steps, so no transaction (the index and the stream are on different cluster slots).
+        async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hsetnx(keys[1], "seq", 0)
             pipe.hsetnx(keys[1], "retain_num", self.settings.defaults.retain_num)
             pipe.sadd(self.index, name)

@@ -91,8 +91,9 @@ class RegistrySync:
                 record = {"spec": spec.model_dump(mode="json"), "version": version, "node": self.node,
                           "codePathRel": _relative_code_path(spec, self.registry.code_roots)}
                 pipe.hset(self.keys.functions, name, json.dumps(record))
-            pipe.publish(self.keys.registry_channel, str(version))
             await pipe.execute()
+        # Announced once stored; outside the transaction (a cluster pipeline cannot PUBLISH).
+        await self.redis.publish(self.keys.registry_channel, str(version))
         return version
 
     # -- remote changes ----------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 Every key is hash-tagged (`{...}`) by what it belongs to (the registry, one function's queue, one
 invocation), so each lives on a single Redis Cluster slot and multi-key commands stay legal.
+A `redis+cluster://HOST:PORT` URL (any one node of the cluster) selects redis-py's cluster
+client; `redis://` is one Redis server.
 """
 from __future__ import annotations
 
@@ -11,7 +13,10 @@ import socket
 import uuid
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import ClusterError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -19,10 +24,13 @@ from redis.retry import Retry
 from runtime.errors import FunctionServiceError
 
 __all__ = ("Keys", "connect", "node_id", "ClusterUnavailableError", "WorkerLostError", "REDIS_DOWN", "Backoff",
-           "describe_url")
+           "describe_url", "is_cluster_url", "slot_of")
 
-# What a lost Redis connection looks like to redis-py (OSError covers refused connects).
-REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
+# What a lost Redis connection looks like to redis-py (OSError covers refused connects; the
+# cluster client raises RedisClusterException when no startup node answers, ClusterError when
+# the cluster is down).
+REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError, ClusterError, RedisClusterException)
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
 class ClusterUnavailableError(FunctionServiceError):
@@ -80,11 +88,25 @@ def describe_url(url: str) -> str:
     return url
 
 
-def connect(url: str, *, decode: bool = True) -> aioredis.Redis:
-    """An asyncio client that fails fast (two quick retries) so callers can answer 503 at once."""
-    return aioredis.Redis.from_url(
-        url, decode_responses=decode, socket_connect_timeout=2, socket_timeout=10,
-        retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 2), health_check_interval=5)
+def is_cluster_url(url: str) -> bool:
+    return url.partition("://")[0].lower() in CLUSTER_SCHEMES
+
+
+def connect(url: str, *, decode: bool = True) -> aioredis.Redis | RedisCluster:
+    """An asyncio client that fails fast (two quick retries) so callers can answer 503 at once:
+    a RedisCluster for `redis+cluster://` (it discovers every node from the one given), else a Redis."""
+    common = dict(decode_responses=decode, socket_connect_timeout=2, socket_timeout=10, health_check_interval=5)
+    if is_cluster_url(url):
+        scheme, _, rest = url.partition("://")
+        host = rest.partition("/")[0]          # a Redis Cluster has only database 0
+        return RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme.lower()]}://{host}", **common,
+                                     retry=AsyncRetry(ExponentialBackoff(cap=0.2, base=0.05), 2))
+    return aioredis.Redis.from_url(url, **common, retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 2))
+
+
+def slot_of(redis: aioredis.Redis | RedisCluster, key: str) -> int:
+    """The key's cluster slot (keys of one slot may share a multi-key command); 0 on a single Redis."""
+    return redis.keyslot(key) if isinstance(redis, RedisCluster) else 0
 
 
 class Backoff:

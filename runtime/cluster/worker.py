@@ -1,7 +1,8 @@
 """The work queue, worker side: take invocations with consumer groups, run them, stream the output.
 
 A worker reads every function queue it can run (XREADGROUP, only as many entries as it has free
-slots), runs each invocation with the ordinary Executor and writes its output stream. While it
+slots; one reader per Redis Cluster slot, since a multi-key read must stay on one slot, so on a
+single Redis one reader covers every queue), runs each invocation with the ordinary Executor and writes its output stream. While it
 lives it refreshes a heartbeat key and resets the idle time of the entries it holds; entries of a
 dead worker go idle and another worker takes them with XAUTOCLAIM. A reclaimed invocation whose
 output had already begun is not run again: the client gets a "worker lost" error instead.
@@ -28,7 +29,7 @@ from runtime.executor import Executor
 from runtime.invocation import Invocation
 from runtime.registry import Registry
 
-from .settings import REDIS_DOWN, Backoff, Keys, WorkerLostError
+from .settings import REDIS_DOWN, Backoff, Keys, WorkerLostError, slot_of
 
 __all__ = ("Worker",)
 
@@ -58,72 +59,108 @@ class Worker:
         self._running: dict[str, Invocation] = {}          # invocation id -> Invocation
         self._held: dict[str, tuple[str, str]] = {}        # invocation id -> (queue key, entry id)
         self._grouped: set[str] = set()
+        self._by_slot: dict[int, list[str]] = {}           # cluster slot -> queue keys read together
+        self._readers: dict[int, asyncio.Task] = {}
         self._tasks: list[asyncio.Task] = []
         self._jobs: set[asyncio.Task] = set()
         self.completed = 0
 
-    @property
-    def free_slots(self) -> int:
-        return self.concurrency - len(self._held)
-
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        for coro, name in ((self._consume(), "consume"), (self._beat(), "heartbeat"),
+        for coro, name in ((self._supervise(), "queues"), (self._beat(), "heartbeat"),
                            (self._reclaim(), "reclaim"), (self._listen_cancel(), "cancel")):
             self._tasks.append(asyncio.create_task(coro, name=f"worker-{name}"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in (*self._tasks, *self._readers.values()):
             task.cancel()
         for inv in list(self._running.values()):
             inv.cancel("worker shutting down")
-        await asyncio.gather(*self._tasks, *self._jobs, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._readers.values(), *self._jobs, return_exceptions=True)
         try:
             await self.redis.delete(self.keys.worker(self.id))
         except REDIS_DOWN:
             pass
 
     # -- taking work -------------------------------------------------------------------------
-    async def _queues(self) -> dict[str, str]:
-        streams = {}
-        for dep in self.registry.list():
-            key = self.keys.queue(dep.name)
-            if key not in self._grouped:
-                try:
-                    await self.redis.xgroup_create(key, Keys.GROUP, id="0", mkstream=True)
-                except aioredis.ResponseError as exc:
-                    if "BUSYGROUP" not in str(exc):
-                        raise
-                self._grouped.add(key)
-            streams[key] = ">"
-        return streams
+    async def _create_group(self, key: str) -> None:
+        try:
+            await self.redis.xgroup_create(key, Keys.GROUP, id="0", mkstream=True)
+        except aioredis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._grouped.add(key)
 
-    async def _consume(self) -> None:
+    async def _supervise(self) -> None:
+        """Keep a consumer group on every queue this node can run, and one reader per slot holding them."""
         backoff = Backoff()
         while True:
-            await self._slots.acquire()       # wait for at least one free slot
-            free = max(1, self.free_slots)
-            self._slots.release()
             try:
-                streams = await self._queues()
-                if not streams:
-                    await asyncio.sleep(self.heartbeat)
-                    continue
-                reply = await self.redis.xreadgroup(Keys.GROUP, self.id, streams, count=free, block=1000)
+                by_slot: dict[int, list[str]] = {}
+                for dep in self.registry.list():
+                    key = self.keys.queue(dep.name)
+                    if key not in self._grouped:
+                        await self._create_group(key)
+                    by_slot.setdefault(slot_of(self.redis, key), []).append(key)
+                self._by_slot = by_slot
                 backoff.reset()
-            except aioredis.ResponseError as exc:
-                if "NOGROUP" in str(exc):   # the queue was deleted (e.g. Redis restarted empty)
-                    self._grouped.clear()
-                    continue
-                raise
             except REDIS_DOWN as exc:
                 log.warning("worker %s: Redis unreachable (%s); retrying", self.id, exc)
                 self._grouped.clear()
                 await backoff.sleep()
                 continue
-            for key, entries in reply or []:
-                for entry_id, fields in entries:
-                    await self._take(key, entry_id, fields, reclaimed=False)
+            for slot in by_slot:
+                if slot not in self._readers or self._readers[slot].done():
+                    self._readers[slot] = asyncio.create_task(self._read_slot(slot), name=f"worker-read-{slot}")
+            await asyncio.sleep(self.heartbeat)
+
+    async def _reserve(self, wait: bool) -> int:
+        """Slots for the next read: one, waiting for it (a blocking read holds no more, so readers of
+        other slots are not starved), or without waiting every slot free now (possibly none)."""
+        if wait:
+            await self._slots.acquire()
+            return 1
+        n = 0
+        while not self._slots.locked():
+            await self._slots.acquire()   # a slot is free: returns at once
+            n += 1
+        return n
+
+    def _release(self, n: int) -> None:
+        for _ in range(n):
+            self._slots.release()
+
+    async def _read_slot(self, slot: int) -> None:
+        """Take entries from the queues of one slot, never more than this worker has free slots."""
+        backoff = Backoff()
+        wait = True
+        while keys := self._by_slot.get(slot):
+            n = await self._reserve(wait)
+            if n == 0:
+                wait = True
+                continue
+            taken = 0
+            try:
+                reply = await self.redis.xreadgroup(Keys.GROUP, self.id, {k: ">" for k in keys}, count=n,
+                                                    block=1000 if wait else None)
+                backoff.reset()
+                for key, entries in reply or []:
+                    for entry_id, fields in entries:
+                        self._take(key, entry_id, fields, reclaimed=False)
+                        taken += 1
+            except aioredis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):   # NOGROUP: the queue was deleted (e.g. Redis restarted empty)
+                    raise
+                for key in keys:
+                    await self._create_group(key)
+            except REDIS_DOWN as exc:
+                log.warning("worker %s: Redis unreachable (%s); retrying", self.id, exc)
+                self._grouped.clear()
+                await backoff.sleep()
+            finally:
+                self._release(n - taken)
+            wait = taken < n   # a full batch: more may be waiting, read again at once
+        self._readers.pop(slot, None)
 
     async def _reclaim(self) -> None:
         """Take over entries other (dead) workers held longer than claimIdleSeconds."""
@@ -132,14 +169,19 @@ class Worker:
             await asyncio.sleep(self.claim_idle / 2)
             try:
                 for key in list(self._grouped):
-                    free = self.free_slots
+                    free = await self._reserve(wait=False)
                     if free <= 0:
                         break
-                    reply = await self.redis.xautoclaim(key, Keys.GROUP, self.id, int(self.claim_idle * 1000),
-                                                        "0-0", count=free)
-                    for entry_id, fields in reply[1]:
-                        if fields:
-                            await self._take(key, entry_id, fields, reclaimed=True)
+                    taken = 0
+                    try:
+                        reply = await self.redis.xautoclaim(key, Keys.GROUP, self.id, int(self.claim_idle * 1000),
+                                                            "0-0", count=free)
+                        for entry_id, fields in reply[1]:
+                            if fields:
+                                self._take(key, entry_id, fields, reclaimed=True)
+                                taken += 1
+                    finally:
+                        self._release(free - taken)
                     for entry_id in (reply[2] if len(reply) > 2 else []):   # deleted while pending
                         await self.redis.xack(key, Keys.GROUP, entry_id)
                 backoff.reset()
@@ -148,8 +190,8 @@ class Worker:
             except aioredis.ResponseError as exc:
                 log.debug("reclaim: %s", exc)
 
-    async def _take(self, key: str, entry_id: str, fields: dict[str, str], *, reclaimed: bool) -> None:
-        await self._slots.acquire()
+    def _take(self, key: str, entry_id: str, fields: dict[str, str], *, reclaimed: bool) -> None:
+        """Run an entry in a slot the caller reserved (released by _done_with)."""
         inv_id = fields.get("id", entry_id)
         self._held[inv_id] = (key, entry_id)
         job = asyncio.create_task(self._run_entry(key, entry_id, fields, reclaimed), name=f"worker-run-{inv_id}")

@@ -16,7 +16,7 @@ from typing import Callable
 from .errors import DeployError
 from .manifest import FunctionSpec
 
-__all__ = ("LoadedCode", "load_code", "check_code_root")
+__all__ = ("LoadedCode", "load_code", "check_code_root", "check_code_location")
 
 _counter = itertools.count(1)
 
@@ -68,11 +68,16 @@ def _import(spec: FunctionSpec, module: str) -> ModuleType:
     return mod
 
 
-def load_code(spec: FunctionSpec, code_roots: list[Path]) -> LoadedCode:
-    """Import the handler (and initializer/preStop) of `spec`; DeployError says what failed."""
+def check_code_location(spec: FunctionSpec, code_roots: list[Path]) -> None:
+    """DeployError unless `spec.codePath` is a directory inside the code roots (nothing imported)."""
     check_code_root(spec.codePath, code_roots, spec.name)
     if not spec.codePath.is_dir():
         raise DeployError(f"function {spec.name!r}: codePath {spec.codePath} is not a directory")
+
+
+def load_code(spec: FunctionSpec, code_roots: list[Path]) -> LoadedCode:
+    """Import the handler (and initializer/preStop) of `spec`; DeployError says what failed."""
+    check_code_location(spec, code_roots)
     modules: dict[str, ModuleType] = {}
 
     def resolve(field: str, ref: str | None) -> Callable | None:

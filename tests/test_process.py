@@ -310,3 +310,51 @@ async def test_sigterm_stops_workers_with_pre_stop_and_exits_0(start_server, tmp
     output = server.stop()
     assert server.proc.returncode == 0, output
     assert marker.read_text() == f"preStop {pid}"
+
+
+# -- deploy: the code is imported in a worker, never in the server ----------------------------
+async def test_import_failures_refuse_the_deploy_and_spare_the_server(start_server, tmp_path):
+    empty = tmp_path / "deploy"
+    empty.mkdir()
+    server = start_server("--deploy-dir", str(empty), "-s", f"runtime.codeRoots=[{PROC}]")
+    cases = [("exits_at_import", "its worker process exited with code 3 while importing the code"),
+             ("fails_at_import", "importing 'fails_at_import' failed: ModuleNotFoundError: "
+                                 "No module named 'fnstream_no_such_module'")]
+    async with aiohttp.ClientSession() as session:
+        for module, message in cases:
+            manifest = {"name": "p-import", "handler": f"{module}.handler", "codePath": "import_failures",
+                        "executor": "process", "instances": 2}
+            async with session.post(server.url + "/admin/v1/functions", data=json.dumps(manifest)) as r:
+                body = await r.json()
+                assert r.status == 400 and message in body["message"], body
+            async with session.get(server.url + "/healthz") as r:
+                assert r.status == 200
+            async with session.get(server.url + "/admin/v1/functions/p-import") as r:
+                assert r.status == 404  # nothing registered
+        good = {"name": "p-import", "handler": "proc.pid", "codePath": ".", "executor": "process", "instances": 1}
+        async with session.post(server.url + "/admin/v1/functions", data=json.dumps(good)) as r:
+            assert r.status == 201, await r.json()
+        async with session.post(server.url + "/serverless/v1/functions/p-import/invocations", json={}) as r:
+            assert (await r.json())["pid"] != server.pid
+    output = server.stop()
+    assert server.proc.returncode == 0, output
+
+
+async def test_process_code_is_not_imported_in_the_server(pclient):
+    import sys
+    before = set(sys.modules)
+    body = await deploy(pclient, "p-where", "gen")
+    assert body["status"]["kind"] == "gen"  # reported by the worker that imported it
+    assert not [m for m in set(sys.modules) - before if "p_where" in m or m.endswith("proc")]
+    assert await call_ok(pclient, "p-where", {"count": 2}) == [{"i": 0}, {"i": 1}]
+
+
+async def test_a_failed_deploy_of_several_functions_registers_none(pclient):
+    manifest = [{"name": "p-ok", "handler": "proc.pid", "codePath": ".", "executor": "process", "instances": 1},
+                {"name": "p-bad", "handler": "proc.no_such_handler", "codePath": ".", "executor": "process",
+                 "instances": 1}]
+    resp = await pclient.post("/admin/v1/functions", data=json.dumps(manifest))
+    body = await resp.json()
+    assert resp.status == 400 and "has no callable 'no_such_handler'" in body["message"], body
+    for name in ("p-ok", "p-bad"):
+        assert (await pclient.get(f"/admin/v1/functions/{name}")).status == 404

@@ -44,7 +44,7 @@ def _deployed(deps) -> dict:
 @routes.post("/admin/v1/functions")
 async def create_functions(request: web.Request) -> web.Response:
     specs = await _specs_from_body(request)
-    deps = request.app[REGISTRY].deploy(specs, replace=False)
+    deps = await request.app[REGISTRY].adeploy(specs, replace=False)
     return web.json_response(_deployed(deps), status=201)
 
 
@@ -66,7 +66,7 @@ async def redeploy_function(request: web.Request) -> web.Response:
     specs = await _specs_from_body(request)
     if len(specs) != 1 or specs[0].name != name:
         raise BadRequestError(f"PUT /admin/v1/functions/{name} takes exactly one function named {name!r}")
-    deps = registry.deploy(specs)
+    deps = await registry.adeploy(specs)
     return web.json_response(_deployed(deps), status=200)
 
 

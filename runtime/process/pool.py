@@ -21,7 +21,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import FunctionServiceError, StreamClosedError
+from ..errors import DeployError, FunctionServiceError, StreamClosedError
 from .errors import WorkerCrashedError, WorkerUnavailableError, error_from_wire
 from .protocol import DEFAULT_CREDITS, Connection, ConnectionClosed, ProtocolError
 from .streams_bridge import StreamBridge
@@ -38,6 +38,8 @@ State = Literal["starting", "idle", "busy", "killed", "retiring", "stopping", "d
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 # Workers that die before they are ready this many times in a row mark the pool broken.
 MAX_START_FAILURES = 3
+# A deploy waits at most this long (or the function's timeout, if shorter) for the code's import.
+MAX_LOAD_SECONDS = 120.0
 
 
 def default_instances(concurrency: int) -> int:
@@ -170,6 +172,8 @@ class WorkerProcess:
                 with self.pool.lock:
                     self.state = "retiring"  # it exits next: never hand it another invocation
             job.finish(("error", job.error or error_from_wire(msg["error"], msg["message"])))
+        elif kind == "loaded":
+            self.pool._on_loaded(msg.get("kind"), msg.get("error"))
         elif kind == "ready":
             self.pool._on_ready(self, msg.get("init_error"))
         elif kind == "log":
@@ -220,14 +224,49 @@ class WorkerPool:
         self.broken: str | None = None
         self.init_error: str | None = None
         self.stopping = False
+        # Until the first worker has imported the code, nothing is deployed and no worker replaced.
+        self.validated = False
+        self.kind: str | None = None
+        self.load_error: str | None = None
+        self._loaded = threading.Event()
 
     @property
     def name(self) -> str:
         return self.spec.name
 
     def start(self) -> None:
-        for _ in range(self.size):
+        """Start the first worker: it imports the code, which `wait_loaded` checks before the rest start."""
+        self._spawn()
+
+    def wait_loaded(self, timeout: float | None = None) -> str:
+        """Block until the first worker imported the code; its handler kind, or DeployError.
+
+        The user's code is imported only here, in a worker: an import that raises, exits or
+        crashes fails the deploy with the worker's message and never touches the server.
+        """
+        if timeout is None:
+            timeout = min(float(self.spec.timeout), MAX_LOAD_SECONDS)
+        if not self._loaded.wait(timeout):
+            self.load_error = (f"function {self.name!r}: its worker process did not finish importing the code "
+                               f"within {timeout:g} s")
+        if self.load_error is not None or self.kind is None:
+            raise DeployError(self.load_error or f"function {self.name!r}: its worker process reported no handler")
+        with self.lock:
+            self.validated = True
+            missing = self.size - len(self.workers) if not self.stopping else 0
+        for _ in range(missing):
             self._spawn()
+        return self.kind
+
+    def abort(self) -> None:
+        """Kill every worker of a pool whose deploy failed (it never served; no preStop)."""
+        with self.lock:
+            self.stopping = True
+            workers = list(self.workers)
+            self._idle.clear()
+            self._wake_waiters()
+        for worker in workers:
+            worker.kill("the deploy was refused")
 
     def _spawn(self) -> None:
         worker = WorkerProcess(self)
@@ -290,6 +329,12 @@ class WorkerPool:
         self._waiters.clear()
 
     # -- supervision (reader threads) ----------------------------------------------------------
+    def _on_loaded(self, kind: str | None, error: str | None) -> None:
+        if self._loaded.is_set():
+            return  # a later worker: a failure there surfaces as init_error (4201)
+        self.kind, self.load_error = kind, error
+        self._loaded.set()
+
     def _on_ready(self, worker: WorkerProcess, init_error: str | None) -> None:
         with self.lock:
             self._start_failures = 0
@@ -318,7 +363,11 @@ class WorkerPool:
             if worker in self.workers:
                 self.workers.remove(worker)
             job, worker.job = worker.job, None
-            replace = not self.stopping
+            replace = not self.stopping and self.validated
+            if not self._loaded.is_set():  # the first worker died while importing the code
+                self.load_error = (f"function {self.name!r}: its worker process {how} while importing "
+                                   f"the code (handler {self.spec.handler!r}); see the server log")
+                self._loaded.set()
             if replace:
                 self.restarts += 1
                 if not worker.ready:

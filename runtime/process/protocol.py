@@ -17,7 +17,7 @@ import msgpack
 
 __all__ = (
     "Connection", "ConnectionClosed", "ProtocolError", "MAX_FRAME", "DEFAULT_CREDITS",
-    "Hello", "Invoke", "Credit", "Cancel", "Stop", "Ready", "Write", "Item", "Result", "Error",
+    "Hello", "Invoke", "Credit", "Cancel", "Stop", "Loaded", "Ready", "Write", "Item", "Result", "Error",
     "Log", "Stopped", "StreamCall", "StreamReply",
 )
 
@@ -70,6 +70,12 @@ class StreamReply(TypedDict, total=False):
 
 
 # -- worker -> frontend ------------------------------------------------------------------------
+class Loaded(TypedDict):
+    t: Literal["loaded"]   # the code is imported (or not); the initializer runs next
+    kind: str | None       # the handler's kind (runtime.registry.handler_kind), None on error
+    error: str | None      # why the import failed: the deploy is refused with this message
+
+
 class Ready(TypedDict):
     t: Literal["ready"]
     pid: int

@@ -30,6 +30,7 @@ from ..errors import FunctionServiceError, ResultNotSerializableError, StreamClo
 from ..invocation import WRITTEN, Written, encode_payload
 from ..loader import load_code
 from ..manifest import FunctionSpec
+from ..registry import handler_kind
 from ..streams import bind_broker
 from .errors import MemoryLimitError
 from .protocol import Connection, ConnectionClosed, ProtocolError
@@ -162,11 +163,17 @@ class Worker:
 
     # -- start ---------------------------------------------------------------------------------
     def start(self) -> str | None:
-        """Load the code and run the initializer; returns the error that makes invocations fail."""
+        """Load the code and run the initializer; returns the error that makes invocations fail.
+
+        The `loaded` frame tells the frontend the import worked (and the handler's kind) before a
+        possibly long initializer runs: a deploy waits for it, never for the initializer.
+        """
         try:
             self._code = load_code(self.spec, self.code_roots)
         except FunctionServiceError as exc:
+            self.post({"t": "loaded", "kind": None, "error": exc.message})
             return exc.message
+        self.post({"t": "loaded", "kind": handler_kind(self._code.handler), "error": None})
         init = self._code.initializer
         if init is None:
             return None

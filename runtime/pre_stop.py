@@ -1,0 +1,77 @@
+"""Running the manifest's `preStop` of an in-process (thread or async) deployment.
+
+Worker processes run their own preStop (runtime/process/worker.py); this is the same hook for
+deployments whose code lives in the server. It runs once, with an initializer-style Context,
+within min(timeout, 180 s) (openYuanrong's cap on pre_stop), and whatever it raises is logged:
+a broken preStop must never take the server down or hold up a shutdown for ever.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from .registry import Deployment
+
+__all__ = ("run_pre_stop", "pre_stop_timeout", "MAX_PRE_STOP_SECONDS")
+
+log = logging.getLogger("fnstream.runtime")
+
+MAX_PRE_STOP_SECONDS = 180.0
+
+
+def pre_stop_timeout(dep: "Deployment") -> float:
+    return min(float(dep.spec.timeout), MAX_PRE_STOP_SECONDS)
+
+
+def _in_daemon_thread(fn: Callable[[], Any]) -> "asyncio.Future[Any]":
+    """Run `fn` in its own daemon thread: one that overruns its timeout cannot block the exit."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            future.set_result(value) if ok else future.set_exception(value)
+
+    def target() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:  # noqa: BLE001 - reported through the future
+            outcome = (False, exc)
+        else:
+            outcome = (True, result)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits any more
+
+    threading.Thread(target=target, name=f"fnstream-prestop-{getattr(fn, '__name__', 'fn')}", daemon=True).start()
+    return future
+
+
+async def run_pre_stop(dep: "Deployment") -> None:
+    """Run `dep`'s preStop once (later calls do nothing); log, never raise, what it does wrong."""
+    if dep.code is None or dep.code.pre_stop is None or dep.pre_stop_started:
+        return
+    dep.pre_stop_started = True
+    from .context import Context
+
+    pre_stop = dep.code.pre_stop
+    ctx = Context(dep)
+    timeout = pre_stop_timeout(dep)
+    try:
+        if inspect.iscoroutinefunction(pre_stop):
+            await asyncio.wait_for(pre_stop(ctx), timeout)
+        else:
+            await asyncio.wait_for(_in_daemon_thread(lambda: pre_stop(ctx)), timeout)
+    except TimeoutError:
+        log.error("function %s: preStop did not finish within %g s; going on without it", dep.name, timeout)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - user code, including sys.exit
+        log.error("function %s: preStop failed: %s: %s", dep.name, type(exc).__name__, exc, exc_info=exc)
+    else:
+        log.info("function %s: preStop ran (revision %d)", dep.name, dep.revision)

@@ -22,7 +22,7 @@ class Context:
         self._spec = deployment.spec
         self._invocation = invocation
         self._started = invocation.started if invocation else time.monotonic()
-        self._logger = logging.getLogger(f"fnstream.function.{self._spec.name}")
+        self._logger: logging.Logger | None = None  # made on first use: most handlers never log
 
     # -- openYuanrong names ------------------------------------------------------------------
     def getRequestID(self) -> str:
@@ -59,6 +59,8 @@ class Context:
         return time.monotonic() - self._started
 
     def getLogger(self) -> logging.Logger:
+        if self._logger is None:
+            self._logger = logging.getLogger(f"fnstream.function.{self._spec.name}")
         return self._logger
 
     def get_stream(self) -> "StreamWriter":
@@ -103,4 +105,4 @@ class Context:
 
     @property
     def logger(self) -> logging.Logger:
-        return self._logger
+        return self.getLogger()

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -22,6 +23,8 @@ from .process.executor import ProcessExecutor
 __all__ = ("Executor",)
 
 log = logging.getLogger("fnstream.runtime")
+
+DEADLINE_TICK = 0.05  # seconds between deadline checks
 
 
 def _handler_failure(exc: BaseException) -> HandlerError:
@@ -37,6 +40,7 @@ class Executor:
         self._pool = ThreadPoolExecutor(thread_pool_size, thread_name_prefix="fnstream-handler")
         self.process = ProcessExecutor()  # `executor: process` functions run on worker processes
         self.active: set[Invocation] = set()
+        self._watchdog: asyncio.Task | None = None
 
     def run_sync(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
         return asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -52,6 +56,7 @@ class Executor:
         if inline and not inv.streaming and dep.kind in ("async", "asyncgen") and dep.executor != "process":
             dep.acquire()
             inv.defer(self._run_inline)
+            self._watch_deadlines()
             return None
         if inv.deployment.executor == "process":
             task = self.process.start(inv)
@@ -60,7 +65,26 @@ class Executor:
             task = inv.task = inv.loop.create_task(self._run(inv), name=f"invocation-{inv.id}")
         self.active.add(inv)
         task.add_done_callback(lambda _t: self.active.discard(inv))
+        self._watch_deadlines()
         return task
+
+    def _watch_deadlines(self) -> None:
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.get_running_loop().create_task(self._deadline_watchdog(), name="deadlines")
+
+    async def _deadline_watchdog(self) -> None:
+        """Time out invocations past their deadline, checking every DEADLINE_TICK seconds.
+
+        One periodic check instead of a timer per invocation: a timer costs more per request
+        than the rest of the runtime layer, and timeouts are seconds while the tick is 50 ms.
+        Process functions enforce their own deadline (their worker is killed).
+        """
+        while self.active:
+            await asyncio.sleep(DEADLINE_TICK)
+            now = time.monotonic()
+            for inv in [i for i in self.active if i.deadline <= now]:
+                if inv.deployment.executor != "process":
+                    inv.time_out(f"function {inv.spec.name!r} timed out after {inv.spec.timeout:g} s")
 
     async def _run_inline(self, inv: Invocation) -> Any:
         inv.task = asyncio.current_task()
@@ -87,6 +111,8 @@ class Executor:
         return await self.start(inv)
 
     def shutdown(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _run(self, inv: Invocation) -> Any:
@@ -96,26 +122,21 @@ class Executor:
             await dep.ensure_initialized(self.run_sync)
             ctx = Context(dep, inv)
             handler = dep.code.handler
-            timeout = asyncio.timeout(inv.remaining())
-            try:
-                async with timeout:
-                    if dep.kind == "async":
-                        return await handler(inv.event, ctx)
-                    if dep.kind == "asyncgen":
-                        # aclosing: a cancelled generator runs its cleanup now, not at garbage collection
-                        async with contextlib.aclosing(handler(inv.event, ctx)) as items:
-                            async for item in items:
-                                await inv.add_item(item)
-                        return None
-                    thread_future = self.run_sync(lambda: self._call_in_thread(inv, ctx))
-                    return await asyncio.shield(thread_future)
-            except TimeoutError:
-                if not timeout.expired():
-                    raise
-                reason = f"function {dep.name!r} timed out after {dep.spec.timeout:g} s"
-                inv.expire(reason)
-                raise FunctionTimeoutError(reason) from None
+            if dep.kind == "async":
+                return await handler(inv.event, ctx)
+            if dep.kind == "asyncgen":
+                # aclosing: a cancelled generator runs its cleanup now, not at garbage collection
+                async with contextlib.aclosing(handler(inv.event, ctx)) as items:
+                    async for item in items:
+                        await inv.add_item(item)
+                return None
+            thread_future = self.run_sync(lambda: self._call_in_thread(inv, ctx))
+            return await asyncio.shield(thread_future)
         except asyncio.CancelledError:
+            if inv.timed_out is not None:  # the deadline watchdog's doing, not the client's
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                dep.failures += 1
+                raise FunctionTimeoutError(inv.timed_out) from None
             raise
         except FunctionServiceError:
             # Raised by fnstream itself (timeout, init failure, a refused write...): already clear.

@@ -93,6 +93,7 @@ class Invocation:
         self.task: asyncio.Task | None = None
         self.cancel_reason: str | None = None
         self.abort_error: FunctionServiceError | None = None
+        self.timed_out: str | None = None
         self._deferred: "Callable[[Invocation], Awaitable[Any]] | None" = None
         self.stream = StreamWriter(self)
 
@@ -143,6 +144,15 @@ class Invocation:
             if self.abort_error is not None and (current is None or current.cancelling() == 0):
                 raise self.abort_error from None
             raise
+
+    def time_out(self, reason: str) -> None:
+        """The deadline passed: close the output (a thread's later writes raise) and cancel the
+        task, which the executor turns into FunctionTimeoutError."""
+        if self.timed_out is not None or self.task is None or self.task.done():
+            return
+        self.timed_out = reason
+        self.expire(reason)
+        self.task.cancel(reason)
 
     def expire(self, reason: str) -> None:
         """The deadline passed: close the output so a thread handler's later writes raise."""

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -32,12 +33,13 @@ from ..keys import CONFIG, EXECUTOR, PRINCIPAL, REGISTRY, TRACE_ID
 from ..negotiation import parse_accept, quality
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 
-__all__ = ("routes", "negotiate_mode", "run_invocation", "encode_result", "find_function")
+__all__ = ("routes", "negotiate_mode", "run_invocation", "start_invocation", "encode_result", "find_function")
 
 log = logging.getLogger("fnstream.frontend")
 routes = web.RouteTableDef()
 
 
+@functools.lru_cache(maxsize=256)  # clients send a handful of distinct Accept headers
 def negotiate_mode(accept: str | None, enable_event: bool) -> str:
     """'sse' or 'json' from the Accept header; 406 when only SSE is acceptable but disabled."""
     ranges = parse_accept(accept)
@@ -71,22 +73,29 @@ def _check_tenant(request: web.Request, dep: Deployment) -> None:
         raise ForbiddenError(f"tenant {principal.tenant!r} may not invoke a function of tenant {dep.spec.tenant!r}")
 
 
-async def run_invocation(request: web.Request, dep: Deployment, event: Any) -> web.StreamResponse:
-    """Invoke `dep` with `event` and answer as the request's Accept header asks."""
+async def start_invocation(request: web.Request, dep: Deployment, event: Any, mode: str, *,
+                           inline: bool = False) -> Invocation:
+    """Start `dep` here (`inline`: see Executor.start), or in cluster mode queue it for a worker when
+    this node should not run it; either way with the Invocation surface (`channel`, `outcome()`, `cancel()`)."""
     app = request.app
     args = app[CONFIG].frontend.args
-    mode = negotiate_mode(request.headers.get("Accept"), args.enableEvent)
     cluster = app.get(CLUSTER)
     if cluster is not None and cluster.should_enqueue(dep):
-        # Runs on a cluster worker; the RemoteInvocation has the same channel/task surface.
-        inv = await cluster.submit(dep, event, mode=mode, buffer_events=args.streamBufferEvents,
-                                   max_write_size=args.maxWriteSize, max_response_size=args.maxResponseSize,
-                                   trace_id=request.get(TRACE_ID))
-    else:
-        inv = Invocation(dep, event, mode=mode, loop=asyncio.get_running_loop(),
-                         buffer_events=args.streamBufferEvents, max_write_size=args.maxWriteSize,
-                         max_response_size=args.maxResponseSize, trace_id=request.get(TRACE_ID))
-        app[EXECUTOR].start(inv, inline=True)
+        return await cluster.submit(dep, event, mode=mode, buffer_events=args.streamBufferEvents,
+                                    max_write_size=args.maxWriteSize, max_response_size=args.maxResponseSize,
+                                    trace_id=request.get(TRACE_ID))
+    inv = Invocation(dep, event, mode=mode, loop=asyncio.get_running_loop(),
+                     buffer_events=args.streamBufferEvents, max_write_size=args.maxWriteSize,
+                     max_response_size=args.maxResponseSize, trace_id=request.get(TRACE_ID))
+    app[EXECUTOR].start(inv, inline=inline)
+    return inv
+
+
+async def run_invocation(request: web.Request, dep: Deployment, event: Any) -> web.StreamResponse:
+    """Invoke `dep` with `event` and answer as the request's Accept header asks."""
+    args = request.app[CONFIG].frontend.args
+    mode = negotiate_mode(request.headers.get("Accept"), args.enableEvent)
+    inv = await start_invocation(request, dep, event, mode, inline=True)
     try:
         if inv.streaming:
             return await _stream_response(request, inv, args.heartbeatSeconds)

@@ -24,8 +24,9 @@ from runtime.registry import Deployment
 
 from ..body import read_json_body
 from ..errors import openai_error_body
-from ..keys import CONFIG, EXECUTOR, PRINCIPAL, REGISTRY, TRACE_ID
+from ..keys import CONFIG, PRINCIPAL, REGISTRY
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
+from .invoke import find_function, start_invocation
 
 __all__ = ("routes", "CHAT_ROUTE", "COMPLETIONS_ROUTE")
 
@@ -64,20 +65,15 @@ async def _serve(request: web.Request, route: str) -> web.StreamResponse:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequestError("missing required parameter 'model' (a string)")
-    dep = request.app[REGISTRY].get(_function_names(request)[route])
+    dep = find_function(request.app, _function_names(request)[route])
     _check_tenant(request, dep)
     if dep.spec.models and model not in dep.spec.models:
         return _model_not_found(model)
-    app = request.app
-    args = app[CONFIG].frontend.args
     event = {"input": {"openai_route": route, "openai_input": body}}
-    inv = Invocation(dep, event, mode="sse", loop=asyncio.get_running_loop(),
-                     buffer_events=args.streamBufferEvents, max_write_size=args.maxWriteSize,
-                     max_response_size=args.maxResponseSize, trace_id=request.get(TRACE_ID))
-    app[EXECUTOR].start(inv)
+    inv = await start_invocation(request, dep, event, "sse")   # here, or queued for a cluster worker
     try:
         if stream:
-            return await _stream(request, inv, args.heartbeatSeconds)
+            return await _stream(request, inv, request.app[CONFIG].frontend.args.heartbeatSeconds)
         return await _whole(inv)
     except (asyncio.CancelledError, ConnectionError):
         inv.cancel("client disconnected")

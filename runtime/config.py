@@ -83,7 +83,8 @@ class OpenAIConfig(_Strict):
 class ClusterConfig(_Strict):
     """Cluster mode (see runtime/cluster): streams, registry and work queue in Redis."""
 
-    redisUrl: str | None = Field(None, description="redis://HOST:PORT/DB; unset = single-process mode")
+    redisUrl: str | None = Field(None, description="redis://HOST:PORT/DB, or redis+cluster://HOST:PORT for a "
+                                 "Redis Cluster; unset = single-process mode")
     role: Literal["all", "frontend", "worker"] = "all"
     keyPrefix: str = Field("fnstream", min_length=1)
     registrySyncSeconds: float = Field(1.0, gt=0)
@@ -162,6 +163,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         cfg = Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, source)) from None
+    if cfg.cluster.redisUrl and cfg.streams.slowConsumerPolicy == "block":
+        raise ConfigError(f"{source}: streams.slowConsumerPolicy: block is not offered in cluster mode "
+                          "(cluster.redisUrl is set; a producer cannot see subscribers on other nodes); use cut")
     cfg.source = source
     _resolve_paths(cfg, base)
     return cfg

@@ -11,8 +11,10 @@ import pytest
 from cluster_fixtures import redis_server, start_worker  # noqa: F401
 from frontend.client import iter_sse
 from runtime.cluster.redis_broker import RedisBroker
+from runtime.config import load_config
+from runtime.errors import BadRequestError, ConfigError
 from runtime.cluster.settings import connect
-from runtime.streams import BrokerSettings, StreamDeletedError, SubscriptionCutError
+from runtime.streams import BrokerSettings, StreamDeletedError, StreamNotFoundError, StreamOptions, SubscriptionCutError
 from test_cluster import frontend_args, start_server, status, wait_until, workers_serving  # noqa: F401
 
 SUB = "/serverless/v1/stream/subscribe"
@@ -77,6 +79,11 @@ async def test_last_event_id_resume_across_nodes(redis_server, start_server):
         rest = [ev async for ev in iter_sse(again)]
     assert [int(e["id"]) for e in seen + rest] == list(range(1, 8))
     assert [e["data"] for e in seen + rest] == ["1", "2", "3", "4", "5", "6", "[DONE]"]
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{b.url}{STREAMS}?stream=resume") as r:
+            stats = (await r.json())["streams"][0]
+    assert stats["produced"] == 7 and stats["delivered"] >= 7                 # counted on whichever node
+    assert stats["retained_bytes"] == len("123456[DONE]")                    # all within the bound
 
 
 @pytest.fixture
@@ -120,3 +127,33 @@ async def test_delete_ends_live_subscribers(broker):
     await broker.delete("gone")
     with pytest.raises(StreamDeletedError):
         await asyncio.wait_for(waiting, 5)
+
+
+async def test_stats_count_delivered_dropped_and_retained_bytes(broker, redis_server):
+    await broker.publish("counted", [b"ab", b"cde"])          # no subscriber, no retention asked: dropped
+    st = await broker.stats("counted")
+    assert (st.produced, st.delivered, st.dropped, st.retained, st.retained_bytes) == (2, 0, 2, 2, 5)
+    subs = [await broker.subscribe("counted") for _ in range(2)]
+    await broker.publish("counted", [b"x" * 10] * 3)
+    for sub in subs:
+        assert len(await sub.next_batch(timeout=1)) == 3
+    await broker.publish("counted", [b"1", b"2", b"3", b"4"])   # 9 elements, bound 5: the 4 oldest go
+    for sub in subs:
+        assert [e.data for e in await sub.next_batch(timeout=1)] == [b"1", b"2", b"3", b"4"]
+    st = await broker.stats("counted")
+    kept = redis_server.client().xrange("fnstream:{stream:counted}:s")
+    assert (st.produced, st.delivered, st.dropped, st.retained) == (9, 14, 2, 5)
+    assert st.retained_bytes == sum(len(f["d"]) for _, f in kept) == 14
+    await broker.delete("counted")
+    for sub in subs:
+        await sub.close()                                       # a late update does not bring it back
+    with pytest.raises(StreamNotFoundError):
+        await broker.stats("counted")
+
+
+async def test_block_policy_is_refused_in_cluster_mode(broker):
+    with pytest.raises(BadRequestError, match="'block' is not offered in cluster mode"):
+        await broker.configure("blocky", StreamOptions(policy="block"))
+    with pytest.raises(ConfigError, match="streams.slowConsumerPolicy"):
+        load_config(data={"cluster": {"redisUrl": "redis://x:1/0"}, "streams": {"slowConsumerPolicy": "block"}})
+    load_config(data={"streams": {"slowConsumerPolicy": "block"}})   # fine without cluster mode

@@ -6,7 +6,10 @@ producers); the SSE `id:` a client resumes from is that same number. Each subscr
 blocking XREAD from its own position, so fan-out, order and `Last-Event-ID` resume come from
 Redis itself. Memory is bounded by XADD MAXLEN (the larger of `retainNum` and the subscriber
 buffer): a subscriber that falls further behind than that finds a gap and is cut with the id to
-resume after, as under the memory broker's 'cut' policy ('block' is not offered here).
+resume after, as under the memory broker's 'cut' policy ('block' is refused: a producer cannot
+see how far behind subscribers on other nodes are).
+The meta hash keeps the counters the memory broker reports, updated by the same scripts that
+append (produced, dropped, retained_bytes) and read (delivered).
 Keys are hash-tagged by stream name: `{stream:NAME}:s` (entries) and `{stream:NAME}:meta`.
 """
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Sequence
 
 import redis.asyncio as aioredis
 
+from runtime.errors import BadRequestError
 from runtime.streams.broker import AbstractBroker, AbstractSubscription, BrokerSettings, Element, StreamOptions, StreamStats
 from runtime.streams.errors import (
     InvalidStreamIdError,
@@ -31,13 +35,38 @@ from .settings import REDIS_DOWN, ClusterUnavailableError
 __all__ = ("RedisBroker", "RedisSubscription")
 
 # KEYS: entries, meta; ARGV: maxlen, then the elements. Returns the first id given.
+# Trims to maxlen itself so it can take the trimmed elements' bytes off retained_bytes; an
+# element published with no subscriber and no retention asked for counts as dropped.
 _PUBLISH = """
-local first = redis.call('HINCRBY', KEYS[2], 'seq', #ARGV - 1) - (#ARGV - 2)
+local n = #ARGV - 1
+local first = redis.call('HINCRBY', KEYS[2], 'seq', n) - (n - 1)
+local bytes = 0
 for i = 2, #ARGV do
-  redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '0-' .. (first + i - 2), 'd', ARGV[i])
+  redis.call('XADD', KEYS[1], '0-' .. (first + i - 2), 'd', ARGV[i])
+  bytes = bytes + #ARGV[i]
 end
-redis.call('HINCRBY', KEYS[2], 'produced', #ARGV - 1)
+local over = redis.call('XLEN', KEYS[1]) - tonumber(ARGV[1])
+if over > 0 then
+  for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', over)) do
+    bytes = bytes - #entry[2][2]
+  end
+  redis.call('XTRIM', KEYS[1], 'MAXLEN', ARGV[1])
+end
+redis.call('HINCRBY', KEYS[2], 'retained_bytes', bytes)
+redis.call('HINCRBY', KEYS[2], 'produced', n)
+local consumers = tonumber(redis.call('HGET', KEYS[2], 'consumers') or '0')
+if consumers <= 0 and tonumber(redis.call('HGET', KEYS[2], 'retain_num') or '0') == 0 then
+  redis.call('HINCRBY', KEYS[2], 'dropped', n)
+end
 return first
+"""
+# KEYS: meta; ARGV: field, increment. A counter of a stream that still exists (a late update
+# must not bring a deleted stream's meta back). Returns the terminator, for readers.
+_COUNT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
+end
+return redis.call('HGET', KEYS[1], 'terminator')
 """
 _POLL = 1.0   # seconds a blocking read waits before checking the stream still exists
 
@@ -90,9 +119,10 @@ class RedisSubscription(AbstractSubscription):
                         f"stream {self.name!r}: this subscriber fell more than the stream's bound behind and "
                         f"was cut; resume after id {self.last_id} (Last-Event-ID: {self.last_id})",
                         last_id=self.last_id)
-                if self._terminator is None:   # a producer may have agreed one after we subscribed
-                    self._terminator = _text(await self._broker.redis.hget(keys[1], "terminator"))
                 batch = [Element(fields[b"d"], _seq(eid)) for eid, fields in entries]
+                # Count them as delivered; a producer may also have agreed a terminator after we subscribed.
+                terminator = await self._broker.count(self.name, "delivered", len(batch))
+                self._terminator = self._terminator or terminator
                 self.last_id = batch[-1].id
                 return batch
             meta = await self._broker.redis.hmget(keys[1], "seq", "terminator")
@@ -111,8 +141,8 @@ class RedisSubscription(AbstractSubscription):
         if not self._closed:
             self._closed = True
             try:
-                await self._broker.redis.hincrby(self._broker.keys(self.name)[1], "consumers", -1)
-            except REDIS_DOWN:
+                await self._broker.count(self.name, "consumers", -1)
+            except (ClusterUnavailableError, *REDIS_DOWN):
                 pass
 
 
@@ -125,6 +155,7 @@ class RedisBroker(AbstractBroker):
         self.settings = settings or BrokerSettings()
         self.index = f"{prefix}:streams"
         self._publish = redis.register_script(_PUBLISH)
+        self._count = redis.register_script(_COUNT)
 
     def keys(self, name: str) -> tuple[str, str]:
         return f"{self.prefix}:{{stream:{name}}}:s", f"{self.prefix}:{{stream:{name}}}:meta"
@@ -134,6 +165,10 @@ class RedisBroker(AbstractBroker):
             return await coro
         except REDIS_DOWN as exc:
             raise ClusterUnavailableError(f"named streams need Redis, which is unreachable: {exc}") from None
+
+    async def count(self, name: str, field: str, by: int) -> str | None:
+        """Add `by` to a counter of the stream (if it still exists); returns its terminator."""
+        return _text(await self._call(self._count(keys=[self.keys(name)[1]], args=[field, by])))
 
     async def _ensure(self, name: str) -> tuple[str, str]:
         keys = self.keys(validate_stream_name(name))
@@ -179,6 +214,9 @@ class RedisBroker(AbstractBroker):
         return RedisSubscription(self, name, start, buffer or self.settings.subscriber_buffer, lost, _text(terminator))
 
     async def configure(self, name: str, options: StreamOptions) -> None:
+        if options.policy == "block":
+            raise BadRequestError(f"stream {name!r}: slow-subscriber policy 'block' is not offered in cluster mode "
+                                  "(a producer cannot see subscribers on other nodes); use 'cut'")
         keys = await self._ensure(name)
         current = int(await self._call(self.redis.hget(keys[1], "retain_num")) or 0)
         fields = {"retain_num": max(current, options.retain_num)}
@@ -193,7 +231,7 @@ class RedisBroker(AbstractBroker):
         await self._call(self.redis.hincrby(keys[1], "producers", 1))
 
     async def detach_producer(self, name: str) -> None:
-        await self._call(self.redis.hincrby(self.keys(name)[1], "producers", -1))
+        await self.count(name, "producers", -1)
 
     async def stats(self, name: str) -> StreamStats:
         keys = self.keys(validate_stream_name(name))
@@ -204,8 +242,10 @@ class RedisBroker(AbstractBroker):
         first = await self._call(self.redis.xrange(keys[0], count=1))
         return StreamStats(
             name=name, producers=max(0, int(meta.get("producers", 0))), consumers=max(0, int(meta.get("consumers", 0))),
-            produced=int(meta.get("produced", 0)), delivered=0, dropped=0, last_id=int(meta.get("seq", 0)),
-            first_retained_id=_seq(first[0][0]) if first else None, retained=length, retained_bytes=0,
+            produced=int(meta.get("produced", 0)), delivered=int(meta.get("delivered", 0)),
+            dropped=int(meta.get("dropped", 0)), last_id=int(meta.get("seq", 0)),
+            first_retained_id=_seq(first[0][0]) if first else None, retained=length,
+            retained_bytes=int(meta.get("retained_bytes", 0)),
             policy="cut", terminator=meta.get("terminator") or None)
 
     async def list(self) -> list[StreamStats]:

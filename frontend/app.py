@@ -43,7 +43,7 @@ SERVER_KWARGS = {"handler_cancellation": True, "access_log_class": AccessLogger}
 
 def build_registry(config: Config, *, deploy: bool = True) -> Registry:
     """A registry with every manifest of `runtime.deployDir` deployed (all or nothing)."""
-    registry = Registry(config.runtime.codeRoots)
+    registry = Registry(config.runtime.codeRoots, stop_grace=config.frontend.args.shutdownGraceSeconds)
     if deploy and config.runtime.deployDir is not None:
         registry.deploy(load_deploy_dir(config.runtime.deployDir))
     return registry

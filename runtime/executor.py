@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from .context import Context
 from .errors import FunctionServiceError, FunctionTimeoutError, HandlerError, ServiceUnavailableError
-from .invocation import Invocation
+from .invocation import Invocation, drain_generator
 from .process.executor import ProcessExecutor
 
 __all__ = ("Executor",)
@@ -165,11 +165,5 @@ class Executor:
     def _call_in_thread(inv: Invocation, ctx: Context) -> Any:
         result = inv.deployment.code.handler(inv.event, ctx)
         if inspect.isgenerator(result):
-            with contextlib.closing(result):
-                while True:
-                    try:
-                        item = next(result)
-                    except StopIteration as stop:
-                        return stop.value
-                    inv.add_item_blocking(item)
+            return drain_generator(result, inv.add_item_blocking)
         return result

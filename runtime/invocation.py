@@ -7,6 +7,7 @@ response aggregates generator items (bounded by maxResponseSize) and drops conte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -20,7 +21,7 @@ from .errors import FunctionServiceError, ResponseTooLargeError, StreamBufferFul
 if TYPE_CHECKING:
     from .registry import Deployment
 
-__all__ = ("Invocation", "StreamWriter", "encode_payload", "new_trace_id", "WRITTEN", "Written")
+__all__ = ("Invocation", "StreamWriter", "encode_payload", "new_trace_id", "drain_generator", "WRITTEN", "Written")
 
 log = logging.getLogger("fnstream.runtime")
 
@@ -234,6 +235,20 @@ class StreamWriter:
         if inv is not None:
             inv.writes += 1
         return WRITTEN
+
+
+def drain_generator(gen: Any, add_item: Callable[[Any], None]) -> Any:
+    """Feed each item of a sync generator handler to `add_item`; return the generator's return value.
+
+    The generator is closed on any exit, so its `finally` blocks run when a write raises.
+    """
+    with contextlib.closing(gen):
+        while True:
+            try:
+                item = next(gen)
+            except StopIteration as stop:
+                return stop.value
+            add_item(item)
 
 
 def _consume_outcome(task: asyncio.Task) -> None:

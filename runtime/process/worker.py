@@ -27,7 +27,7 @@ from typing import Any
 
 from ..context import Context
 from ..errors import FunctionServiceError, ResultNotSerializableError, StreamClosedError, StreamWriteError
-from ..invocation import WRITTEN, Written, encode_payload
+from ..invocation import WRITTEN, Written, drain_generator, encode_payload
 from ..loader import load_code
 from ..manifest import FunctionSpec
 from ..registry import handler_kind
@@ -275,12 +275,7 @@ class Worker:
         if inspect.iscoroutine(result):
             return asyncio.run(self._on_own_loop(result))
         if inspect.isgenerator(result):
-            while True:
-                try:
-                    item = next(result)
-                except StopIteration as stop:
-                    return stop.value
-                self._add_item(inv, item)
+            return drain_generator(result, lambda item: self._add_item(inv, item))
         return result
 
     async def _on_own_loop(self, coro: Any) -> Any:

@@ -8,7 +8,7 @@ import time
 import aiohttp
 
 from cluster_fixtures import redis_cluster, start_worker  # noqa: F401
-from frontend.client import iter_sse
+from conftest import read_events
 from test_cluster import RELAY, deploy, frontend_args, sse, start_server, wait_until, workers_serving  # noqa: F401
 
 
@@ -34,18 +34,12 @@ async def test_invoke_and_named_stream_over_a_redis_cluster(redis_cluster, start
         sub = await s.get(a.url + "/serverless/v1/stream/subscribe",
                           headers={"X-Stream-Name": "clustered", "X-Timeout-Ms": "20000"})
         assert sub.status == 200
-        stamps, events = [], []
-
-        async def read():
-            async for ev in iter_sse(sub):
-                stamps.append(time.monotonic())
-                events.append(ev)
-        reading = asyncio.ensure_future(read())
+        reading = asyncio.ensure_future(read_events(sub))
         started = time.monotonic()
         async with s.post(a.url + "/serverless/v1/functions/stream-producer/invocations",
                           json={"stream": "clustered", "count": 4, "delay_ms": 200}) as inv:
             assert inv.status == 200, await inv.text()
-        await asyncio.wait_for(reading, 10)
+        stamps, events = map(list, zip(*await asyncio.wait_for(reading, 10)))
         sub.close()
     assert [e["id"] for e in events] == ["1", "2", "3", "4", "5"] and events[-1]["data"] == "[DONE]"
     assert stamps[0] - started < 0.4 * (stamps[-1] - started)

@@ -10,6 +10,7 @@ import pytest
 
 from cluster_fixtures import redis_server, start_worker  # noqa: F401
 from frontend.client import iter_sse
+from conftest import read_events
 from runtime.cluster.redis_broker import RedisBroker
 from runtime.config import load_config
 from runtime.errors import BadRequestError, ConfigError
@@ -35,19 +36,13 @@ async def test_subscribe_on_a_while_a_function_invoked_on_b_produces(redis_serve
         await workers_serving(s, b.url, "stream-producer")
         sub = await s.get(a.url + SUB, headers={"X-Stream-Name": "across", "X-Timeout-Ms": "20000"})
         assert sub.status == 200
-        stamps, events = [], []
-
-        async def read():
-            async for ev in iter_sse(sub):
-                stamps.append(time.monotonic())
-                events.append(ev)
-        reading = asyncio.ensure_future(read())
+        reading = asyncio.ensure_future(read_events(sub))
         started = time.monotonic()
         async with s.post(b.url + "/serverless/v1/functions/stream-producer/invocations",
                           json={"stream": "across", "count": count, "delay_ms": 200}) as inv:
             assert inv.status == 200, await inv.text()
             assert (await inv.json())["sent"] == count
-        await asyncio.wait_for(reading, 10)
+        stamps, events = map(list, zip(*await asyncio.wait_for(reading, 10)))
         sub.close()
     total = stamps[-1] - started
     assert [e["id"] for e in events] == [str(i) for i in range(1, count + 2)]

@@ -183,7 +183,13 @@ class Registry:
     async def adeploy(self, specs: list[FunctionSpec], *, replace: bool = True) -> list[Deployment]:
         """`deploy` for the event loop: the wait for worker processes' imports runs in a thread."""
         staged = self._stage(specs, replace)
-        await asyncio.to_thread(self._await_imports, staged)
+        waiting = asyncio.ensure_future(asyncio.to_thread(self._await_imports, staged))
+        try:
+            await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            # The thread cannot be interrupted: once it is done, stop the workers nothing will use.
+            waiting.add_done_callback(lambda f: f.cancelled() or f.exception() or self._abort(staged))
+            raise
         return self._commit(staged, replace)
 
     def _check_absent(self, specs: list[FunctionSpec]) -> None:

@@ -69,8 +69,8 @@ def frontend_args(url: str, role: str = "frontend") -> list[str]:
 @pytest.fixture
 def start_server(start_server):
     """Quiet servers: nobody reads their stdout pipe while a test runs, so a chatty one would block."""
-    def factory(*args: str):
-        return start_server(*args, env={"FNSTREAM_LOG": "WARNING"})
+    def factory(*args: str, env: dict | None = None):
+        return start_server(*args, env={"FNSTREAM_LOG": "WARNING", **(env or {})})
     return factory
 
 
@@ -154,6 +154,55 @@ async def test_node_without_the_code_reports_it_unavailable(redis_server, start_
         async with s.post(b.url + "/serverless/v1/functions/mine/invocations", json={}) as r:
             assert r.status == 200, await r.text()
             assert await r.json() == "here"
+
+
+GATED_MODULE = """\
+import os, pathlib, time
+_gate = os.environ.get("GATED_IMPORT_DIR")
+if _gate:  # only on the node started with the gate: hold the import until the test releases it
+    pathlib.Path(_gate, "importing").touch()
+    for _ in range(600):
+        if pathlib.Path(_gate, "release").exists():
+            break
+        time.sleep(0.05)
+
+
+def handler(event, context):
+    return "imported"
+"""
+
+
+async def test_process_function_from_another_node_imports_off_the_event_loop(redis_server, start_server, tmp_path):
+    """B applies A's deploy of a process function while its worker is still importing: B keeps serving."""
+    code, gate = tmp_path / "code", tmp_path / "gate"
+    code.mkdir()
+    gate.mkdir()
+    (code / "gated.py").write_text(GATED_MODULE)
+    roots = ["-s", f"runtime.codeRoots=[{FUNCTIONS},{CLUSTER_FUNCTIONS},{code}]"]
+    a = start_server(*frontend_args(redis_server.url, role="all"), *roots)
+    b = start_server(*frontend_args(redis_server.url, role="all"), *roots, env={"GATED_IMPORT_DIR": str(gate)})
+    loop = asyncio.get_running_loop()
+    # Whatever happens, the import is released in the end (so a blocked B fails the test, not hangs it).
+    fallback = loop.call_later(8.0, (gate / "release").touch)
+    try:
+        async with aiohttp.ClientSession() as s:
+            await deploy(s, a.url, {"name": "gated", "handler": "gated.handler", "codePath": str(code),
+                                    "executor": "process", "timeout": 30})
+
+            async def importing_on_b():
+                return (gate / "importing").exists()
+            await wait_until(importing_on_b, "B's worker importing gated")
+            async with s.get(b.url + "/healthz") as r:
+                assert r.status == 200
+            assert not (gate / "release").exists(), "B answered only once the import was over"
+            (gate / "release").touch()
+
+            async def on_b():
+                async with s.post(b.url + "/serverless/v1/functions/gated/invocations", json={}) as r:
+                    return r.status == 200 and await r.json()
+            assert await wait_until(on_b, "gated on B") == "imported"
+    finally:
+        fallback.cancel()
 
 
 def pid_of(worker_id: str) -> int:

@@ -358,3 +358,39 @@ async def test_a_failed_deploy_of_several_functions_registers_none(pclient):
     assert resp.status == 400 and "has no callable 'no_such_handler'" in body["message"], body
     for name in ("p-ok", "p-bad"):
         assert (await pclient.get(f"/admin/v1/functions/{name}")).status == 404
+
+
+async def test_a_cancelled_adeploy_stops_the_workers_it_started(tmp_path):
+    """A caller cancelled while the first worker imports (a node stopping mid-sync) leaves no worker behind."""
+    from runtime.manifest import FunctionSpec
+    from runtime.registry import Registry
+
+    (tmp_path / "slow_import.py").write_text(
+        "import os, pathlib, time\n"
+        "here = pathlib.Path(__file__).parent\n"
+        "(here / 'importing').write_text(str(os.getpid()))\n"
+        "while not (here / 'release').exists():\n"
+        "    time.sleep(0.05)\n"
+        "def handler(event, context):\n"
+        "    return 1\n")
+    registry = Registry([tmp_path])
+    spec = FunctionSpec(name="slow-import", handler="slow_import.handler", codePath=tmp_path,
+                        executor="process", instances=1)
+    task = asyncio.create_task(registry.adeploy([spec]))
+
+    async def importing():
+        return (tmp_path / "importing").exists() and (tmp_path / "importing").read_text()
+    pid = int(await wait_until(importing, "the worker importing"))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    (tmp_path / "release").touch()
+
+    async def exited():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True  # gone and reaped
+        return False
+    await wait_until(exited, "the cancelled deploy's worker to exit")
+    assert "slow-import" not in registry

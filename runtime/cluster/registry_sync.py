@@ -48,7 +48,8 @@ class RegistrySync:
         self.specs: dict[str, FunctionSpec] = {}   # every function of the cluster, loaded or not
         self._applied: dict[str, int] = {}         # name -> version of the record applied here
         self._pending: dict[str, FunctionSpec | None] = {}
-        self._applying = False
+        self._applying = False                     # a delete from Redis is being applied here
+        self._applying_specs: set[int] = set()     # ids of the specs from Redis being deployed here
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._listener: asyncio.Task | None = None
@@ -58,7 +59,9 @@ class RegistrySync:
 
     # -- local changes -----------------------------------------------------------------------
     def _on_local_change(self, name: str, dep: Deployment | None) -> None:
-        if self._applying:
+        # Changes that came from Redis are not published again. A deploy from Redis is recognised by
+        # its spec object, not by a flag: a local deploy may commit while `adeploy` awaits workers.
+        if self._applying or (dep is not None and id(dep.spec) in self._applying_specs):
             return
         self.unavailable.pop(name, None)
         if dep is None:
@@ -129,12 +132,12 @@ class RegistrySync:
         records = await self._records()
         for name, rec in records.items():
             if name not in self._pending and self._applied.get(name) != rec["version"]:
-                self._apply(name, rec)
+                await self._apply(name, rec)
         for name in list(self._applied):
             if name not in records and name not in self._pending:
                 self._remove(name)
 
-    def _apply(self, name: str, rec: dict[str, Any]) -> None:
+    async def _apply(self, name: str, rec: dict[str, Any]) -> None:
         self._applied[name] = rec["version"]
         try:
             spec = FunctionSpec.model_validate(rec["spec"])
@@ -143,15 +146,16 @@ class RegistrySync:
             return
         spec = spec.model_copy(update={"codePath": self._local_code_path(spec, rec.get("codePathRel"))})
         self.specs[name] = spec
-        self._applying = True
+        self._applying_specs.add(id(spec))
         try:
-            self.registry.deploy([spec])
+            # The async form: a process function's first worker imports the code off the event loop.
+            await self.registry.adeploy([spec])
             self.unavailable.pop(name, None)
             log.info("cluster: applied %s (version %d from %s)", name, rec["version"], rec.get("node"))
         except FunctionServiceError as exc:
             self._mark_unavailable(name, spec, exc.message)
         finally:
-            self._applying = False
+            self._applying_specs.discard(id(spec))
 
     def _local_code_path(self, spec: FunctionSpec, rel: str | None) -> Path:
         """The same path if this node has the module there, else the same place under a local code root."""

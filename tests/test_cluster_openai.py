@@ -38,3 +38,31 @@ async def test_openai_sdk_streams_a_chat_completion_through_a_worker(redis_serve
     assert "".join(text).startswith('You said: "one two three')
     assert len(stamps) > 10 and stamps[0] - started < 0.4 * (stamps[-1] - started)   # arrived as produced
     assert whole.choices[0].message.content.startswith('You said: "hi"')
+
+
+async def test_frontend_without_the_chat_code_lists_its_model_from_the_cluster(redis_server, start_server,
+                                                                                tmp_path):
+    """B has neither the deploy dir nor the code of `chat`; it knows the function from the cluster."""
+    start_server(*frontend_args(redis_server.url, role="all"))   # A deploys chat and runs it as a worker
+    b = start_server(*frontend_args(redis_server.url, role="frontend"), "-s", "runtime.deployDir=null",
+                     "-s", f"runtime.codeRoots=[{tmp_path}]")
+    async with aiohttp.ClientSession() as s:
+        async def chat_unavailable_on_b():
+            return (await status(s, b.url))["unavailable"].get("chat")
+        await wait_until(chat_unavailable_on_b, "chat known (but not loadable) on B")
+        async with s.get(b.url + "/v1/models") as r:
+            assert r.status == 200
+            assert [m["id"] for m in (await r.json())["data"]] == [MODEL]
+        async with s.get(f"{b.url}/v1/models/{MODEL}") as r:
+            assert r.status == 200 and (await r.json())["id"] == MODEL
+        async with s.get(b.url + "/v1/models/no-such-model") as r:
+            assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
+        # ...and the model it lists is one it can serve: through A's worker.
+        await workers_serving(s, b.url, "chat")
+        client = AsyncOpenAI(base_url=b.url + "/v1", api_key="unused", max_retries=0)
+        try:
+            assert [m.id async for m in client.models.list()] == [MODEL]
+            whole = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+        finally:
+            await client.close()
+    assert whole.choices[0].message.content.startswith('You said: "hi"')

@@ -7,7 +7,8 @@ with no `id:` lines (openai-python #2722/#3833), then `data: [DONE]`; a function
 `rawStream: true` frames its own SSE and is passed through verbatim. `stream: false` answers
 the single object the function wrote (or returned). Errors are `{"error": {...}}`: as the
 response when nothing was sent yet, else as a last event before `data: [DONE]`.
-`GET /v1/models` lists the `models` the mapped functions declare.
+`GET /v1/models` lists the `models` the mapped functions declare (in cluster mode also those of
+mapped functions this node knows from the cluster but cannot load).
 """
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from typing import Any
 
 from aiohttp import web
 
-from runtime.errors import BadRequestError, ForbiddenError, FunctionServiceError, ResponseTooLargeError
+from runtime.errors import (BadRequestError, ForbiddenError, FunctionNotFoundError, FunctionServiceError,
+                            ResponseTooLargeError)
 from runtime.invocation import Invocation
 from runtime.registry import Deployment
 
 from ..body import read_json_body
 from ..errors import openai_error_body
-from ..keys import CONFIG, PRINCIPAL, REGISTRY
+from ..keys import CONFIG, PRINCIPAL
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 from .invoke import find_function, start_invocation
 
@@ -169,18 +171,20 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _serve(request, COMPLETIONS_ROUTE)
 
 
-def _served_models(request: web.Request) -> dict[str, Deployment]:
-    registry = request.app[REGISTRY]
-    models: dict[str, Deployment] = {}
+def _served_models(request: web.Request) -> dict[str, Any]:
+    """Model -> the mapped function serving it: deployed here or, in cluster mode, known to the cluster."""
+    models: dict[str, Any] = {}
     for name in dict.fromkeys(_function_names(request).values()):
-        if name in registry:
-            dep = registry.get(name)
-            for model in dep.spec.models:
-                models.setdefault(model, dep)
+        try:
+            dep = find_function(request.app, name)
+        except FunctionNotFoundError:
+            continue
+        for model in dep.spec.models:
+            models.setdefault(model, dep)
     return models
 
 
-def _model_object(model: str, dep: Deployment) -> dict:
+def _model_object(model: str, dep: Any) -> dict:
     # `created` is when the model was made; fnstream does not know it, so 0.
     return {"id": model, "object": "model", "created": 0, "owned_by": dep.spec.tenant}
 

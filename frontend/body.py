@@ -40,3 +40,5 @@ async def read_json_body(request: web.Request) -> Any:
     except json.JSONDecodeError as exc:
         raise BadRequestError(f"request body is not valid JSON: {exc.msg} at line {exc.lineno} "
                               f"column {exc.colno}") from None
+    except RecursionError:
+        raise BadRequestError("request body is JSON nested too deeply") from None

@@ -259,6 +259,8 @@ def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
         try:
             whole = json.loads(text)
             values = whole if isinstance(whole, list) else [whole]
+        except RecursionError:
+            raise BadRequestError("body is JSON nested too deeply") from None
         except json.JSONDecodeError:
             values = []
             for n, line in enumerate(text.splitlines(), 1):
@@ -266,6 +268,8 @@ def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
                     continue
                 try:
                     values.append(json.loads(line))
+                except RecursionError:
+                    raise BadRequestError(f"body is neither a JSON array nor NDJSON: line {n} is nested too deeply") from None
                 except json.JSONDecodeError as exc:
                     raise BadRequestError(f"body is neither a JSON array nor NDJSON: line {n}: {exc.msg} "
                                           f"at column {exc.colno}") from None
@@ -273,7 +277,10 @@ def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
         raise BadRequestError("no elements: send a JSON array, NDJSON or a msgpack array of elements")
     if any(v is None for v in values):
         raise BadRequestError("null is not an element")
-    return [_element_bytes(v) for v in values]
+    try:
+        return [_element_bytes(v) for v in values]
+    except RecursionError:  # a msgpack value nested deeper than json.dumps can encode
+        raise BadRequestError("an element is nested too deeply to encode as JSON") from None
 
 
 def _publish_options(request: web.Request) -> StreamOptions | None:

@@ -1,0 +1,88 @@
+"""Regression tests for bugs found in review (each test failed before its fix)."""
+import asyncio
+
+import pytest
+
+from frontend.keys import EXECUTOR, REGISTRY
+from tests.conftest import fn, test_config
+
+SSE = {"Accept": "text/event-stream"}
+DEEP = b"[" * 100_000 + b"]" * 100_000  # valid JSON nested far beyond Python's recursion limit
+
+
+def _url(name: str) -> str:
+    return f"/serverless/v1/functions/{name}/invocations"
+
+
+# -- 1. an un-awaited write still pending when an async handler returns is lost -----------------
+async def test_unawaited_last_write_is_not_lost(make_client, deploy_dir):
+    """README: "an un-awaited write to a full buffer is refused at the next write". With no next
+    write, the pending write used to fail against the closed channel: the event vanished silently."""
+    d = deploy_dir(fn("unawaited", "review_fns.unawaited_writes"))
+    client = await make_client(test_config(d, **{"frontend.args.streamBufferEvents": 2}))
+    resp = await client.post(_url("unawaited"), headers=SSE, json={"n": 3})
+    body = (await resp.read()).decode()
+    assert resp.status == 200
+    assert "data: e0\n" in body and "data: e1\n" in body
+    assert "data: e2\n" in body, body
+    assert body.endswith('data: "done"\n\ndata: [DONE]\n\n')
+
+
+# -- 2. deeply nested JSON bodies are a 500 text page instead of a 400 --------------------------
+@pytest.mark.parametrize("path", [_url("recho"), "/serverless/v1/streams/deep", "/v1/chat/completions"])
+async def test_deeply_nested_json_body_is_400(make_client, deploy_dir, path):
+    d = deploy_dir(fn("recho", "review_fns.echo"))
+    client = await make_client(test_config(d))
+    resp = await client.post(path, data=DEEP)
+    assert resp.status == 400, (resp.status, (await resp.read())[:200])
+    assert resp.headers["Content-Type"].startswith("application/json")
+
+
+async def test_deeply_nested_msgpack_element_is_400(make_client):
+    """msgpack accepts ~1000 levels, json.dumps (each element is sent as JSON text) does not."""
+    client = await make_client(test_config())
+    body = b"\x91" + b"\x91" * 1000 + b"\x01"
+    resp = await client.post("/serverless/v1/streams/deep", data=body,
+                             headers={"Content-Type": "application/x-msgpack"})
+    assert resp.status == 400, (resp.status, (await resp.read())[:200])
+
+
+# -- 3. a CancelledError raised by the handler's own code kills the connection ------------------
+@pytest.mark.parametrize("headers,event", [({}, {}), (SSE, {}), (SSE, {"write": True})],
+                         ids=["json", "sse-before-events", "sse-mid-stream"])
+async def test_handler_own_cancelled_error_is_a_handler_error(make_client, deploy_dir, headers, event):
+    """Awaiting a future someone else cancelled raises CancelledError in the handler. That is the
+    handler failing (500 / 4001, or an error event and [DONE]), not the client leaving: the
+    connection used to be dropped with no response (ServerDisconnectedError / truncated chunks)."""
+    d = deploy_dir(fn("rc", "review_fns.raises_cancelled"))
+    client = await make_client(test_config(d))
+    resp = await asyncio.wait_for(client.post(_url("rc"), headers=headers, json=event), 5)
+    body = await resp.read()
+    if event.get("write"):
+        assert resp.status == 200
+        assert b'"code":4001' in body.replace(b" ", b"") and body.endswith(b"data: [DONE]\n\n"), body
+    else:
+        assert resp.status == 500, body
+        assert b"4001" in body and b"CancelledError" in body
+    assert client.server.app[REGISTRY].get("rc").inflight == 0
+
+
+# -- 4. shutdownGraceSeconds: 0 waited for in-flight invocations forever -----------------------
+async def test_drain_with_zero_grace_aborts_at_once(make_client, deploy_dir):
+    """`asyncio.wait(..., timeout=grace or None)` turned a grace of 0 into "wait forever": SIGTERM
+    with shutdownGraceSeconds 0 hung until every handler ended instead of aborting them."""
+    d = deploy_dir(fn("slow", "review_fns.async_slow"))
+    client = await make_client(test_config(d, **{"frontend.args.shutdownGraceSeconds": 0}))
+    req = asyncio.ensure_future(client.post(_url("slow"), headers=SSE, json={"sleep": 30}))
+    try:
+        for _ in range(100):
+            if client.server.app[EXECUTOR].active:
+                break
+            await asyncio.sleep(0.01)
+        aborted = await asyncio.wait_for(client.server.app[EXECUTOR].drain(0), 3)
+        assert aborted == 1
+        resp = await asyncio.wait_for(req, 5)
+        body = await resp.read()
+        assert b"200503" in body and body.endswith(b"data: [DONE]\n\n")
+    finally:
+        req.cancel()

@@ -98,7 +98,7 @@ class Executor:
         """Let in-flight invocations finish for `grace` seconds, then abort the rest (shutdown)."""
         if self.active:
             log.info("waiting up to %gs for %d in-flight invocation(s)", grace, len(self.active))
-            await asyncio.wait([inv.task for inv in self.active if inv.task], timeout=grace or None)
+            await asyncio.wait([inv.task for inv in self.active if inv.task], timeout=grace)  # 0: abort at once
         left = list(self.active)
         for inv in left:
             inv.abort(ServiceUnavailableError("the server is shutting down"))
@@ -123,7 +123,9 @@ class Executor:
             ctx = Context(dep, inv)
             handler = dep.code.handler
             if dep.kind == "async":
-                return await handler(inv.event, ctx)
+                result = await handler(inv.event, ctx)
+                await inv.stream.flush()  # a last write the handler did not await must not be lost
+                return result
             if dep.kind == "asyncgen":
                 # aclosing: a cancelled generator runs its cleanup now, not at garbage collection
                 async with contextlib.aclosing(handler(inv.event, ctx)) as items:
@@ -132,11 +134,18 @@ class Executor:
                 return None
             thread_future = self.run_sync(lambda: self._call_in_thread(inv, ctx))
             return await asyncio.shield(thread_future)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if inv.timed_out is not None:  # the deadline watchdog's doing, not the client's
                 asyncio.current_task().uncancel()  # type: ignore[union-attr]
                 dep.failures += 1
                 raise FunctionTimeoutError(inv.timed_out) from None
+            if inv.cancel_reason is None and asyncio.current_task().cancelling() == 0:  # type: ignore[union-attr]
+                # Nobody cancelled this task: the handler's own code let a CancelledError escape
+                # (e.g. it awaited a future someone else cancelled). A handler failure, not a cancel.
+                dep.failures += 1
+                log.error("function %s invocation %s raised:\n%s", dep.name, inv.id,
+                          "".join(traceback.format_exception(exc)))
+                raise _handler_failure(exc) from None
             raise
         except FunctionServiceError:
             # Raised by fnstream itself (timeout, init failure, a refused write...): already clear.

@@ -236,6 +236,13 @@ class StreamWriter:
             inv.writes += 1
         return WRITTEN
 
+    async def flush(self) -> None:
+        """Wait for a write made on the loop and not awaited (the handler has returned: its event
+        must go out before the channel closes, or the write would fail against the closed channel)."""
+        pending = self._pending
+        if pending is not None and not pending.done():
+            await pending
+
 
 def drain_generator(gen: Any, add_item: Callable[[Any], None]) -> Any:
     """Feed each item of a sync generator handler to `add_item`; return the generator's return value.

@@ -287,6 +287,28 @@ async def test_delete_runs_pre_stop_in_the_worker(pclient, tmp_path):
     assert await wait_until(stopped, "preStop") == f"preStop {pid}"
 
 
+async def test_a_hanging_pre_stop_is_given_up_after_the_function_timeout(make_client, tmp_path, caplog):
+    """The worker caps preStop at min(timeout, 180 s) itself, well before the pool's stop grace."""
+    client = await make_client(**{"runtime.codeRoots": [str(PROC)], "runtime.deployDir": None,
+                                  "frontend.args.shutdownGraceSeconds": 60})
+    marker = tmp_path / "stopping"
+    await deploy(client, "p-hang", "pid", preStop="proc.hanging_pre_stop", timeout=1,
+                 environment={"marker": str(marker)})
+    (pid,) = await wait_ready(client, "p-hang")
+    assert (await client.delete("/admin/v1/functions/p-hang")).status == 200
+
+    async def exited():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True  # gone and reaped
+        return False
+    await wait_until(exited, "the worker to exit without its preStop", limit=20)
+    assert marker.read_text() == f"hanging {pid}"                    # it did start
+    assert "preStop did not finish within 1 s" in caplog.text        # and the worker said why it went on
+    assert f"killing worker {pid}" not in caplog.text                # the worker left; the pool killed nothing
+
+
 async def test_redeploy_replaces_the_pool_and_stops_the_old_workers(pclient, tmp_path):
     marker = tmp_path / "stopped"
     await deploy(pclient, "p-re", "pid", preStop="proc.pre_stop", environment={"marker": str(marker)})

@@ -30,6 +30,7 @@ from ..errors import FunctionServiceError, ResultNotSerializableError, StreamClo
 from ..invocation import WRITTEN, Written, drain_generator, encode_payload
 from ..loader import load_code
 from ..manifest import FunctionSpec
+from ..pre_stop import pre_stop_timeout
 from ..registry import handler_kind
 from ..streams import bind_broker
 from .errors import MemoryLimitError
@@ -349,18 +350,37 @@ class Worker:
 
     # -- stop ----------------------------------------------------------------------------------
     def _stop(self) -> None:
-        error = None
+        """Run preStop, then report; the worker exits after this whether or not preStop finished."""
         pre_stop = self._code.pre_stop if self._code is not None else None
-        if pre_stop is not None:
+        error = self._run_pre_stop(pre_stop) if pre_stop is not None else None
+        self.post({"t": "stopped", "error": error})
+        self.flush()
+
+    def _run_pre_stop(self, pre_stop: Any) -> str | None:
+        """preStop within min(timeout, 180 s), as for in-process functions (runtime/pre_stop.py).
+
+        It runs in a daemon thread, so one that hangs is left behind when the worker exits.
+        """
+        timeout = pre_stop_timeout(self._dep)  # type: ignore[arg-type]
+        errors: list[str | None] = []
+
+        def run() -> None:
             try:
                 result = pre_stop(Context(self._dep))
                 if inspect.iscoroutine(result):
                     asyncio.run(result)
-            except Exception as exc:  # noqa: BLE001 - user code
+            except BaseException as exc:  # noqa: BLE001 - user code, including sys.exit
                 log.error("preStop failed:\n%s", traceback.format_exc())
-                error = f"preStop failed: {type(exc).__name__}: {exc}"
-        self.post({"t": "stopped", "error": error})
-        self.flush()
+                errors.append(f"preStop failed: {type(exc).__name__}: {exc}")
+            else:
+                errors.append(None)
+
+        thread = threading.Thread(target=run, name="fnstream-worker-prestop", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if not errors:
+            return f"preStop did not finish within {timeout:g} s; the worker exits without it"
+        return errors[0]
 
 
 def _limit_memory(megabytes: int) -> None:

@@ -117,3 +117,10 @@ def pre_stop(context):
     marker = context.getUserData("marker") or os.environ.get("FNSTREAM_TEST_PRESTOP")
     if marker:
         Path(marker).write_text(f"preStop {os.getpid()}")
+
+
+def hanging_pre_stop(context):
+    """Never returns by itself: the worker must give up on it after min(timeout, 180 s)."""
+    Path(context.getUserData("marker")).write_text(f"hanging {os.getpid()}")
+    while True:
+        time.sleep(1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import random
@@ -201,7 +202,9 @@ class StreamWriter:
         self._channel = invocation.channel
         self._loop = invocation.loop
         self._streaming = invocation.streaming
-        self._pending: asyncio.Future | None = None
+        # Per task: each task of a handler may have one write waiting for room (several coroutines
+        # of one handler may each `await stream.write()`); a second un-awaited write is refused.
+        self._pending: dict[asyncio.Task | None, asyncio.Future] | None = None
         self.max_write_size = invocation.max_write_size
 
     def set_max_write_size(self, size: int) -> None:
@@ -220,17 +223,22 @@ class StreamWriter:
             return WRITTEN  # a plain JSON request has no stream; writes are dropped as in openYuanrong
         inv = self._inv()  # None only once the invocation ended: its channel is closed and refuses
         if _running_loop() is self._loop:
-            if self._pending is not None and not self._pending.done():
+            task = asyncio.current_task()
+            pending = self._pending.get(task) if self._pending else None
+            if pending is not None and not pending.done():
                 raise StreamBufferFullError("stream buffer is full: use `await context.get_stream().write(...)` "
                                             "in async handlers so the writer waits for the client")
             if channel.try_put(payload):
                 if inv is not None:
                     inv.writes += 1
                 return WRITTEN
-            self._pending = asyncio.ensure_future(channel.put(payload))
+            if self._pending is None:
+                self._pending = {}
+            pending = self._pending[task] = asyncio.ensure_future(channel.put(payload))
+            pending.add_done_callback(functools.partial(self._write_done, task))
             if inv is not None:
                 inv.writes += 1
-            return self._pending
+            return pending
         channel.put_blocking(payload, timeout=max(inv.remaining(), 0.001) if inv is not None else 0.001)
         if inv is not None:
             inv.writes += 1
@@ -239,9 +247,12 @@ class StreamWriter:
     async def flush(self) -> None:
         """Wait for a write made on the loop and not awaited (the handler has returned: its event
         must go out before the channel closes, or the write would fail against the closed channel)."""
-        pending = self._pending
-        if pending is not None and not pending.done():
+        for pending in list(self._pending.values()) if self._pending else ():
             await pending
+
+    def _write_done(self, task: asyncio.Task | None, future: asyncio.Future) -> None:
+        if self._pending is not None and self._pending.get(task) is future:
+            del self._pending[task]
 
 
 def drain_generator(gen: Any, add_item: Callable[[Any], None]) -> Any:

@@ -86,3 +86,28 @@ async def test_drain_with_zero_grace_aborts_at_once(make_client, deploy_dir):
         assert b"200503" in body and body.endswith(b"data: [DONE]\n\n")
     finally:
         req.cancel()
+
+
+# -- 5. concurrent coroutines of one handler that each await their writes get StreamBufferFullError
+async def test_concurrent_awaited_writes_wait_for_room(make_client, deploy_dir):
+    """README: on the loop, `await stream.write(x)` waits for room. With two coroutines of one
+    handler (asyncio.gather) the writer kept ONE pending write: the second coroutine's properly
+    awaited write was refused with "use `await ...write()`" as soon as the buffer was full."""
+    d = deploy_dir(fn("fanout", "review_fns.fanout"))
+    client = await make_client(test_config(d, **{"frontend.args.streamBufferEvents": 2}))
+    resp = await client.post(_url("fanout"), headers=SSE, json={"n": 5})
+    body = (await resp.read()).decode()
+    assert "buffer is full" not in body, body
+    data = [line[6:] for line in body.splitlines() if line.startswith("data: ")]
+    assert sorted(data[:-2]) == sorted([f"a{i}" for i in range(5)] + [f"b{i}" for i in range(5)])
+    assert data[-2:] == ['"done"', "[DONE]"]
+    assert [d for d in data if d.startswith("a")] == [f"a{i}" for i in range(5)]  # order per coroutine
+
+
+async def test_second_unawaited_write_to_full_buffer_still_refused(make_client, deploy_dir):
+    """The bound the per-task pending write keeps: one task, two un-awaited writes to a full buffer."""
+    d = deploy_dir(fn("unawaited", "review_fns.unawaited_writes"))
+    client = await make_client(test_config(d, **{"frontend.args.streamBufferEvents": 2}))
+    resp = await client.post(_url("unawaited"), headers=SSE, json={"n": 4})
+    body = (await resp.read()).decode()
+    assert "stream buffer is full" in body and body.endswith("data: [DONE]\n\n"), body

@@ -34,3 +34,15 @@ async def raises_cancelled(event, context):
     inner = asyncio.get_running_loop().create_future()
     inner.cancel()
     await inner
+
+
+async def fanout(event, context):
+    """Two coroutines of one handler, each awaiting every write (asyncio.gather)."""
+    n = int(event.get("n", 5))
+
+    async def writer(tag):
+        for i in range(n):
+            await context.get_stream().write(f"{tag}{i}")
+
+    await asyncio.gather(writer("a"), writer("b"))
+    return "done"

@@ -140,12 +140,16 @@ class OutputChannel(Generic[T]):
             self._closed = True
             self._wake_reader()
 
-    def cancel(self, reason: str) -> None:
-        """The reader is gone (or the deadline passed): writers get StreamClosedError."""
+    def cancel(self, reason: str, *, discard: bool = True) -> None:
+        """The reader is gone (or the deadline passed): writers get StreamClosedError.
+
+        With `discard=False` (the deadline passed, the reader is still there) the reader still gets
+        what was written before, then []."""
         with self._lock:
             if self._cancel_reason is None:
                 self._cancel_reason = reason
-            self._items.clear()
+            if discard:
+                self._items.clear()
             if self._space is not None:
                 self._space.notify_all()
             writers = list(self._async_writers)

@@ -157,10 +157,11 @@ class Invocation:
         self.task.cancel(reason)
 
     def expire(self, reason: str) -> None:
-        """The deadline passed: close the output so a thread handler's later writes raise."""
+        """The deadline passed: close the output so a thread handler's later writes raise; what it
+        wrote in time still goes out (a client that leaves later cancels, which discards it)."""
         if self.cancel_reason is None:
             self.cancel_reason = reason
-        self.channel.cancel(reason)
+        self.channel.cancel(reason, discard=False)
 
     # -- generator items ---------------------------------------------------------------------
     def add_item_blocking(self, item: Any) -> None:

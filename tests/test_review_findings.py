@@ -111,3 +111,34 @@ async def test_second_unawaited_write_to_full_buffer_still_refused(make_client, 
     resp = await client.post(_url("unawaited"), headers=SSE, json={"n": 4})
     body = (await resp.read()).decode()
     assert "stream buffer is full" in body and body.endswith("data: [DONE]\n\n"), body
+
+
+# -- 6. a timeout dropped the events the handler wrote before its deadline ----------------------
+async def test_timeout_keeps_events_written_before_the_deadline(deploy_dir):
+    """A slow client has events waiting in the invocation's buffer when the deadline passes. The
+    timeout used channel.cancel(), which empties the buffer: those events (written in time) were
+    never sent, and the client got the 504 error alone. Expected: what was written, then the error."""
+    from runtime.errors import FunctionTimeoutError
+    from runtime.executor import Executor
+    from runtime.invocation import Invocation
+    from runtime.manifest import load_deploy_dir
+    from runtime.registry import Registry
+    from tests.conftest import HANDLERS
+
+    d = deploy_dir(fn("burst", "review_fns.sync_burst_then_sleep", timeout=0.3))
+    registry = Registry([HANDLERS])
+    [dep] = registry.deploy(load_deploy_dir(d))
+    executor = Executor(2)
+    try:
+        inv = Invocation(dep, {"n": 5, "sleep": 1}, mode="sse", loop=asyncio.get_running_loop(), buffer_events=10)
+        executor.start(inv)
+        await asyncio.sleep(0.6)  # the reader (a slow client) reads nothing before the deadline
+        assert inv.timed_out is not None
+        got = []
+        while batch := await asyncio.wait_for(inv.channel.get_batch(), 2):
+            got.extend(batch)
+        assert got == [f"e{i}" for i in range(5)]
+        with pytest.raises(FunctionTimeoutError):
+            await inv.outcome()
+    finally:
+        executor.shutdown()

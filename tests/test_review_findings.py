@@ -142,3 +142,15 @@ async def test_timeout_keeps_events_written_before_the_deadline(deploy_dir):
             await inv.outcome()
     finally:
         executor.shutdown()
+
+
+# -- 7. a refused subscription (400) created the stream anyway ----------------------------------
+async def test_refused_subscribe_creates_no_stream(make_client):
+    """`Last-Event-ID: 5` on an unknown stream is a 400, but the stream was created first and
+    stayed, taking one of streams.maxStreams for good (bad input must leave nothing behind)."""
+    client = await make_client(test_config(**{"streams.maxStreams": 1}))
+    resp = await client.get("/serverless/v1/stream/subscribe", headers={"X-Stream-Name": "fresh", "Last-Event-ID": "5"})
+    assert resp.status == 400
+    assert (await (await client.get("/serverless/v1/streams")).json())["streams"] == []
+    resp = await client.post("/serverless/v1/streams/other", json=["x"])
+    assert resp.status == 200, await resp.text()

@@ -307,7 +307,14 @@ class MemoryBroker(AbstractBroker):
 
     async def subscribe(self, name: str, *, from_id: int | None = None,
                         buffer: int | None = None) -> MemorySubscription:
-        return self._get_or_create(name).subscribe(from_id, buffer or self.settings.subscriber_buffer)
+        created = validate_stream_name(name) not in self._streams
+        stream = self._get_or_create(name)
+        try:
+            return stream.subscribe(from_id, buffer or self.settings.subscriber_buffer)
+        except Exception:
+            if created and self._streams.get(name) is stream:  # a refused subscription leaves nothing behind
+                del self._streams[name]
+            raise
 
     async def configure(self, name: str, options: StreamOptions) -> None:
         self._get_or_create(name).configure(options)

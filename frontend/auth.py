@@ -44,7 +44,7 @@ def _presented_token(request: web.Request) -> str | None:
 
 def _match(presented: str, tokens: list[AuthToken]) -> AuthToken | None:
     found = None
-    given = presented.encode()
+    given = presented.encode("utf-8", "surrogateescape")  # header bytes that are not UTF-8 arrive as surrogates
     for candidate in tokens:  # no early exit: the time taken does not depend on which token matched
         if hmac.compare_digest(given, candidate.token.encode()):
             found = candidate

@@ -154,3 +154,26 @@ async def test_refused_subscribe_creates_no_stream(make_client):
     assert (await (await client.get("/serverless/v1/streams")).json())["streams"] == []
     resp = await client.post("/serverless/v1/streams/other", json=["x"])
     assert resp.status == 200, await resp.text()
+
+
+# -- 8. a token that is not UTF-8 was a 500 text page instead of a 401 --------------------------
+async def _raw_http(client, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
+    writer.write(request)
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("header", [b"Authorization: Bearer s\xe9cret", b"X-Auth: \xff\xfe"])
+async def test_non_utf8_token_is_401(make_client, header):
+    """aiohttp hands non-UTF-8 header bytes over as surrogates; `str.encode()` then raised
+    UnicodeEncodeError in the token check: 500 "Server got itself in trouble" (not JSON)."""
+    tokens = [{"token": "secret", "tenant": "default", "role": "developer"}]
+    client = await make_client(test_config(**{"auth.tokens": tokens}))
+    answer = await _raw_http(client, b"GET /serverless/v1/streams HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                     + header + b"\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
+    assert b'"code": 200401' in answer

@@ -158,6 +158,12 @@ async def _subscribe(request: web.Request, name: str | None) -> web.StreamRespon
     asked_terminator = _param(request, "X-Stream-Terminator", "terminator")
     if asked_terminator == "":
         raise BadRequestError("parameter X-Stream-Terminator / terminator is empty")
+    if asked_terminator is not None:
+        try:
+            asked_terminator.encode("utf-8")  # header bytes that are not UTF-8 arrive as surrogates
+        except UnicodeEncodeError:
+            raise BadRequestError("parameter X-Stream-Terminator / terminator is not UTF-8 text "
+                                  "(write other bytes as \\xHH escapes)") from None
     fmt = _format(request.headers.get("Accept"))
     heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds
     sub = await request.app[BROKER].subscribe(name, from_id=from_id)

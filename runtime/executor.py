@@ -60,13 +60,21 @@ class Executor:
             return None
         if inv.deployment.executor == "process":
             task = self.process.start(inv)
+            task.add_done_callback(lambda _t: self.active.discard(inv))
         else:
             inv.deployment.acquire()
             task = inv.task = inv.loop.create_task(self._run(inv), name=f"invocation-{inv.id}")
+            task.add_done_callback(lambda _t: self._ended(inv))
         self.active.add(inv)
-        task.add_done_callback(lambda _t: self.active.discard(inv))
         self._watch_deadlines()
         return task
+
+    def _ended(self, inv: Invocation) -> None:
+        self.active.discard(inv)
+        if not inv.entered:
+            # Cancelled before its first step, so `_run`'s own cleanup never ran.
+            inv.channel.close()
+            inv.deployment.release()
 
     def _watch_deadlines(self) -> None:
         if self._watchdog is None or self._watchdog.done():
@@ -116,6 +124,7 @@ class Executor:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _run(self, inv: Invocation) -> Any:
+        inv.entered = True
         dep = inv.deployment
         thread_future: asyncio.Future | None = None
         try:

@@ -96,6 +96,7 @@ class Invocation:
         self.cancel_reason: str | None = None
         self.abort_error: FunctionServiceError | None = None
         self.timed_out: str | None = None
+        self.entered = False  # the executor's run of it began (its cleanup will run)
         self._deferred: "Callable[[Invocation], Awaitable[Any]] | None" = None
         self.stream = StreamWriter(self)
 

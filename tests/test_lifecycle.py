@@ -158,3 +158,19 @@ async def test_redeploy_while_invocation_runs(make_client, deploy_dir, tmp_path)
     resp = await client.post("/serverless/v1/functions/ver/invocations", json={})
     assert await resp.json() == "v2"
     assert await (await running).json() == "v1"  # in flight finished on the old code
+
+
+async def test_invocation_cancelled_before_its_first_step_frees_its_slot(make_client, deploy_dir):
+    from runtime.invocation import Invocation
+    client = await make_client(test_config(deploy_dir(fn("sleepy", "testfns.async_sleep"))))
+    app = client.server.app
+    dep = app[REGISTRY].get("sleepy")
+    inv = Invocation(dep, {"seconds": 5}, mode="sse", loop=asyncio.get_running_loop())
+    from frontend.keys import EXECUTOR
+    task = app[EXECUTOR].start(inv)
+    assert dep.inflight == 1
+    task.cancel()  # before the task ever ran
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert task.cancelled() and dep.inflight == 0
+    assert await inv.channel.get_batch() == []  # the reader is not left waiting forever

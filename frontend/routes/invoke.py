@@ -144,7 +144,8 @@ async def _stream_response(request: web.Request, inv: Invocation, heartbeat: flo
         if not stream.prepared:
             stream.set_status(exc.status)
             stream.response.headers["X-Inner-Code"] = str(exc.code)
-        await stream.write(encode_event(json.dumps(exc.to_dict(), ensure_ascii=False), None if raw else next_id))
+        error = json.dumps(exc.to_dict(), ensure_ascii=False, separators=(",", ":"))
+        await stream.write(encode_event(error, None if raw else next_id))
     if not raw:
         await stream.write(DONE_EVENT)
     return await stream.finish()

@@ -16,6 +16,7 @@ from runtime.streams import (
     ProducerConfig,
     StreamBlockedError,
     StreamDeletedError,
+    StreamLimitError,
     StreamNotFoundError,
     StreamOptions,
     SubscriptionConfig,
@@ -321,3 +322,21 @@ async def test_producer_reports_a_blocked_publish(api_broker):
     await producer.asend(b"2")
     with pytest.raises(StreamBlockedError):
         await producer.asend(b"3", timeout_ms=20)
+
+
+async def test_idle_streams_are_reclaimed_at_the_stream_limit():
+    """One stream per job must not fill streams.maxStreams for good; live ones are never touched."""
+    broker = MemoryBroker(BrokerSettings(max_streams=3))
+    live = await broker.subscribe("live")
+    await broker.publish("job-1", [b"x"])  # no subscriber: dropped and counted, then idle
+    await broker.publish("job-2", [b"y"])
+    assert (await broker.stats("job-1")).dropped == 1  # still visible below the limit
+    await broker.publish("job-3", [b"z"])  # at the limit: idle job-1 and job-2 make room
+    assert sorted(s.name for s in await broker.list()) == ["job-3", "live"]
+    await broker.publish("live", [b"still here"])
+    assert [e.data for e in await live.next_batch()] == [b"still here"]
+    await broker.subscribe("job-4")
+    await broker.subscribe("job-5")  # idle job-3 makes room
+    with pytest.raises(StreamLimitError):
+        await broker.subscribe("job-6")  # live, job-4 and job-5 all have subscribers
+    await live.close()

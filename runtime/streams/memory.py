@@ -162,6 +162,11 @@ class _Stream:
         self._evict(time.monotonic())
 
     @property
+    def idle(self) -> bool:
+        """Nothing depends on it: no subscriber, no producer, nothing kept or awaited."""
+        return not (self.subscriptions or self.producers or self._retained or self._holding)
+
+    @property
     def _holding(self) -> bool:
         """True while elements are kept for consumers still to come (retain_for_num_consumers)."""
         return self.subscriptions_made < self.retain_for_num_consumers
@@ -295,10 +300,18 @@ class MemoryBroker(AbstractBroker):
         stream = self._streams.get(validate_stream_name(name))
         if stream is None:
             if len(self._streams) >= self.settings.max_streams:
+                self._reclaim_idle()
+            if len(self._streams) >= self.settings.max_streams:
                 raise StreamLimitError(f"cannot create stream {name!r}: {len(self._streams)} streams exist "
                                        f"(streams.maxStreams); delete some first")
             stream = self._streams[name] = _Stream(name, self.settings)
         return stream
+
+    def _reclaim_idle(self) -> None:
+        """At the stream limit, forget idle streams (only their counters go), so names used once
+        (one stream per job) do not fill `streams.maxStreams` for good."""
+        for name in [n for n, s in self._streams.items() if s.idle]:
+            del self._streams[name]
 
     async def publish(self, name: str, elements: Sequence[bytes], *, timeout: float | None = None) -> list[int]:
         self.check_elements(elements)

@@ -253,3 +253,38 @@ async def test_initializer_runs_once_and_failure_is_4201(make_client, deploy_dir
         assert resp.status == 500
         body = await resp.json()
         assert body["code"] == 4201 and "cannot reach the database" in body["message"]
+
+
+async def test_raw_stream_is_verbatim_and_live(make_client, deploy_dir):
+    client = await make_client(test_config(deploy_dir(fn("raw", "testfns.self_framed", rawStream=True))))
+    start = time.monotonic()
+    resp = await client.post("/serverless/v1/functions/raw/invocations", headers=SSE,
+                             json={"count": 4, "delay_ms": 200})
+    arrivals, body = [], b""
+    async for chunk in resp.content.iter_any():
+        arrivals.append(time.monotonic() - start)
+        body += chunk
+    assert body == b"".join(b'data: {"n": %d}\n\n' % i for i in range(4)) + b"data: [DONE]\n\n"  # no framing of ours
+    assert arrivals[0] < 0.4 * arrivals[-1]
+
+
+async def test_msgpack_subscription_is_live(make_client, deploy_dir):
+    """Named-stream elements reach an `Accept: application/x-msgpack` subscriber as produced."""
+    import msgpack
+    client = await make_client()
+    sub = await client.get("/serverless/v1/streams/mp-live", headers={"Accept": "application/x-msgpack"})
+    assert sub.status == 200
+    start = time.monotonic()
+    producing = asyncio.ensure_future(client.post(
+        "/serverless/v1/functions/stream-producer/invocations",
+        json={"stream": "mp-live", "count": 4, "delay_ms": 200}))
+    unpacker, items, arrivals = msgpack.Unpacker(raw=False), [], []
+    async for chunk in sub.content.iter_any():
+        unpacker.feed(chunk)
+        for obj in unpacker:
+            if obj is not None:  # nil objects are heartbeats
+                items.append(obj)
+                arrivals.append(time.monotonic() - start)
+    assert (await producing).status == 200
+    assert [o["id"] for o in items] == [1, 2, 3, 4, 5]
+    assert arrivals[0] < 0.4 * arrivals[-1]

@@ -142,3 +142,12 @@ async def async_unawaited_flood(event, context):
     for i in range(int(event.get("n", 1000))):
         stream.write(str(i))
     return "unreachable"
+
+
+def self_framed(event, context):
+    """Frames its own SSE, as runpod-worker-ollama does (deployed with rawStream: true)."""
+    for i in range(int(event.get("count", 4))):
+        if i:
+            time.sleep(event.get("delay_ms", 200) / 1000)
+        yield f'data: {{"n": {i}}}\n\n'
+    yield "data: [DONE]\n\n"

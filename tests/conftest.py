@@ -64,6 +64,8 @@ class FnstreamProcess:
         self.pid = self.proc.pid
 
     def output(self) -> str:
+        if self.log.closed:
+            return self._output
         self.log.seek(0)
         return self.log.read()
 
@@ -73,14 +75,17 @@ class FnstreamProcess:
             self.proc.wait()
 
     def stop(self) -> str:
-        """SIGTERM, then SIGKILL after 10 s; returns everything the process printed."""
+        """SIGTERM, then SIGKILL after 10 s; returns everything the process printed (the log is closed)."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
-        return self.output()
+        if not self.log.closed:
+            self._output = self.output()
+            self.log.close()
+        return self._output
 
 
 class ServerProcess(FnstreamProcess):
@@ -96,7 +101,7 @@ class ServerProcess(FnstreamProcess):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.output()}")
+                raise RuntimeError(f"server exited early:\n{self.stop()}")
             try:
                 with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
                     if r.status == 200:

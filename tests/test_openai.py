@@ -167,12 +167,12 @@ async def test_error_after_the_stream_began(make_client, deploy):
     err = json.loads(data[2])["error"]
     assert "the model crashed" in err["message"] and err["type"] == "server_error"
     assert data[3:] == ["[DONE]"]
-    sdk = AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0)
     seen = []
-    with pytest.raises(APIError, match="the model crashed"):
-        async for chunk in await sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
-                                                            stream=True):
-            seen.append(chunk.choices[0].delta.content)
+    async with AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0) as sdk:
+        with pytest.raises(APIError, match="the model crashed"):
+            async for chunk in await sdk.chat.completions.create(model=MODEL, stream=True,
+                                                                messages=[{"role": "user", "content": "x"}]):
+                seen.append(chunk.choices[0].delta.content)
     assert seen == ["Half", " an answer"]
 
 
@@ -190,8 +190,8 @@ async def test_heartbeat_is_a_comment_line_the_sdk_ignores(make_client, deploy):
     raw = await (await client.post(CHAT, json=body)).read()
     assert b": ping\n" in raw and b": ping\n\n" not in raw
     assert content_of(chunks_of(raw)) == 'You said: "hi".'
-    sdk = AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0)
-    parts = [c.choices[0].delta.content async for c in await sdk.chat.completions.create(**body)]
+    async with AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0) as sdk:
+        parts = [c.choices[0].delta.content async for c in await sdk.chat.completions.create(**body)]
     assert "".join(parts) == 'You said: "hi".'
 
 

@@ -75,7 +75,7 @@ async def test_self_framing_handler_behind_the_openai_route(make_client, tmp_pat
     client = await make_client(config=test_config(deploy, **{"openai.chatFunction": "rp"}))
     raw = (await (await client.post("/v1/chat/completions", json=chat_body(stream=True))).read()).decode()
     assert "data: data:" not in raw and raw.endswith("data: [DONE]")
-    sdk = AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0)
-    chunks = [c async for c in await sdk.chat.completions.create(**chat_body(stream=True))]
+    async with AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0) as sdk:
+        chunks = [c async for c in await sdk.chat.completions.create(**chat_body(stream=True))]
     assert "".join(c.choices[0].delta.content for c in chunks) == "Raw frames pass through."
     assert chunks[-1].choices[0].finish_reason == "stop"

@@ -37,16 +37,34 @@ def slow(tmp_path_factory):
     server.stop()
 
 
-def _sdk(server, key=KEY):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+@pytest.fixture
+def sdk():
+    """Factory of sync SDK clients for a server; each is closed (its connections too) after the test."""
+    clients: list[openai.OpenAI] = []
+
+    def make(server, key=KEY):
+        clients.append(openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0))
+        return clients[-1]
+    yield make
+    for client in clients:
+        client.close()
 
 
-def _asdk(server, key=KEY):
-    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+@pytest.fixture
+async def asdk():
+    """Factory of async SDK clients for a server; each is closed after the test."""
+    clients: list[openai.AsyncOpenAI] = []
+
+    def make(server, key=KEY):
+        clients.append(openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0))
+        return clients[-1]
+    yield make
+    for client in clients:
+        await client.close()
 
 
-def test_sync_sdk_stream_joins_to_the_whole_answer(fast):
-    client = _sdk(fast)
+def test_sync_sdk_stream_joins_to_the_whole_answer(fast, sdk):
+    client = sdk(fast)
     chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True))
     assert len(chunks) > 5
     assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
@@ -60,9 +78,9 @@ def test_sync_sdk_stream_joins_to_the_whole_answer(fast):
     assert whole.usage.completion_tokens == len(chunks)
 
 
-def test_sync_sdk_include_usage(fast):
-    chunks = list(_sdk(fast).chat.completions.create(model=MODEL, messages=MESSAGES, stream=True, max_tokens=4,
-                                                      stream_options={"include_usage": True}))
+def test_sync_sdk_include_usage(fast, sdk):
+    chunks = list(sdk(fast).chat.completions.create(model=MODEL, messages=MESSAGES, stream=True, max_tokens=4,
+                                                     stream_options={"include_usage": True}))
     assert len(chunks) == 5
     assert chunks[-2].choices[0].finish_reason == "length"
     assert chunks[-1].choices == []
@@ -70,8 +88,8 @@ def test_sync_sdk_include_usage(fast):
     assert all(c.usage is None for c in chunks[:-1])
 
 
-async def test_async_sdk_chat_completions_and_models(fast):
-    client = _asdk(fast)
+async def test_async_sdk_chat_completions_and_models(fast, asdk):
+    client = asdk(fast)
     stream = await client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True, seed=7)
     parts = [c.choices[0].delta.content async for c in stream]
     whole = await client.chat.completions.create(model=MODEL, messages=MESSAGES, seed=7)
@@ -84,20 +102,20 @@ async def test_async_sdk_chat_completions_and_models(fast):
     assert [m.id async for m in client.models.list()] == [MODEL]
 
 
-async def test_wrong_key_raises_authentication_error(fast):
+async def test_wrong_key_raises_authentication_error(fast, sdk, asdk):
     with pytest.raises(openai.AuthenticationError) as sync_err:
-        list(_sdk(fast, key="sk-wrong").chat.completions.create(model=MODEL, messages=MESSAGES, stream=True))
+        list(sdk(fast, key="sk-wrong").chat.completions.create(model=MODEL, messages=MESSAGES, stream=True))
     assert sync_err.value.status_code == 401
     assert sync_err.value.body["type"] == "authentication_error"
     with pytest.raises(openai.AuthenticationError):
-        await _asdk(fast, key="sk-wrong").chat.completions.create(model=MODEL, messages=MESSAGES)
+        await asdk(fast, key="sk-wrong").chat.completions.create(model=MODEL, messages=MESSAGES)
     with pytest.raises(openai.NotFoundError):
-        _sdk(fast).chat.completions.create(model="no-such-model", messages=MESSAGES)
+        sdk(fast).chat.completions.create(model="no-such-model", messages=MESSAGES)
     with pytest.raises(openai.BadRequestError, match="'n' must be 1"):
-        _sdk(fast).chat.completions.create(model=MODEL, messages=MESSAGES, n=2)
+        sdk(fast).chat.completions.create(model=MODEL, messages=MESSAGES, n=2)
 
 
-def test_eventsource_parser_sees_the_same_chunks(fast):
+def test_eventsource_parser_sees_the_same_chunks(fast, sdk):
     body = {"model": MODEL, "messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True}}
     with httpx.Client(headers={"Authorization": f"Bearer {KEY}"}) as http:
         with connect_sse(http, "POST", fast.url + "/v1/chat/completions", json=body) as source:
@@ -106,7 +124,7 @@ def test_eventsource_parser_sees_the_same_chunks(fast):
     assert all(e.event == "message" and e.id == "" for e in events)
     assert events[-1].data == "[DONE]"
     parsed = [json.loads(e.data) for e in events[:-1]]
-    sdk = list(_sdk(fast).chat.completions.create(**body))
+    sdk = list(sdk(fast).chat.completions.create(**body))
     assert [c.model_dump(exclude={"id", "created"}, exclude_unset=True) for c in sdk] == \
            [{k: v for k, v in c.items() if k not in ("id", "created")} for c in parsed]
 
@@ -123,21 +141,21 @@ def test_curl_n_streams(fast):
     assert "".join(json.loads(ln[6:])["choices"][0]["delta"]["content"] for ln in lines[:-1]) == 'You said: "What'
 
 
-def test_first_chunk_arrives_early(slow):
+def test_first_chunk_arrives_early(slow, sdk):
     start = time.monotonic()
     arrivals = []
-    for _ in _sdk(slow).chat.completions.create(model=MODEL, messages=MESSAGES, stream=True, max_tokens=20):
+    for _ in sdk(slow).chat.completions.create(model=MODEL, messages=MESSAGES, stream=True, max_tokens=20):
         arrivals.append(time.monotonic() - start)
     total = time.monotonic() - start
     assert len(arrivals) == 20
     assert arrivals[0] < 0.4 * total
 
 
-def test_client_disconnect_stops_generation(slow):
+def test_client_disconnect_stops_generation(slow, sdk):
     """~210 tokens at 20 per second would take over ten seconds; leaving after two chunks must
     free the function at once, which the admin API shows as nothing in flight."""
     before = wait_inflight_zero(slow.url, "chat", DEV)
-    stream = _sdk(slow).chat.completions.create(model=MODEL, messages=MESSAGES, stream=True)
+    stream = sdk(slow).chat.completions.create(model=MODEL, messages=MESSAGES, stream=True)
     got = [next(stream), next(stream)]
     assert got[0].choices[0].delta.role == "assistant"
     during = wait_inflight_zero(slow.url, "chat", DEV, limit=0)

@@ -38,29 +38,38 @@ def proxy(make_client, tmp_path):
     return factory
 
 
-def _sdk(base_url: str, key: str = "unused") -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0)
+@pytest.fixture
+async def sdk():
+    """Factory of async SDK clients; each is closed (its connections too) after the test."""
+    clients: list[AsyncOpenAI] = []
+
+    def make(base_url: str, key: str = "unused") -> AsyncOpenAI:
+        clients.append(AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0))
+        return clients[-1]
+    yield make
+    for client in clients:
+        await client.close()
 
 
-async def test_chunks_pass_through_as_they_arrive(upstream, proxy):
+async def test_chunks_pass_through_as_they_arrive(upstream, proxy, sdk):
     front = await proxy(upstream.url + "/v1")
     body = chat_body("Relay this", max_tokens=20, stream=True, stream_options={"include_usage": True})
     start = time.monotonic()
     arrivals, chunks = [], []
-    async for chunk in await _sdk(str(front.make_url("/v1"))).chat.completions.create(**body):
+    async for chunk in await sdk(str(front.make_url("/v1"))).chat.completions.create(**body):
         arrivals.append(time.monotonic() - start)
         chunks.append(chunk)
     total = time.monotonic() - start
     assert len(chunks) == 21 and chunks[-1].usage.completion_tokens == 20
     assert arrivals[0] < 0.4 * total
-    direct = await _sdk(upstream.url + "/v1", KEY).chat.completions.create(**chat_body("Relay this", max_tokens=20))
+    direct = await sdk(upstream.url + "/v1", KEY).chat.completions.create(**chat_body("Relay this", max_tokens=20))
     assert "".join(c.choices[0].delta.content for c in chunks[:-1]) == direct.choices[0].message.content
     assert chunks[0].system_fingerprint == "fp_fnstream_standin"
 
 
-async def test_whole_answers_and_completions(upstream, proxy):
-    front = _sdk(str((await proxy(upstream.url + "/v1/")).make_url("/v1")))
-    direct = _sdk(upstream.url + "/v1", KEY)
+async def test_whole_answers_and_completions(upstream, proxy, sdk):
+    front = sdk(str((await proxy(upstream.url + "/v1/")).make_url("/v1")))
+    direct = sdk(upstream.url + "/v1", KEY)
     ours = await front.chat.completions.create(**chat_body("Whole", max_tokens=5))
     theirs = await direct.chat.completions.create(**chat_body("Whole", max_tokens=5))
     assert ours.choices[0].message.content == theirs.choices[0].message.content

@@ -22,6 +22,17 @@ FAST = ["-s", "cluster.workerHeartbeatSeconds=0.2", "-s", "cluster.claimIdleSeco
         "-s", f"runtime.codeRoots=[{FUNCTIONS},{CLUSTER_FUNCTIONS}]"]
 
 
+def wait_for_redis(client: redis.Redis) -> None:
+    """Return once a just-started redis-server answers PING (4 s at most)."""
+    for _ in range(200):
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            time.sleep(0.02)
+    raise RuntimeError("redis-server did not start")
+
+
 class RedisServer:
     """A throw-away redis-server (no persistence) that tests can kill and restart on the same port."""
 
@@ -34,14 +45,7 @@ class RedisServer:
     def start(self) -> None:
         self.proc = subprocess.Popen([REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                                       "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = self.client()
-        for _ in range(200):
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.02)
-        raise RuntimeError("redis-server did not start")
+        wait_for_redis(self.client())
 
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.port, decode_responses=True)
@@ -79,7 +83,7 @@ class RedisClusterServers:
              "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for port in self.ports]
         for port in self.ports:
-            self._wait(redis.Redis(port=port))
+            wait_for_redis(redis.Redis(port=port))
         created = subprocess.run([REDIS_CLI, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
                                   "--cluster-replicas", "0", "--cluster-yes"], capture_output=True, text=True,
                                  timeout=60)
@@ -92,16 +96,6 @@ class RedisClusterServers:
                 return
             time.sleep(0.02)
         raise RuntimeError("the Redis Cluster did not reach state ok")
-
-    @staticmethod
-    def _wait(client: redis.Redis) -> None:
-        for _ in range(200):
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.02)
-        raise RuntimeError("redis-server did not start")
 
     def client(self) -> redis.RedisCluster:
         return redis.RedisCluster(host="127.0.0.1", port=self.ports[0], decode_responses=True)

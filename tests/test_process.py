@@ -51,6 +51,17 @@ async def wait_until(predicate, what: str, limit: float = 20.0):
     raise AssertionError(f"gave up waiting for {what}")
 
 
+def process_gone(pid: int):
+    """A wait_until predicate: the process has exited and been reaped."""
+    async def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+    return gone
+
+
 async def wait_ready(client, name: str) -> list[int]:
     async def ready():
         pool = await pool_status(client, name)
@@ -297,13 +308,7 @@ async def test_a_hanging_pre_stop_is_given_up_after_the_function_timeout(make_cl
     (pid,) = await wait_ready(client, "p-hang")
     assert (await client.delete("/admin/v1/functions/p-hang")).status == 200
 
-    async def exited():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True  # gone and reaped
-        return False
-    await wait_until(exited, "the worker to exit without its preStop", limit=20)
+    await wait_until(process_gone(pid), "the worker to exit without its preStop", limit=20)
     assert marker.read_text() == f"hanging {pid}"                    # it did start
     assert "preStop did not finish within 1 s" in caplog.text        # and the worker said why it went on
     assert f"killing worker {pid}" not in caplog.text                # the worker left; the pool killed nothing
@@ -408,11 +413,5 @@ async def test_a_cancelled_adeploy_stops_the_workers_it_started(tmp_path):
         await task
     (tmp_path / "release").touch()
 
-    async def exited():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True  # gone and reaped
-        return False
-    await wait_until(exited, "the cancelled deploy's worker to exit")
+    await wait_until(process_gone(pid), "the cancelled deploy's worker to exit")
     assert "slow-import" not in registry

@@ -34,8 +34,12 @@ def parse_accept(header: str | None) -> list[MediaRange]:
     return ranges
 
 
-def quality(ranges: list[MediaRange], media_type: str, *, wildcards: bool = True) -> float:
-    """The q-value the client gives `media_type`; the most specific matching range wins."""
+def quality(ranges: list[MediaRange], media_type: str, *, wildcards: bool = True,
+            unmentioned: float = 0.0) -> float:
+    """The q-value the client gives `media_type`; the most specific matching range wins.
+
+    `unmentioned` is returned when no range matches (to tell "not listed" from "refused", q=0).
+    """
     mtype, _, subtype = media_type.partition("/")
     best_specificity, best_q = -1, 0.0
     for r in ranges:
@@ -49,4 +53,4 @@ def quality(ranges: list[MediaRange], media_type: str, *, wildcards: bool = True
             continue
         if specificity > best_specificity or (specificity == best_specificity and r.q > best_q):
             best_specificity, best_q = specificity, r.q
-    return best_q
+    return best_q if best_specificity >= 0 else unmentioned

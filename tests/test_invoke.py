@@ -113,6 +113,7 @@ async def test_multiline_payload_split_into_data_lines(make_client, deploy_dir):
     ("*/*", "json"),
     (None, "json"),
     ("text/event-stream;q=0", "json"),
+    ("text/html", "json"),  # merely lists another type: lenient
 ])
 async def test_accept_negotiation(client, accept, expect):
     headers = {"Accept": accept} if accept else {}
@@ -130,6 +131,12 @@ async def test_sse_disabled(make_client):
     resp = await client.post("/serverless/v1/functions/hello/invocations",
                              headers={"Accept": "text/event-stream, application/json;q=0.5"})
     assert resp.status == 200 and await resp.read() == b'"ok"'
+
+
+@pytest.mark.parametrize("accept", ["application/json;q=0", "*/*;q=0", "application/*;q=0, text/html"])
+async def test_json_refused_and_no_sse_is_406(client, accept):
+    resp = await client.post("/serverless/v1/functions/echo/invocations", headers={"Accept": accept}, json={})
+    assert resp.status == 406 and "refuses application/json" in (await resp.json())["message"]
 
 
 async def test_enable_event_defaults_to_false_when_absent(tmp_path):

@@ -41,10 +41,14 @@ routes = web.RouteTableDef()
 
 @functools.lru_cache(maxsize=256)  # clients send a handful of distinct Accept headers
 def negotiate_mode(accept: str | None, enable_event: bool) -> str:
-    """'sse' or 'json' from the Accept header; 406 when only SSE is acceptable but disabled."""
+    """'sse' or 'json' from the Accept header.
+
+    406 when only SSE is acceptable but disabled, or when JSON is refused outright (q=0) and SSE
+    is not asked for; an Accept that merely lists other types still gets JSON (lenient).
+    """
     ranges = parse_accept(accept)
     q_sse = quality(ranges, "text/event-stream", wildcards=False)
-    q_json = quality(ranges, "application/json")
+    q_json = quality(ranges, "application/json", unmentioned=-1.0)
     if q_sse > 0 and q_sse >= q_json:
         if enable_event:
             return "sse"
@@ -52,6 +56,9 @@ def negotiate_mode(accept: str | None, enable_event: bool) -> str:
             return "json"
         raise NotAcceptableError("Server-Sent Events are disabled (set frontend.args.enableEvent: true); "
                                  "this request accepts only text/event-stream")
+    if q_json == 0:
+        raise NotAcceptableError("this request refuses application/json (q=0) and does not accept "
+                                 "text/event-stream; those are the only answers")
     return "json"
 
 

@@ -71,6 +71,8 @@ class StreamsConfig(_Strict):
     maxElementSize: int = Field(4 * 1024 * 1024, ge=1)
     maxStreams: int = Field(10000, ge=1)
     maxSubscribersPerStream: int = Field(10000, ge=1)
+    idleStreamSeconds: float = Field(86400, ge=0, description="cluster mode: a stream with no publish and no "
+                                     "subscriber waiting on it this long is forgotten; 0 = never")
 
 
 class OpenAIConfig(_Strict):

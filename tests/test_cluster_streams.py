@@ -152,3 +152,21 @@ async def test_block_policy_is_refused_in_cluster_mode(broker):
     with pytest.raises(ConfigError, match="streams.slowConsumerPolicy"):
         load_config(data={"cluster": {"redisUrl": "redis://x:1/0"}, "streams": {"slowConsumerPolicy": "block"}})
     load_config(data={"streams": {"slowConsumerPolicy": "block"}})   # fine without cluster mode
+
+
+async def test_idle_streams_expire_but_a_waiting_subscriber_keeps_its_stream(redis_server):
+    b = RedisBroker(connect(redis_server.url, decode=False), "fnstream",
+                    BrokerSettings(subscriber_buffer=5, idle_seconds=0.5))
+    try:
+        await b.publish("once", [b"x"])                       # a stream used once, then nobody
+        waiting = await b.subscribe("watched")
+        assert await waiting.next_batch(timeout=1.5) == []    # waits past the idle time, polling
+        await asyncio.sleep(0.3)
+        with pytest.raises(StreamNotFoundError):
+            await b.stats("once")                             # forgotten
+        assert [s.name for s in await b.list()] == ["watched"]
+        assert await b.publish("watched", [b"still"]) == [1]  # ids did not restart under the subscriber
+        assert [e.data for e in await waiting.next_batch(timeout=2)] == [b"still"]
+        await waiting.close()
+    finally:
+        await b.close()

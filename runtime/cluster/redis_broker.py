@@ -10,7 +10,8 @@ resume after, as under the memory broker's 'cut' policy ('block' is refused: a p
 see how far behind subscribers on other nodes are).
 The meta hash keeps the counters the memory broker reports, updated by the same scripts that
 append (produced, dropped, retained_bytes) and read (delivered).
-Keys are hash-tagged by stream name: `{stream:NAME}:s` (entries) and `{stream:NAME}:meta`.
+Keys are hash-tagged by stream name: `{stream:NAME}:s` (entries) and `{stream:NAME}:meta`; both
+expire after `streams.idleStreamSeconds` without a publish or a waiting subscriber.
 """
 from __future__ import annotations
 
@@ -34,15 +35,16 @@ from .settings import REDIS_DOWN, ClusterUnavailableError
 
 __all__ = ("RedisBroker", "RedisSubscription")
 
-# KEYS: entries, meta; ARGV: maxlen, then the elements. Returns the first id given.
+# KEYS: entries, meta; ARGV: maxlen, idle ms (0: keep for ever), then the elements. Returns the
+# first id given.
 # Trims to maxlen itself so it can take the trimmed elements' bytes off retained_bytes; an
 # element published with no subscriber and no retention asked for counts as dropped.
 _PUBLISH = """
-local n = #ARGV - 1
+local n = #ARGV - 2
 local first = redis.call('HINCRBY', KEYS[2], 'seq', n) - (n - 1)
 local bytes = 0
-for i = 2, #ARGV do
-  redis.call('XADD', KEYS[1], '0-' .. (first + i - 2), 'd', ARGV[i])
+for i = 3, #ARGV do
+  redis.call('XADD', KEYS[1], '0-' .. (first + i - 3), 'd', ARGV[i])
   bytes = bytes + #ARGV[i]
 end
 local over = redis.call('XLEN', KEYS[1]) - tonumber(ARGV[1])
@@ -57,6 +59,10 @@ redis.call('HINCRBY', KEYS[2], 'produced', n)
 local consumers = tonumber(redis.call('HGET', KEYS[2], 'consumers') or '0')
 if consumers <= 0 and tonumber(redis.call('HGET', KEYS[2], 'retain_num') or '0') == 0 then
   redis.call('HINCRBY', KEYS[2], 'dropped', n)
+end
+if tonumber(ARGV[2]) > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
 end
 return first
 """
@@ -105,7 +111,8 @@ class RedisSubscription(AbstractSubscription):
         deadline = None if timeout is None else time.monotonic() + timeout
         keys = self._broker.keys(self.name)
         while True:
-            wait = _POLL if deadline is None else max(0.0, min(_POLL, deadline - time.monotonic()))
+            poll = self._broker.poll_seconds
+            wait = poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic()))
             try:
                 reply = await self._broker.redis.xread({keys[0]: f"0-{self.last_id}"}, count=count,
                                                        block=max(1, int(wait * 1000)))
@@ -128,6 +135,7 @@ class RedisSubscription(AbstractSubscription):
             meta = await self._broker.redis.hmget(keys[1], "seq", "terminator")
             if meta[0] is None:
                 raise StreamDeletedError(f"stream {self.name!r} was deleted", last_id=self.last_id)
+            await self._broker.touch(self.name)
             self._terminator = _text(meta[1])
             if deadline is not None and time.monotonic() >= deadline:
                 return []
@@ -154,6 +162,11 @@ class RedisBroker(AbstractBroker):
         self.prefix = prefix
         self.settings = settings or BrokerSettings()
         self.index = f"{prefix}:streams"
+        # Streams forget themselves after this long without a publish or a waiting subscriber, so
+        # names used once (one stream per job) do not accumulate in Redis.
+        self._idle_ms = int(self.settings.idle_seconds * 1000)
+        # A waiting subscriber re-arms that expiry at each poll, well before it could pass.
+        self.poll_seconds = min(_POLL, self.settings.idle_seconds / 3) if self._idle_ms else _POLL
         self._publish = redis.register_script(_PUBLISH)
         self._count = redis.register_script(_COUNT)
 
@@ -177,8 +190,19 @@ class RedisBroker(AbstractBroker):
             pipe.hsetnx(keys[1], "seq", 0)
             pipe.hsetnx(keys[1], "retain_num", self.settings.defaults.retain_num)
             pipe.sadd(self.index, name)
+            if self._idle_ms:
+                pipe.pexpire(keys[1], self._idle_ms)
             await self._call(pipe.execute())
         return keys
+
+    async def touch(self, name: str) -> None:
+        """A subscriber still waits on the stream: keep it from being forgotten as idle."""
+        if self._idle_ms:
+            keys = self.keys(name)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.pexpire(keys[0], self._idle_ms)
+                pipe.pexpire(keys[1], self._idle_ms)
+                await self._call(pipe.execute())
 
     async def _maxlen(self, meta: str) -> int:
         retain = int(await self._call(self.redis.hget(meta, "retain_num")) or 0)
@@ -190,7 +214,7 @@ class RedisBroker(AbstractBroker):
             return []
         keys = await self._ensure(name)
         maxlen = await self._maxlen(keys[1])
-        args = [maxlen, *elements]
+        args = [maxlen, self._idle_ms, *elements]
         first = int(await self._call(self._publish(keys=list(keys), args=args)))
         return list(range(first, first + len(elements)))
 

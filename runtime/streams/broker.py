@@ -98,6 +98,7 @@ class BrokerSettings:
     max_element_size: int = 4 * 1024 * 1024
     max_streams: int = 10000
     max_subscribers: int = 10000
+    idle_seconds: float = 86400.0  # Redis broker: forget a stream with no activity this long (0 = never)
 
     @classmethod
     def from_config(cls, cfg) -> "BrokerSettings":
@@ -112,6 +113,7 @@ class BrokerSettings:
             max_element_size=cfg.maxElementSize,
             max_streams=cfg.maxStreams,
             max_subscribers=cfg.maxSubscribersPerStream,
+            idle_seconds=cfg.idleStreamSeconds,
         )
 
     def replace(self, **changes) -> "BrokerSettings":

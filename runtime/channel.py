@@ -35,14 +35,6 @@ class OutputChannel(Generic[T]):
 
     # -- state -------------------------------------------------------------------------------
     @property
-    def cancelled(self) -> bool:
-        return self._cancel_reason is not None
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
     def cancel_reason(self) -> str | None:
         return self._cancel_reason
 

@@ -56,13 +56,12 @@ class Executor:
         if inline and not inv.streaming and dep.kind in ("async", "asyncgen") and dep.executor != "process":
             dep.acquire()
             inv.defer(self._run_inline)
-            self._watch_deadlines()
             return None
-        if inv.deployment.executor == "process":
+        if dep.executor == "process":
             task = self.process.start(inv)
             task.add_done_callback(lambda _t: self.active.discard(inv))
         else:
-            inv.deployment.acquire()
+            dep.acquire()
             task = inv.task = inv.loop.create_task(self._run(inv), name=f"invocation-{inv.id}")
             task.add_done_callback(lambda _t: self._ended(inv))
         self.active.add(inv)
@@ -97,6 +96,7 @@ class Executor:
     async def _run_inline(self, inv: Invocation) -> Any:
         inv.task = asyncio.current_task()
         self.active.add(inv)
+        self._watch_deadlines()
         try:
             return await self._run(inv)
         finally:
@@ -113,10 +113,6 @@ class Executor:
         if left:
             log.warning("aborted %d invocation(s) still running after %gs", len(left), grace)
         return len(left)
-
-    async def invoke(self, inv: Invocation) -> Any:
-        """Start and wait for the result (no streaming)."""
-        return await self.start(inv)
 
     def shutdown(self) -> None:
         if self._watchdog is not None:

@@ -130,23 +130,21 @@ class Invocation:
 
     async def outcome(self) -> Any:
         """The handler's result; its error; or the abort error if fnstream stopped it."""
-        if self._deferred is not None:
-            run, self._deferred = self._deferred, None
-            try:
-                return await run(self)
-            except asyncio.CancelledError:
-                if self.abort_error is None:
-                    raise
-                asyncio.current_task().uncancel()  # type: ignore[union-attr]
-                raise self.abort_error from None
-        assert self.task is not None
+        run, self._deferred = self._deferred, None
         try:
+            if run is not None:
+                return await run(self)  # inline: `self.task` becomes this very task
+            assert self.task is not None
             return await self.task
         except asyncio.CancelledError:
+            if self.abort_error is None:
+                raise
             current = asyncio.current_task()
-            if self.abort_error is not None and (current is None or current.cancelling() == 0):
-                raise self.abort_error from None
-            raise
+            if current is self.task:
+                current.uncancel()  # the abort cancelled the task we run in: answer it instead
+            elif current is not None and current.cancelling():
+                raise  # our own caller is being cancelled (the client left)
+            raise self.abort_error from None
 
     def time_out(self, reason: str) -> None:
         """The deadline passed: close the output (a thread's later writes raise) and cancel the

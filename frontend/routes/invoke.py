@@ -124,12 +124,12 @@ async def _json_response(inv: Invocation) -> web.Response:
     if inv.deployment.kind in ("gen", "asyncgen") and result is None:
         result = inv.aggregate
     body = encode_result(result, inv.max_response_size)
-    return web.Response(text=body, content_type="application/json", headers=_headers(inv, 0))
+    return web.Response(text=body, content_type="application/json", headers=_success_headers(inv))
 
 
-def _headers(inv: Invocation, code: int) -> dict[str, str]:
+def _success_headers(inv: Invocation) -> dict[str, str]:
     billing_ms = int((time.monotonic() - inv.started) * 1000)
-    return {"X-Inner-Code": str(code), "X-Trace-Id": inv.trace_id, "X-Billing-Duration": str(billing_ms)}
+    return {"X-Inner-Code": "0", "X-Trace-Id": inv.trace_id, "X-Billing-Duration": str(billing_ms)}
 
 
 async def _stream_response(request: web.Request, inv: Invocation, heartbeat: float) -> web.StreamResponse:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import FUNCTIONS
+from tests.support.servers import FUNCTIONS
 
 MODEL = "fnstream-standin"
 

@@ -1,5 +1,5 @@
 """Token auth: roles, tenants, constant-time comparison is used, /healthz stays open."""
-from tests.conftest import make_config
+from tests.support.servers import make_config
 
 TOKENS = [{"token": "dev-token", "tenant": "default", "role": "developer"},
           {"token": "user-token", "tenant": "default", "role": "user"},

@@ -5,14 +5,9 @@ import time
 
 import pytest
 
-from tests.conftest import fn, read_events, test_config
+from tests.support.servers import HELLO_BYTES, fn, read_events, test_config
 
 SSE = {"Accept": "text/event-stream"}
-HELLO_BYTES = (b'id: 1\ndata: {"event": "this is a stream"}\n\n'
-               b'id: 2\ndata: "ok"\n\n'
-               b"data: [DONE]\n\n")
-
-
 async def test_hello_three_events_byte_for_byte(client):
     resp = await client.post("/serverless/v1/functions/hello/invocations", headers=SSE)
     assert resp.status == 200

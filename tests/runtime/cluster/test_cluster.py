@@ -10,8 +10,8 @@ import time
 import aiohttp
 import pytest
 
-from conftest import FUNCTIONS
-from cluster_fixtures import CLUSTER_FUNCTIONS, FAST, redis_server, start_worker  # noqa: F401
+from tests.support.servers import FUNCTIONS
+from tests.support.cluster import CLUSTER_FUNCTIONS, FAST
 from frontend.client import iter_sse
 
 RELAY = {"name": "relay", "handler": "relay.handler", "codePath": str(CLUSTER_FUNCTIONS), "timeout": 30}
@@ -333,7 +333,7 @@ async def test_no_per_invocation_keys_after_1000_invocations(redis_server, start
 
 async def test_in_process_node_queues_what_exceeds_its_capacity(redis_server, make_client):
     """A `role: all` node runs what fits locally and queues the rest; its own worker takes it when a slot frees."""
-    from conftest import make_config
+    from tests.support.servers import make_config
     cfg = make_config(**{"cluster.redisUrl": redis_server.url, "cluster.workerHeartbeatSeconds": 0.2,
                          "runtime.codeRoots": [str(FUNCTIONS), str(CLUSTER_FUNCTIONS)]})
     client = await make_client(cfg)

@@ -14,9 +14,10 @@ import aiohttp
 import pytest
 
 from frontend.keys import EXECUTOR
+from tests.support.servers import FUNCTIONS, PROCESS_FUNCTIONS
 
-PROC = Path(__file__).resolve().parent / "process_functions"
-FUNCTIONS = Path(__file__).resolve().parent.parent / "functions"
+PROC = PROCESS_FUNCTIONS
+
 SSE = {"Accept": "text/event-stream"}
 
 

@@ -8,8 +8,8 @@ import time
 import aiohttp
 import yaml
 
-from tests.conftest import FUNCTIONS, HANDLERS, ROOT, read_events
-from tests.test_invoke import HELLO_BYTES
+from tests.support.servers import FUNCTIONS, HANDLERS, HELLO_BYTES, ROOT, read_events
+
 
 SSE = {"Accept": "text/event-stream"}
 

@@ -1,4 +1,4 @@
-"""Fixtures for cluster tests: a private redis-server (or a 3-master Redis Cluster) on free ports,
+"""Helpers for cluster tests: a private redis-server (or a 3-master Redis Cluster) on free ports,
 and `fnstream worker` processes."""
 from __future__ import annotations
 
@@ -8,14 +8,13 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
 import redis
 
-from conftest import FUNCTIONS, FnstreamProcess, free_port
+from tests.support.servers import FUNCTIONS, TESTS, FnstreamProcess, free_port
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
-CLUSTER_FUNCTIONS = Path(__file__).resolve().parent / "cluster_functions"
+CLUSTER_FUNCTIONS = TESTS / "cluster_functions"
 # Short timings so liveness, reclaim and sync happen within a test's patience.
 FAST = ["-s", "cluster.workerHeartbeatSeconds=0.2", "-s", "cluster.claimIdleSeconds=1",
         "-s", "cluster.registrySyncSeconds=0.5",
@@ -112,31 +111,3 @@ class WorkerProcess(FnstreamProcess):
 
     def __init__(self, url: str, *args: str) -> None:
         super().__init__("worker", "--cluster", url, *FAST, *args, env={"FNSTREAM_LOG": "WARNING"})
-
-
-@pytest.fixture
-def redis_server():
-    server = RedisServer()
-    yield server
-    server.kill()
-
-
-@pytest.fixture
-def redis_cluster(tmp_path):
-    servers = RedisClusterServers(tmp_path)
-    yield servers
-    servers.kill()
-
-
-@pytest.fixture
-def start_worker():
-    workers: list[WorkerProcess] = []
-
-    def factory(url: str, *args: str) -> WorkerProcess:
-        w = WorkerProcess(url, *args)
-        workers.append(w)
-        return w
-
-    yield factory
-    for w in workers:
-        w.stop()

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import aiohttp
 
-PROC = Path(__file__).resolve().parent / "process_functions"
+from tests.support.servers import PROCESS_FUNCTIONS
+
+PROC = PROCESS_FUNCTIONS
 
 
 def start(start_server, tmp_path):

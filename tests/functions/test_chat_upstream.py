@@ -8,8 +8,8 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from tests.conftest import ServerProcess, test_config
-from tests.openai_support import MODEL, chat_body, chat_fn, sse_events, wait_inflight_zero, write_deploy
+from tests.support.servers import ServerProcess, test_config
+from tests.support.openai_support import MODEL, chat_body, chat_fn, sse_events, wait_inflight_zero, write_deploy
 
 KEY, DEV = "sk-up-user", "sk-up-dev"
 CHAT = "/v1/chat/completions"
@@ -92,7 +92,7 @@ async def test_upstream_refusals_become_openai_errors(upstream, proxy):
 
 
 async def test_unreachable_upstream(proxy):
-    from tests.conftest import free_port
+    from tests.support.servers import free_port
     front = await proxy(f"http://127.0.0.1:{free_port()}/v1")
     for stream in (False, True):
         resp = await front.post(CHAT, json=chat_body(stream=stream))

@@ -8,9 +8,8 @@ import time
 import aiohttp
 import pytest
 
-from cluster_fixtures import redis_server, start_worker  # noqa: F401
 from frontend.client import iter_sse
-from conftest import read_events
+from tests.support.servers import read_events
 from runtime.cluster.redis_broker import RedisBroker
 from runtime.config import load_config
 from runtime.errors import BadRequestError, ConfigError

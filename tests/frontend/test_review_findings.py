@@ -4,7 +4,7 @@ import asyncio
 import pytest
 
 from frontend.keys import EXECUTOR, REGISTRY
-from tests.conftest import fn, test_config
+from tests.support.servers import fn, test_config
 
 SSE = {"Accept": "text/event-stream"}
 DEEP = b"[" * 100_000 + b"]" * 100_000  # valid JSON nested far beyond Python's recursion limit
@@ -123,7 +123,7 @@ async def test_timeout_keeps_events_written_before_the_deadline(deploy_dir):
     from runtime.invocation import Invocation
     from runtime.manifest import load_deploy_dir
     from runtime.registry import Registry
-    from tests.conftest import HANDLERS
+    from tests.support.servers import HANDLERS
 
     d = deploy_dir(fn("burst", "review_fns.sync_burst_then_sleep", timeout=0.3))
     registry = Registry([HANDLERS])

@@ -15,7 +15,7 @@ import pytest
 from frontend.client import iter_sse
 from frontend.keys import BROKER
 
-from conftest import ROOT
+from tests.support.servers import ROOT
 
 SUB = "/serverless/v1/stream/subscribe"
 STREAMS = "/serverless/v1/streams"

@@ -7,7 +7,6 @@ import time
 import aiohttp
 from openai import AsyncOpenAI
 
-from cluster_fixtures import redis_server, start_worker  # noqa: F401
 from test_cluster import frontend_args, start_server, status, wait_until, workers_serving  # noqa: F401
 
 MODEL = "fnstream-standin"

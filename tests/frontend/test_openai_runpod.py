@@ -5,8 +5,8 @@ import json
 import pytest
 from openai import AsyncOpenAI
 
-from tests.conftest import fn, read_events, test_config
-from tests.openai_support import MODEL, chat_body, chat_fn, content_of, write_deploy
+from tests.support.servers import fn, read_events, test_config
+from tests.support.openai_support import MODEL, chat_body, chat_fn, content_of, write_deploy
 
 INVOKE = "/serverless/v1/functions/{}/invocations"
 SSE = {"Accept": "text/event-stream"}

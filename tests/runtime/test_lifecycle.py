@@ -4,7 +4,7 @@ import json
 import socket
 
 from frontend.keys import REGISTRY
-from tests.conftest import fn, read_events, test_config
+from tests.support.servers import fn, read_events, test_config
 
 SSE = {"Accept": "text/event-stream"}
 
@@ -146,7 +146,7 @@ async def test_unawaited_writes_are_refused_not_buffered(make_client, deploy_dir
 
 
 async def test_redeploy_while_invocation_runs(make_client, deploy_dir, tmp_path):
-    from tests.conftest import HANDLERS
+    from tests.support.servers import HANDLERS
     client = await make_client(test_config(deploy_dir(fn("ver", "versioned_v1.handler"))))
     running = asyncio.ensure_future(client.post("/serverless/v1/functions/ver/invocations", json={"hold": 0.5}))
     dep = client.server.app[REGISTRY].get("ver")

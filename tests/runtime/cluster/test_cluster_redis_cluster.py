@@ -7,8 +7,7 @@ import time
 
 import aiohttp
 
-from cluster_fixtures import redis_cluster, start_worker  # noqa: F401
-from conftest import read_events
+from tests.support.servers import read_events
 from test_cluster import RELAY, deploy, frontend_args, sse, start_server, wait_until, workers_serving  # noqa: F401
 
 

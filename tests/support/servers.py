@@ -1,0 +1,128 @@
+"""Helpers shared by the tests: config builders, manifests of test handlers, real server processes,
+and an SSE reader that timestamps each event as it arrives."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from runtime.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+FUNCTIONS = ROOT / "functions"
+DEPLOY = ROOT / "deploy"
+TESTS = ROOT / "tests"
+HANDLERS = TESTS / "handlers"
+PROCESS_FUNCTIONS = TESTS / "process_functions"
+# The exact SSE answer of the bundled `hello` function.
+HELLO_BYTES = (b'id: 1\ndata: {"event": "this is a stream"}\n\n'
+               b'id: 2\ndata: "ok"\n\n'
+               b"data: [DONE]\n\n")
+
+
+def make_config(**sections):
+    """The shipped default config with `sections` merged in (dotted keys allowed)."""
+    overrides = [f"{k}={json.dumps(v)}" for k, v in sections.items()]
+    return load_config(ROOT / "config" / "default.yaml", overrides)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FnstreamProcess:
+    """A real `python -m frontend.cli ...` subprocess whose output goes to a file.
+
+    A file, not a pipe: a pipe nobody reads fills up and freezes a busy server.
+    """
+
+    def __init__(self, *cli_args: str, env: dict | None = None) -> None:
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", *cli_args], cwd=ROOT,
+                                     env={**os.environ, **(env or {})}, stdout=self.log,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.pid = self.proc.pid
+
+    def output(self) -> str:
+        if self.log.closed:
+            return self._output
+        self.log.seek(0)
+        return self.log.read()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> str:
+        """SIGTERM, then SIGKILL after 10 s; returns everything the process printed (the log is closed)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if not self.log.closed:
+            self._output = self.output()
+            self.log.close()
+        return self._output
+
+
+class ServerProcess(FnstreamProcess):
+    """A real `fnstream serve` subprocess; `url` is its base URL."""
+
+    def __init__(self, *args: str, env: dict | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__("serve", "--port", str(self.port), *args, env=env)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.stop()}")
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("server did not become ready")
+
+
+def fn(name: str, handler: str, **fields) -> dict:
+    """A manifest entry for a test handler in tests/handlers."""
+    return {"name": name, "handler": handler, "codePath": str(HANDLERS), **fields}
+
+
+def test_config(deploy: Path | None = None, **overrides):
+    """The shipped config, code roots widened to tests/handlers, deploying `deploy` (or nothing)."""
+    sections = {"runtime.codeRoots": [str(FUNCTIONS), str(HANDLERS)],
+                "runtime.deployDir": str(deploy) if deploy else None}
+    sections.update(overrides)
+    return make_config(**sections)
+
+
+test_config.__test__ = False  # a helper, not a test
+
+
+async def read_events(resp, limit: int | None = None) -> list[tuple[float, dict]]:
+    """Parse SSE from a response as it arrives: [(arrival monotonic time, event)]."""
+    from frontend.client import iter_sse
+
+    out = []
+    async for ev in iter_sse(resp):
+        out.append((time.monotonic(), ev))
+        if limit is not None and len(out) >= limit:
+            break
+    return out

@@ -17,7 +17,7 @@ from runtime.streams import AbstractBroker, bind_broker, build_broker, unbind_br
 from .auth import auth_middleware
 from .errors import error_middleware
 from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY
-from .routes import admin, health, invoke, openai, streams
+from .routes import admin, health, invoke, openai, sessions, streams
 
 __all__ = ("build_app", "build_registry", "serve", "SERVER_KWARGS")
 
@@ -61,6 +61,7 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app[BROKER] = broker if broker is not None else build_broker(config.streams)
     app.add_routes(health.routes)
     app.add_routes(invoke.routes)
+    app.add_routes(sessions.routes)
     app.add_routes(admin.routes)
     app.add_routes(streams.routes)
     app.add_routes(openai.routes)

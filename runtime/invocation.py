@@ -21,6 +21,7 @@ from .errors import FunctionServiceError, ResponseTooLargeError, StreamBufferFul
 
 if TYPE_CHECKING:
     from .registry import Deployment
+    from .sessions import Session
 
 __all__ = ("Invocation", "StreamWriter", "encode_payload", "new_trace_id", "drain_generator", "WRITTEN", "Written")
 
@@ -98,6 +99,8 @@ class Invocation:
         self.timed_out: str | None = None
         self.entered = False  # the executor's run of it began (its cleanup will run)
         self._deferred: "Callable[[Invocation], Awaitable[Any]] | None" = None
+        self.session: Session | None = None  # X-Instance-Session (runtime/sessions.py)
+        self.session_restarted = False        # the session's earlier instance died before this turn
         self.stream = StreamWriter(self)
 
     @property

@@ -20,6 +20,7 @@ from .loader import LoadedCode, check_code_location, load_code
 from .manifest import FunctionSpec
 from .pre_stop import run_pre_stop
 from .process.pool import WorkerPool
+from .sessions import SessionTable
 
 __all__ = ("Deployment", "Registry", "handler_kind", "parse_function_ref", "executor_for")
 
@@ -75,6 +76,7 @@ class Deployment:
         self.kind: Kind = handler_kind(code.handler) if code is not None else "sync"
         self.executor: ExecutorName = "process" if code is None else executor_for(spec, self.kind)
         self.pool: WorkerPool | None = None  # executor: process - started by Registry.deploy
+        self.sessions = SessionTable()  # X-Instance-Session sessions of this deployment
         self.revision = revision
         self.inflight = 0
         self.invocations = 0
@@ -144,7 +146,8 @@ class Deployment:
         data = self.spec.public()
         data["status"] = {"revision": self.revision, "kind": self.kind, "inflight": self.inflight,
                           "invocations": self.invocations, "failures": self.failures,
-                          "initError": self.init_error, "executor": self.executor}
+                          "initError": self.init_error or (self.pool.init_error if self.pool else None),
+                          "executor": self.executor, "sessions": self.sessions.describe()}
         if self.pool is not None:
             data["status"]["pool"] = self.pool.describe()
         return data
@@ -213,7 +216,7 @@ class Registry:
             for spec, dep in zip(specs, loaded):
                 if dep is None:
                     dep = Deployment(spec, None)
-                    dep.pool = WorkerPool(dep, self.code_roots, instances=spec.instances)
+                    dep.pool = WorkerPool(spec, self.code_roots)
                     dep.pool.start()
                 staged.append(dep)
         except BaseException:
@@ -250,6 +253,7 @@ class Registry:
             old = self._deployments.get(dep.name)
             self._deployments[dep.name] = dep
             if old is not None:
+                dep.sessions.adopt(old.sessions)  # sessions go on with the new code, told they restarted
                 self._retire(old)
             log.info("deployed %s (%s, %s handler, %s executor, revision %d)",
                      dep.name, dep.spec.urn, dep.kind, dep.executor, dep.revision)

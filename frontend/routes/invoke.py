@@ -26,6 +26,7 @@ from runtime.errors import (
 from runtime.invocation import Invocation
 from runtime.manifest import function_urn
 from runtime.registry import Deployment
+from runtime.sessions import Session, parse_session_header
 
 from ..body import read_json_body
 from ..cluster import CLUSTER
@@ -33,7 +34,8 @@ from ..keys import CONFIG, EXECUTOR, PRINCIPAL, REGISTRY, TRACE_ID
 from ..negotiation import parse_accept, quality
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 
-__all__ = ("routes", "negotiate_mode", "run_invocation", "start_invocation", "encode_result", "find_function")
+__all__ = ("routes", "negotiate_mode", "run_invocation", "start_invocation", "encode_result", "find_function",
+           "open_session")
 
 log = logging.getLogger("fnstream.frontend")
 routes = web.RouteTableDef()
@@ -80,8 +82,18 @@ def _check_tenant(request: web.Request, dep: Deployment) -> None:
         raise ForbiddenError(f"tenant {principal.tenant!r} may not invoke a function of tenant {dep.spec.tenant!r}")
 
 
+def open_session(request: web.Request, dep: Deployment) -> Session | None:
+    """The session the request's X-Instance-Session header names (400 if malformed), or None."""
+    value = request.headers.get("X-Instance-Session")
+    if value is None:
+        return None
+    request_ = parse_session_header(value)
+    sessions = getattr(dep, "sessions", None)
+    return None if sessions is None else sessions.open(request_)  # a cluster-only function: no pinning
+
+
 async def start_invocation(request: web.Request, dep: Deployment, event: Any, mode: str, *,
-                           inline: bool = False) -> Invocation:
+                           inline: bool = False, session: Session | None = None) -> Invocation:
     """Start `dep` here (`inline`: see Executor.start), or in cluster mode queue it for a worker when
     this node should not run it; either way with the Invocation surface (`channel`, `outcome()`, `cancel()`)."""
     app = request.app
@@ -94,6 +106,7 @@ async def start_invocation(request: web.Request, dep: Deployment, event: Any, mo
     inv = Invocation(dep, event, mode=mode, loop=asyncio.get_running_loop(),
                      buffer_events=args.streamBufferEvents, max_write_size=args.maxWriteSize,
                      max_response_size=args.maxResponseSize, trace_id=request.get(TRACE_ID))
+    inv.session = session
     app[EXECUTOR].start(inv, inline=inline)
     return inv
 
@@ -102,7 +115,8 @@ async def run_invocation(request: web.Request, dep: Deployment, event: Any) -> w
     """Invoke `dep` with `event` and answer as the request's Accept header asks."""
     args = request.app[CONFIG].frontend.args
     mode = negotiate_mode(request.headers.get("Accept"), args.enableEvent)
-    inv = await start_invocation(request, dep, event, mode, inline=True)
+    session = open_session(request, dep)
+    inv = await start_invocation(request, dep, event, mode, inline=True, session=session)
     try:
         if inv.streaming:
             return await _stream_response(request, inv, args.heartbeatSeconds)

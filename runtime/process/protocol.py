@@ -1,10 +1,12 @@
 """The frontend <-> worker wire protocol: length-prefixed msgpack frames over a Unix socket.
 
 A frame is a 4-byte big-endian length followed by one msgpack map whose `t` field names the
-message. Both ends use blocking sockets from threads (the worker has no event loop of ours and
-the frontend reads each worker from a dedicated thread), so `Connection` is deliberately simple.
-Backpressure is credit-based: the worker may have at most `credits` stream writes unacknowledged;
-the frontend returns one credit per write once the write is in the invocation's bounded channel.
+message. Both ends use blocking sockets from threads (the frontend reads each worker from a
+dedicated thread, the worker has a reader and a writer thread), so `Connection` is deliberately
+simple; `try_send` lets the event loop send a small frame without a thread hop, and `send_many`
+puts every frame that queued up meanwhile into one system call.
+Backpressure is credit-based: each invocation may have at most `credits` stream writes
+unacknowledged; the frontend returns one credit per write once it is in the invocation's channel.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ _HEADER = struct.Struct(">I")
 # Bigger than any event (maxRequestBodySize) or write (maxWriteSize) fnstream accepts.
 MAX_FRAME = 64 * 1024 * 1024
 DEFAULT_CREDITS = 8
+TRY_SEND_MAX = 64 * 1024  # frames up to this size may be sent straight from the event loop
 
 
 # -- frontend -> worker ------------------------------------------------------------------------
@@ -43,6 +46,8 @@ class Invoke(TypedDict):
     streaming: bool
     timeout: float         # seconds left when the frontend sent it
     max_write_size: int
+    session_id: str | None       # X-Instance-Session's sessionID, if any
+    session_restarted: bool      # the session's earlier instance died: its in-memory state is gone
 
 
 class Credit(TypedDict):
@@ -83,15 +88,15 @@ class Ready(TypedDict):
 
 
 class Write(TypedDict):
-    t: Literal["write"]    # one stream write, already encoded as text
-    id: str
-    p: str
+    t: Literal["write"]    # stream writes of one invocation, already encoded as text; several when
+    id: str                # they queued while the socket was busy (coalesced into one frame)
+    p: list[str]
 
 
 class Item(TypedDict):
-    t: Literal["item"]     # one generator item of a plain JSON request (aggregated by the frontend)
+    t: Literal["item"]     # generator items of a plain JSON request (aggregated by the frontend)
     id: str
-    v: Any
+    v: list[Any]
 
 
 class Result(TypedDict):
@@ -151,6 +156,50 @@ class Connection:
                 self.sock.sendall(_HEADER.pack(len(data)) + data)
             except OSError as exc:
                 raise ConnectionClosed(str(exc)) from exc
+
+    def send_many(self, msgs: list[dict]) -> None:
+        """Several frames in one `sendall` (what queued while the socket was busy)."""
+        parts: list[bytes] = []
+        for msg in msgs:
+            data = msgpack.packb(msg, use_bin_type=True)
+            if len(data) > MAX_FRAME:
+                raise ProtocolError(f"frame of {len(data)} bytes exceeds {MAX_FRAME}")
+            parts.append(_HEADER.pack(len(data)))
+            parts.append(data)
+        with self._send_lock:
+            try:
+                self.sock.sendall(b"".join(parts))
+            except OSError as exc:
+                raise ConnectionClosed(str(exc)) from exc
+
+    def try_send(self, msg: dict) -> bool | None:
+        """Send a small frame without blocking: True when it went (or is going) out, None when the
+        caller must use `send` from a thread (a large frame, or another sender holds the socket)."""
+        data = msgpack.packb(msg, use_bin_type=True)
+        if len(data) > TRY_SEND_MAX or not self._send_lock.acquire(blocking=False):
+            return None
+        frame = _HEADER.pack(len(data)) + data
+        try:
+            sent = self.sock.send(frame, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self._send_lock.release()
+            raise ConnectionClosed(str(exc)) from exc
+        if sent == len(frame):
+            self._send_lock.release()
+            return True
+        # The socket buffer is full: a thread sends the rest, holding the lock so frames never interleave.
+        threading.Thread(target=self._finish_send, args=(frame[sent:],), daemon=True).start()
+        return True
+
+    def _finish_send(self, rest: bytes) -> None:
+        try:
+            self.sock.sendall(rest)
+        except OSError:
+            pass  # the other end died: its reader notices
+        finally:
+            self._send_lock.release()
 
     def recv(self) -> dict:
         (size,) = _HEADER.unpack(self._read(_HEADER.size))

@@ -11,21 +11,20 @@ import asyncio
 import builtins
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from .. import errors as core_errors
 from ..errors import FunctionServiceError, HandlerError
 from ..streams import errors as stream_errors
 from ..streams.broker import AbstractBroker, AbstractSubscription, BrokerSettings, Element, StreamOptions, StreamStats
 
-if TYPE_CHECKING:
-    from .pool import WorkerProcess
-
 __all__ = ("ProxyBroker", "ProxySubscription", "StreamBridge", "stream_error")
 
 log = logging.getLogger("fnstream.process")
 
-Call = Callable[..., Any]  # the worker's blocking `stream_call(op, *args)`
+Call = Callable[..., Any]  # the worker's blocking `stream_call(op, *args)` (any thread but its reader)
+ACall = Callable[..., Awaitable[Any]]  # the same call awaited on the worker's event loop
+Send = Callable[[dict[str, Any]], bool]  # sends one frame to the worker; False if it is gone
 
 
 def stream_error(name: str, message: str) -> BaseException:
@@ -42,32 +41,36 @@ def stream_error(name: str, message: str) -> BaseException:
 
 # -- worker side -------------------------------------------------------------------------------
 class ProxySubscription(AbstractSubscription):
-    def __init__(self, call: Call, sub_id: int, name: str, lost: Sequence[int] | None) -> None:
+    def __init__(self, call: ACall, post: Callable[..., None], sub_id: int, name: str,
+                 lost: Sequence[int] | None) -> None:
         self._call = call
+        self._post = post
         self._id = sub_id
         self.name = name
         self.lost = tuple(lost) if lost else None  # type: ignore[assignment]
         self.last_id = 0
 
     async def next_batch(self, max_items: int | None = None, timeout: float | None = None) -> list[Element]:
-        items = await asyncio.to_thread(self._call, "sub_next", self._id, max_items, timeout)
+        items = await self._call("sub_next", self._id, max_items, timeout)
         batch = [Element(data, ele_id) for ele_id, data in items]
         if batch:
             self.last_id = batch[-1].id
         return batch
 
     def ack(self, ele_id: int) -> None:
-        self._call("sub_ack", self._id, ele_id)
+        self._post("sub_ack", self._id, ele_id)  # nothing to wait for: never block the loop on it
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._call, "sub_close", self._id)
+        await self._call("sub_close", self._id)
 
 
 class ProxyBroker(AbstractBroker):
     """A broker whose every operation runs in the frontend (over the worker's connection)."""
 
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Call, acall: ACall, post: Callable[..., None]) -> None:
         self._call = call
+        self._acall = acall
+        self._post = post
         self._settings: BrokerSettings | None = None
 
     @property
@@ -77,7 +80,7 @@ class ProxyBroker(AbstractBroker):
         return self._settings
 
     async def _remote(self, op: str, *args: Any) -> Any:
-        return await asyncio.to_thread(self._call, op, *args)
+        return await self._acall(op, *args)
 
     async def publish(self, name: str, elements: Sequence[bytes], *, timeout: float | None = None) -> list[int]:
         return await self._remote("publish", name, [bytes(e) for e in elements], timeout)
@@ -85,7 +88,7 @@ class ProxyBroker(AbstractBroker):
     async def subscribe(self, name: str, *, from_id: int | None = None,
                         buffer: int | None = None) -> AbstractSubscription:
         sub_id, real_name, lost = await self._remote("subscribe", name, from_id, buffer)
-        return ProxySubscription(self._call, sub_id, real_name, lost)
+        return ProxySubscription(self._acall, self._post, sub_id, real_name, lost)
 
     async def configure(self, name: str, options: StreamOptions) -> None:
         await self._remote("configure", name, dataclasses.asdict(options))
@@ -110,8 +113,8 @@ class ProxyBroker(AbstractBroker):
 class StreamBridge:
     """Runs one worker's stream calls on the frontend's broker; `release` undoes what it left."""
 
-    def __init__(self, worker: "WorkerProcess") -> None:
-        self._worker = worker
+    def __init__(self, send: Send) -> None:
+        self._send = send
         self._subs: dict[int, AbstractSubscription] = {}
         self._next_sub = 0
         self._producers: list[str] = []
@@ -123,7 +126,7 @@ class StreamBridge:
         try:
             self._target = broker, loop = current_broker()
         except RuntimeError as exc:
-            self._worker.send({"t": "stream_reply", "seq": msg["seq"], "error": "RuntimeError", "message": str(exc)})
+            self._send({"t": "stream_reply", "seq": msg["seq"], "error": "RuntimeError", "message": str(exc)})
             return
         asyncio.run_coroutine_threadsafe(self._answer(broker, msg), loop)
 
@@ -134,7 +137,7 @@ class StreamBridge:
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the handler that asked
             reply["error"], reply["message"] = type(exc).__name__, str(getattr(exc, "message", exc))
         # A batch of elements can be large: never block the loop on the worker's socket.
-        await asyncio.to_thread(self._worker.send, reply)
+        await asyncio.to_thread(self._send, reply)
 
     async def _run(self, broker: AbstractBroker, op: str, *args: Any) -> Any:
         if op == "max_element_size":

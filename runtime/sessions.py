@@ -156,6 +156,10 @@ class SessionTable:
         """The live session `request` names, or a new one (its TTL follows the latest request)."""
         self.sweep()
         session = self._sessions.get(request.id)
+        if session is not None and session.expired(time.monotonic()):
+            del self._sessions[request.id]
+            session.end()
+            session = None
         if session is None:
             if len(self._sessions) >= self.limit:
                 raise ConcurrencyLimitError(f"too many live sessions ({self.limit}); end some or retry later")
@@ -167,6 +171,10 @@ class SessionTable:
     def get(self, session_id: str) -> Session:
         self.sweep()
         session = self._sessions.get(session_id)
+        if session is not None and session.expired(time.monotonic()):
+            del self._sessions[session_id]
+            session.end()
+            session = None
         if session is None:
             raise FunctionNotFoundError(f"session {session_id!r} not found", code=200404)
         return session

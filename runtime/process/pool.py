@@ -405,15 +405,16 @@ class WorkerPool:
 
     def _pick(self, session: Session | None) -> tuple[WorkerProcess, bool] | None:
         """Called with the lock held: take a slot for `session` (or anyone) if one is free."""
-        restarted = False
         if session is not None and session.worker is not None:
             pinned: WorkerProcess = session.worker
             if pinned in self.workers and pinned.state == "ready":
                 if pinned.free() <= 0:
                     return None  # the session waits for its own worker
-                return self._take(pinned, session, False)
-            restarted = True  # its worker died (or is going): continue on another, and say so
+                return self._take(pinned, session)
+            session.restarted = True  # its worker died (or is going): continue on another, and say so
             pinned.sessions.pop(session.id, None)
+            if pinned.exclusive == session.id:
+                pinned.exclusive = None
             session.worker = None
         best: WorkerProcess | None = None
         for worker in self.workers:
@@ -426,9 +427,10 @@ class WorkerPool:
                 best = worker
         if best is None:
             return None
-        return self._take(best, session, restarted)
+        return self._take(best, session)
 
-    def _take(self, worker: WorkerProcess, session: Session | None, restarted: bool) -> tuple[WorkerProcess, bool]:
+    def _take(self, worker: WorkerProcess, session: Session | None) -> tuple[WorkerProcess, bool]:
+        restarted = False
         worker.busy += 1
         if session is not None:
             if session.worker is not worker:
@@ -437,8 +439,7 @@ class WorkerPool:
                 if session.exclusive:
                     worker.exclusive = session.id
             worker.sessions[session.id] = time.monotonic() + session.ttl
-            restarted = restarted or session.restarted
-            session.restarted = False
+            restarted, session.restarted = session.restarted, False
         return worker, restarted
 
     def _unpin(self, session: Session) -> None:

@@ -13,16 +13,31 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from .errors import BadRequestError, ConcurrencyLimitError, FunctionNotFoundError, HandlerError
+from .errors import (
+    BadRequestError,
+    ConcurrencyLimitError,
+    FunctionNotFoundError,
+    HandlerError,
+)
 
 if TYPE_CHECKING:
     from .invocation import Invocation
 
-__all__ = ("SessionRequest", "Session", "SessionTable", "SessionInterruptedError", "parse_session_header",
-           "MAX_SESSION_ID", "MAX_SESSION_TTL", "DEFAULT_SESSION_TTL", "MAX_SESSIONS")
+__all__ = (
+    "DEFAULT_SESSION_TTL",
+    "MAX_SESSIONS",
+    "MAX_SESSION_ID",
+    "MAX_SESSION_TTL",
+    "Session",
+    "SessionInterruptedError",
+    "SessionRequest",
+    "SessionTable",
+    "parse_session_header",
+)
 
 MAX_SESSION_ID = 63           # openYuanrong's limit
 MAX_SESSION_TTL = 86_400.0    # a day: a session is a conversation, not a database

@@ -42,7 +42,8 @@ class ProcessExecutor:
 
     async def _run(self, inv: Invocation) -> Any:
         dep = inv.deployment
-        pool: WorkerPool = dep.pool
+        pool = dep.pool
+        assert pool is not None  # `start` checked
         session = inv.session
         worker: WorkerProcess | None = None
         job: Job | None = None

@@ -36,8 +36,15 @@ if TYPE_CHECKING:
     from ..invocation import Invocation
     from ..sessions import Session
 
-__all__ = ("WorkerPool", "WorkerProcess", "Job", "instance_slots", "instance_bounds",
-           "DEFAULT_ASYNC_SLOTS", "DEFAULT_SYNC_SLOTS")
+__all__ = (
+    "DEFAULT_ASYNC_SLOTS",
+    "DEFAULT_SYNC_SLOTS",
+    "Job",
+    "WorkerPool",
+    "WorkerProcess",
+    "instance_bounds",
+    "instance_slots",
+)
 
 log = logging.getLogger("fnstream.process")
 
@@ -257,7 +264,7 @@ class WorkerProcess:
 
 
 class _Waiter:
-    __slots__ = ("loop", "future", "session")
+    __slots__ = ("future", "loop", "session")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, session: Session | None) -> None:
         self.loop = loop

@@ -33,7 +33,7 @@ TRY_SEND_MAX = 64 * 1024  # frames up to this size may be sent straight from the
 # -- frontend -> worker ------------------------------------------------------------------------
 class Hello(TypedDict):
     t: Literal["hello"]
-    spec: dict            # FunctionSpec.model_dump(mode="json")
+    spec: dict[str, Any]  # FunctionSpec.model_dump(mode="json")
     code_roots: list[str]
     credits: int
 
@@ -129,7 +129,7 @@ class StreamCall(TypedDict):
     t: Literal["stream_call"]
     seq: int
     op: str
-    args: list
+    args: list[Any]
 
 
 class ConnectionClosed(EOFError):
@@ -147,7 +147,7 @@ class Connection:
         self.sock = sock
         self._send_lock = threading.Lock()
 
-    def send(self, msg: dict) -> None:
+    def send(self, msg: dict[str, Any]) -> None:
         data = msgpack.packb(msg, use_bin_type=True)
         if len(data) > MAX_FRAME:
             raise ProtocolError(f"frame of {len(data)} bytes exceeds {MAX_FRAME}")
@@ -157,7 +157,7 @@ class Connection:
             except OSError as exc:
                 raise ConnectionClosed(str(exc)) from exc
 
-    def send_many(self, msgs: list[dict]) -> None:
+    def send_many(self, msgs: list[dict[str, Any]]) -> None:
         """Several frames in one `sendall` (what queued while the socket was busy)."""
         parts: list[bytes] = []
         for msg in msgs:
@@ -172,7 +172,7 @@ class Connection:
             except OSError as exc:
                 raise ConnectionClosed(str(exc)) from exc
 
-    def try_send(self, msg: dict) -> bool | None:
+    def try_send(self, msg: dict[str, Any]) -> bool | None:
         """Send a small frame without blocking: True when it went (or is going) out, None when the
         caller must use `send` from a thread (a large frame, or another sender holds the socket)."""
         data = msgpack.packb(msg, use_bin_type=True)
@@ -201,7 +201,7 @@ class Connection:
         finally:
             self._send_lock.release()
 
-    def recv(self) -> dict:
+    def recv(self) -> dict[str, Any]:
         (size,) = _HEADER.unpack(self._read(_HEADER.size))
         if size > MAX_FRAME:
             raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME}")

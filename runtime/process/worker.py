@@ -29,9 +29,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 from ..context import Context
 from ..errors import (
@@ -285,6 +286,9 @@ class Worker:
         if waiter is not None:
             self.loop.call_soon_threadsafe(_resolve, waiter, None)
 
+    def _item_blocking(self, inv: _Invocation, item: Any) -> None:
+        self._item(inv, item)  # off the loop a write waits for its credit itself
+
     def _item(self, inv: _Invocation, item: Any) -> Written | asyncio.Task[None]:
         if inv.streaming:
             return inv.stream.write(item)
@@ -438,7 +442,7 @@ class Worker:
                 ctx = Context(self._dep, inv)  # type: ignore[arg-type]
                 result = handler(inv.event, ctx)
                 if inspect.isgenerator(result):
-                    result = drain_generator(result, lambda item: self._item(inv, item))
+                    result = drain_generator(result, lambda item: self._item_blocking(inv, item))
             finally:
                 with self._cond:
                     inv.cancellable = False

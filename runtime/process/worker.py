@@ -357,6 +357,8 @@ class Worker:
                 self._on_credit(msg["id"], int(msg["n"]))
             elif kind == "stream_reply":
                 self._on_stream_reply(msg)
+            elif kind != "stop" and self._threads is not None:
+                self._on_command(msg)  # def handlers: straight to the thread pool, no hop through the loop
             elif kind in ("invoke", "cancel", "stop"):
                 self.loop.call_soon_threadsafe(self._on_command, msg)
 

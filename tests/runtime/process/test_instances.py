@@ -307,3 +307,17 @@ async def test_sessions_are_accepted_by_in_process_executors(pclient):
     resp = await invoke(pclient, "i-local", {}, session("bad") | {"X-Instance-Session": "{"})
     assert resp.status == 400
     assert (await pclient.delete("/serverless/v1/functions/i-local/sessions/here")).status == 200
+
+
+async def test_an_exclusive_session_keeps_other_invocations_off_its_instance(pclient):
+    await deploy(pclient, "i-excl", "remember", instances=2)
+    await wait_idle(pclient, "i-excl", 2)
+    status, mine = await call(pclient, "i-excl", {"say": 1}, session("solo", concurrency=-1))
+    assert status == 200
+    others = await asyncio.gather(*(call(pclient, "i-excl", {"seconds": 0.2}) for _ in range(4)))
+    assert all(status == 200 and body["pid"] != mine["pid"] for status, body in others)
+    status, again = await call(pclient, "i-excl", {"say": 2}, session("solo", concurrency=-1))
+    assert status == 200 and again["pid"] == mine["pid"] and again["turns"] == [1, 2]
+    assert (await pclient.delete("/serverless/v1/functions/i-excl/sessions/solo")).status == 200
+    freed = await asyncio.gather(*(call(pclient, "i-excl", {"seconds": 0.5}) for _ in range(20)))
+    assert mine["pid"] in {body["pid"] for _, body in freed}  # ended: the instance is shared again

@@ -321,3 +321,29 @@ async def test_an_exclusive_session_keeps_other_invocations_off_its_instance(pcl
     assert (await pclient.delete("/serverless/v1/functions/i-excl/sessions/solo")).status == 200
     freed = await asyncio.gather(*(call(pclient, "i-excl", {"seconds": 0.5}) for _ in range(20)))
     assert mine["pid"] in {body["pid"] for _, body in freed}  # ended: the instance is shared again
+
+
+async def test_sessions_carry_over_a_redeploy_and_are_told(pclient):
+    await deploy(pclient, "i-redeploy", "remember", instances=1)
+    status, before = await call(pclient, "i-redeploy", {"say": 1}, session("keep"))
+    assert status == 200 and not before["restarted"]
+    manifest = {"name": "i-redeploy", "handler": "shared.remember", "codePath": ".", "executor": "process",
+                "instances": 1}
+    assert (await pclient.put("/admin/v1/functions/i-redeploy", data=json.dumps(manifest))).status == 200
+    status, after = await call(pclient, "i-redeploy", {"say": 2}, session("keep"))
+    assert status == 200 and after["restarted"] and after["turns"] == [2] and after["pid"] != before["pid"]
+
+
+async def test_async_writes_on_a_shared_worker_arrive_while_it_runs(pclient):
+    await deploy(pclient, "i-live", "chatter", instances=1)
+    await wait_idle(pclient, "i-live", 1)
+    started = time.monotonic()
+    resp = await invoke(pclient, "i-live", {}, SSE)
+    arrivals = []
+    while len(arrivals) < 6:
+        line = await resp.content.readline()
+        if line.startswith(b"data: "):
+            arrivals.append(time.monotonic() - started)
+    resp.close()
+    # One write every 50 ms: events trickle in one by one, not in a burst at the end.
+    assert arrivals[-1] - arrivals[0] >= 0.2, arrivals

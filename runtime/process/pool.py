@@ -98,6 +98,12 @@ class Job:
         self.loop = inv.loop
         self.future: asyncio.Future[tuple[str, Any]] = inv.loop.create_future()
         self.error: FunctionServiceError | None = None  # set when the frontend refused a write
+        # Writes that found the channel full (its client is slow). They wait here, on the loop,
+        # instead of blocking the worker's reader thread (and so every other invocation on the
+        # worker); credits are held back meanwhile, so this holds at most `credits` writes.
+        self.lock = threading.Lock()
+        self.backlog: deque[str] | None = None
+        self.deferred: tuple[str, Any] | None = None  # the outcome, held until the backlog is in
 
     def finish(self, outcome: tuple[str, Any]) -> None:
         """Resolve from any thread; the first outcome wins."""
@@ -213,12 +219,14 @@ class WorkerProcess:
 
     def _handle(self, msg: dict[str, Any]) -> None:
         kind = msg["t"]
-        if kind == "write" or kind == "item":
+        if kind == "write":
             self._deliver(msg)
+        elif kind == "item":
+            self._aggregate(msg)
         elif kind == "result":
             job = self.jobs.get(msg["id"])
             if job is not None:
-                job.finish(("result", json.loads(msg["json"])))
+                self._finish(job, ("result", json.loads(msg["json"])))
         elif kind == "error":
             if msg.get("retire"):
                 with self.pool.lock:
@@ -226,7 +234,7 @@ class WorkerProcess:
                         self.state = "retiring"  # it exits once its invocations end: no new ones
             job = self.jobs.get(msg["id"])
             if job is not None:
-                job.finish(("error", job.error or error_from_wire(msg["error"], msg["message"])))
+                self._finish(job, ("error", job.error or error_from_wire(msg["error"], msg["message"])))
         elif kind == "loaded":
             self.pool._on_loaded(msg.get("kind"), msg.get("error"))
         elif kind == "ready":
@@ -239,20 +247,81 @@ class WorkerProcess:
         elif kind == "stream_call":
             self.streams.handle(msg)
 
+    @staticmethod
+    def _finish(job: Job, outcome: tuple[str, Any]) -> None:
+        with job.lock:
+            if job.backlog is not None:
+                job.deferred = outcome  # its last writes are still on their way into the channel
+                return
+        job.finish(outcome)
+
     def _deliver(self, msg: dict[str, Any]) -> None:
-        """Put a (coalesced) write or item into the invocation's channel, blocking while it is full,
-        then give the credits back."""
+        """Put a (coalesced) write frame into the invocation's channel and give the credits back.
+
+        Never blocks: what does not fit goes to the job's backlog, drained on the loop.
+        """
+        job = self.jobs.get(msg["id"])
+        if job is None:
+            return
+        payloads: list[str] = msg["p"]
+        with job.lock:
+            if job.backlog is not None:
+                job.backlog.extend(payloads)
+                return
+        inv = job.inv
+        for i, payload in enumerate(payloads):
+            try:
+                fits = inv.channel.try_put(payload)
+            except StreamClosedError as exc:
+                self.cancel(inv.id, exc.message)  # the client left or the deadline passed
+                return
+            if not fits:
+                with job.lock:
+                    job.backlog = deque(payloads[i:])
+                _call_soon(job.loop, self._start_drain, job)
+                payloads = payloads[:i]
+                break
+            inv.writes += 1
+        if payloads:
+            self.send({"t": "credit", "id": inv.id, "n": len(payloads)})
+
+    def _start_drain(self, job: Job) -> None:
+        job.loop.create_task(self._drain(job), name=f"backlog-{job.inv.id}")
+
+    async def _drain(self, job: Job) -> None:
+        """On the loop: move the backlog into the channel as the client reads, a credit per write."""
+        inv = job.inv
+        while True:
+            with job.lock:
+                if not job.backlog:
+                    job.backlog = None
+                    outcome, job.deferred = job.deferred, None
+                    break
+                payload = job.backlog.popleft()
+            try:
+                await inv.channel.put(payload)
+            except StreamClosedError as exc:
+                self.cancel(inv.id, exc.message)  # the client left: what is left here is discarded
+                with job.lock:
+                    if job.backlog is not None:
+                        job.backlog.clear()
+                continue
+            inv.writes += 1
+            frame = {"t": "credit", "id": inv.id, "n": 1}
+            if self.send_soon(frame) is None:
+                await asyncio.to_thread(self.send, frame)
+        if outcome is not None:
+            job.finish(outcome)
+
+    def _aggregate(self, msg: dict[str, Any]) -> None:
+        """Generator items of a plain JSON request: collected (bounded by maxResponseSize)."""
         job = self.jobs.get(msg["id"])
         if job is None:
             return
         inv = job.inv
-        payloads = msg["p"] if msg["t"] == "write" else msg["v"]
         try:
-            for payload in payloads:
-                if msg["t"] == "write":
-                    inv.stream.write(payload)
-                else:
-                    inv.add_item_blocking(payload)
+            for item in msg["v"]:
+                inv.add_item_blocking(item)
         except StreamClosedError as exc:
             self.cancel(inv.id, exc.message)  # the client left or the deadline passed
             return
@@ -260,7 +329,7 @@ class WorkerProcess:
             job.error = exc  # e.g. the aggregated result is too large: fail with that, not "cancelled"
             self.cancel(inv.id, exc.message)
             return
-        self.send({"t": "credit", "id": inv.id, "n": len(payloads)})
+        self.send({"t": "credit", "id": inv.id, "n": len(msg["v"])})
 
 
 class _Waiter:

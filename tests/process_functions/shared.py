@@ -71,3 +71,11 @@ async def chatter(event, context):
         i += 1
         await context.get_stream().write({"i": i})
         await asyncio.sleep(0.05)
+
+
+async def flood(event, context):
+    """`count` writes of `size` bytes, awaited (backpressure), then "done"."""
+    blob = "x" * int(event.get("size", 1000))
+    for _ in range(int(event["count"])):
+        await context.get_stream().write(blob)
+    return "done"

@@ -347,3 +347,24 @@ async def test_async_writes_on_a_shared_worker_arrive_while_it_runs(pclient):
     resp.close()
     # One write every 50 ms: events trickle in one by one, not in a burst at the end.
     assert arrivals[-1] - arrivals[0] >= 0.2, arrivals
+
+
+async def test_a_slow_client_holds_back_only_its_own_invocation(make_client):
+    client = await make_client(**{"runtime.codeRoots": [str(PROC)], "runtime.deployDir": None,
+                                  "frontend.args.streamBufferEvents": 2})
+    await deploy(client, "i-slow", "flood", instances=1)
+    await wait_idle(client, "i-slow", 1)
+    stalled = await invoke(client, "i-slow", {"count": 2000, "size": 100_000}, SSE)  # 200 MB, never read
+    assert stalled.status == 200
+    await stalled.content.readline()
+
+    async def backed_up():  # its writes filled the socket, the channel and the credits
+        return (await pool_status(client, "i-slow"))["instances"][0]["busySlots"] == 1
+    await wait_until(backed_up, "the stalled stream")
+    await asyncio.sleep(0.5)
+    resp = await invoke(client, "i-slow", {"count": 200, "size": 10}, SSE)  # a neighbour on the same worker
+    text = await asyncio.wait_for(resp.text(), 20)
+    events = [line for line in text.splitlines() if line.startswith("data: ")]
+    assert len(events) == 202 and events[-2] == 'data: "done"' and events[-1] == "data: [DONE]"
+    rest = await asyncio.wait_for(stalled.text(), 60)  # and the stalled one still loses nothing
+    assert rest.count("x" * 100_000) == 2000 and rest.rstrip().endswith("data: [DONE]")

@@ -133,8 +133,8 @@ class WorkerProcess:
         self.jobs: dict[str, Job] = {}
         self.busy = 0                      # slots taken (an acquired slot may not have its job yet)
         self.idle_since = time.monotonic()
-        self.sessions: dict[str, float] = {}  # sessions pinned here -> when they expire (monotonic)
-        self.exclusive: str | None = None  # a session with concurrency -1 owns this worker
+        self.sessions: dict[str, Session] = {}  # sessions pinned here (a worker with live ones stays up)
+        self.exclusive: Session | None = None    # a session with concurrency -1 owns this worker
         self.kill_reason: str | None = None
         self.exited = threading.Event()
         self.returncode: int | None = None
@@ -151,12 +151,19 @@ class WorkerProcess:
     def free(self) -> int:
         return self.slots - self.busy if self.state == "ready" else 0
 
+    def live_sessions(self, now: float) -> int:
+        """Pinned sessions not yet expired (expired ones are forgotten here)."""
+        for sid in [sid for sid, s in self.sessions.items() if s.expired(now)]:
+            if self.exclusive is self.sessions.pop(sid):
+                self.exclusive = None
+        return len(self.sessions)
+
     def describe(self) -> dict[str, Any]:
         state = ("busy" if self.busy else "idle") if self.state == "ready" else self.state
         now = time.monotonic()
         return {"pid": self.pid, "state": state, "busySlots": self.busy, "slots": self.slots,
                 "invocations": self.invocations, "startedAt": round(self.started, 3),
-                "sessions": sum(1 for t in self.sessions.values() if t > now)}
+                "sessions": self.live_sessions(now)}
 
     # -- commands (any thread) -----------------------------------------------------------------
     def send(self, frame: dict[str, Any]) -> bool:
@@ -489,15 +496,20 @@ class WorkerPool:
                 return self._take(pinned, session)
             session.restarted = True  # its worker died (or is going): continue on another, and say so
             pinned.sessions.pop(session.id, None)
-            if pinned.exclusive == session.id:
+            if pinned.exclusive is session:
                 pinned.exclusive = None
             session.worker = None
         best: WorkerProcess | None = None
+        now = time.monotonic()
         for worker in self.workers:
             free = worker.free()
-            if free <= 0 or (worker.exclusive is not None and (session is None or worker.exclusive != session.id)):
+            if free <= 0:
                 continue
-            if session is not None and session.exclusive and (worker.busy or worker.sessions):
+            if worker.exclusive is not None:
+                worker.live_sessions(now)  # forgets an expired owner
+                if worker.exclusive is not None and worker.exclusive is not session:
+                    continue  # owned by a live exclusive session
+            if session is not None and session.exclusive and (worker.busy or worker.live_sessions(now)):
                 continue
             if best is None or free > best.free():
                 best = worker
@@ -513,16 +525,17 @@ class WorkerPool:
                 session.worker = worker
                 session.on_end.append(self._unpin)
                 if session.exclusive:
-                    worker.exclusive = session.id
-            worker.sessions[session.id] = time.monotonic() + session.ttl
+                    worker.exclusive = session
+            worker.sessions[session.id] = session
             restarted, session.restarted = session.restarted, False
         return worker, restarted
 
     def _unpin(self, session: Session) -> None:
         with self.lock:
             for worker in self.workers:
-                worker.sessions.pop(session.id, None)
-                if worker.exclusive == session.id:
+                if worker.sessions.get(session.id) is session:
+                    del worker.sessions[session.id]
+                if worker.exclusive is session:
                     worker.exclusive = None
             self._dispatch()
 
@@ -672,7 +685,7 @@ class WorkerPool:
                     if spare <= 0:
                         break
                     if worker.state == "ready" and worker.busy == 0 and now - worker.idle_since >= self.idle_seconds \
-                            and not any(t > now for t in worker.sessions.values()):
+                            and not worker.live_sessions(now):
                         worker.state = "stopping"
                         retire.append(worker)
                         spare -= 1

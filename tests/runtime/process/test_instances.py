@@ -368,3 +368,13 @@ async def test_a_slow_client_holds_back_only_its_own_invocation(make_client):
     assert len(events) == 202 and events[-2] == 'data: "done"' and events[-1] == "data: [DONE]"
     rest = await asyncio.wait_for(stalled.text(), 60)  # and the stalled one still loses nothing
     assert rest.count("x" * 100_000) == 2000 and rest.rstrip().endswith("data: [DONE]")
+
+
+async def test_an_expired_exclusive_session_frees_its_instance(pclient):
+    await deploy(pclient, "i-excl-ttl", "remember", instances=2)
+    await wait_idle(pclient, "i-excl-ttl", 2)
+    status, mine = await call(pclient, "i-excl-ttl", {"say": 1}, session("brief", ttl=0.3, concurrency=-1))
+    assert status == 200
+    await asyncio.sleep(0.6)  # no request names the session again: it lapses on its own
+    freed = await asyncio.gather(*(call(pclient, "i-excl-ttl", {"seconds": 0.5}) for _ in range(20)))
+    assert mine["pid"] in {body["pid"] for _, body in freed}

@@ -26,7 +26,7 @@ __all__ = (
 _HEADER = struct.Struct(">I")
 # Bigger than any event (maxRequestBodySize) or write (maxWriteSize) fnstream accepts.
 MAX_FRAME = 64 * 1024 * 1024
-DEFAULT_CREDITS = 32
+DEFAULT_CREDITS = 256
 READ_CHUNK = 256 * 1024
 TRY_SEND_MAX = 64 * 1024  # frames up to this size may be sent straight from the event loop
 

@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -62,6 +63,7 @@ OUTBOX_FRAMES = 4096      # frames waiting for the writer thread (writes are als
 BATCH_FRAMES = 256        # at most this many frames per system call
 BATCH_BYTES = 1 << 20     # ... or about this many payload bytes
 FLUSH_BEFORE_EXIT = 2.0   # seconds a worker leaving on its own waits for its last frames to go out
+WINDOW_BYTES = 256 * 1024  # stream bytes one invocation may have in flight (besides the credit count)
 
 
 class _Cancelled(BaseException):
@@ -90,6 +92,8 @@ class _Invocation:
         self.session_restarted: bool = bool(msg.get("session_restarted"))
         self.cancel_reason: str | None = None
         self.credits = worker.max_credits
+        self.unacked: deque[int] = deque()  # sizes of the writes sent and not yet credited back
+        self.unacked_bytes = 0
         self.task: asyncio.Task[Any] | None = None       # async handlers
         self.thread: int | None = None                    # def handlers: the thread running it
         self.cancellable = False
@@ -100,6 +104,23 @@ class _Invocation:
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
+
+    def take_credit(self, size: int) -> bool:
+        """Called with the worker's lock held: room for one more write of `size` in flight?
+
+        At most `credits` writes and WINDOW_BYTES bytes (one larger write alone) unacknowledged.
+        """
+        if self.credits <= 0 or (self.unacked_bytes and self.unacked_bytes + size > WINDOW_BYTES):
+            return False
+        self.credits -= 1
+        self.unacked.append(size)
+        self.unacked_bytes += size
+        return True
+
+    def give_credits(self, n: int) -> None:
+        self.credits += n
+        for _ in range(min(n, len(self.unacked))):
+            self.unacked_bytes -= self.unacked.popleft()
 
 
 class WorkerStream:
@@ -244,23 +265,22 @@ class Worker:
     def output(self, inv: _Invocation, kind: str, value: Any) -> Written | asyncio.Task[None]:
         """Send one write or item once its invocation has a credit (backpressure from the client)."""
         frame = {"t": kind, "id": inv.id, ("p" if kind == "write" else "v"): [value]}
+        size = len(value) if isinstance(value, str) else len(encode_payload(value))
         if _on_loop(self.loop):
             if inv.pending is not None and not inv.pending.done():
                 raise StreamBufferFullError("stream buffer is full: use `await context.get_stream().write(...)` "
                                             "in async handlers so the writer waits for the client")
             with self._cond:
                 self._check_open(inv)
-                if inv.credits > 0:
-                    inv.credits -= 1
+                if inv.take_credit(size):
                     self.post(frame)
                     return WRITTEN
-            inv.pending = self.loop.create_task(self._output_when_credited(inv, frame))
+            inv.pending = self.loop.create_task(self._output_when_credited(inv, frame, size))
             return inv.pending
         with self._cond:
             while True:
                 self._check_open(inv)
-                if inv.credits > 0:
-                    inv.credits -= 1
+                if inv.take_credit(size):
                     break
                 if not self._cond.wait(timeout=max(inv.remaining(), 0.001)) and inv.remaining() <= 0:
                     raise StreamClosedError("stream write timed out: the client is not reading")
@@ -272,12 +292,11 @@ class Worker:
         if inv.cancel_reason is not None:
             raise StreamClosedError(f"stream closed: {inv.cancel_reason}")
 
-    async def _output_when_credited(self, inv: _Invocation, frame: dict[str, Any]) -> None:
+    async def _output_when_credited(self, inv: _Invocation, frame: dict[str, Any], size: int) -> None:
         while True:
             with self._cond:
                 self._check_open(inv)
-                if inv.credits > 0:
-                    inv.credits -= 1
+                if inv.take_credit(size):
                     self.post(frame)
                     return
                 inv.credit_waiter = waiter = self.loop.create_future()
@@ -294,7 +313,7 @@ class Worker:
             inv = self._invs.get(inv_id)
             if inv is None:
                 return
-            inv.credits += n
+            inv.give_credits(n)
             self._cond.notify_all()
             waiter = inv.credit_waiter
         if waiter is not None:

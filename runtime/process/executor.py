@@ -60,7 +60,7 @@ class ProcessExecutor:
                     if pool.init_error is not None:
                         raise InitializerError(pool.init_error)
                     job, frame = pool.begin(worker, inv, inv.session_restarted)
-                    if worker.send_soon(frame) is None:
+                    if not worker.send_on_loop(frame):
                         # A large event: never block the loop on the socket.
                         await asyncio.to_thread(worker.send, frame)
                     kind, value = await asyncio.shield(job.future)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import DeployError, FunctionServiceError, StreamClosedError
 from ..manifest import FunctionSpec
 from .errors import WorkerCrashedError, WorkerUnavailableError, error_from_wire
-from .protocol import DEFAULT_CREDITS, Connection, ConnectionClosed, ProtocolError
+from .protocol import DEFAULT_CREDITS, TRY_SEND_MAX, Connection, ConnectionClosed, ProtocolError
 from .streams_bridge import StreamBridge
 
 if TYPE_CHECKING:
@@ -139,6 +139,7 @@ class WorkerProcess:
         self.exited = threading.Event()
         self.returncode: int | None = None
         self.streams = StreamBridge(self.send)
+        self._batch: list[bytes] = []  # frames queued on the loop this turn (send_on_loop)
         self.conn.send({"t": "hello", "spec": pool.spec.model_dump(mode="json"),
                         "code_roots": [str(p) for p in pool.code_roots], "credits": pool.credits})
         self._reader = threading.Thread(target=self._read_loop, name=f"fnstream-worker-{self.pid}", daemon=True)
@@ -179,6 +180,33 @@ class WorkerProcess:
             return self.conn.try_send(frame)
         except (ConnectionClosed, ProtocolError):
             return False
+
+    def send_on_loop(self, frame: dict[str, Any]) -> bool:
+        """On the event loop: queue a small frame to go out with the others queued in this loop
+        turn, in one system call (many invocations start per turn under load). False when the
+        frame is large: the caller sends it from a thread."""
+        data = self.conn.pack(frame)
+        if len(data) > TRY_SEND_MAX:
+            return False
+        self._batch.append(data)
+        if len(self._batch) == 1:
+            asyncio.get_running_loop().call_soon(self._flush_batch)
+        return True
+
+    def _flush_batch(self) -> None:
+        data = b"".join(self._batch)
+        self._batch.clear()
+        try:
+            if self.conn.try_send_bytes(data) is None:  # another sender holds the socket: wait in a thread
+                asyncio.get_running_loop().run_in_executor(None, self._send_bytes, data)
+        except ConnectionClosed:
+            pass  # the worker is dead or dying; the reader thread handles that
+
+    def _send_bytes(self, data: bytes) -> None:
+        try:
+            self.conn.send_bytes(data)
+        except ConnectionClosed:
+            pass
 
     def cancel(self, inv_id: str, reason: str) -> None:
         """Ask the worker to stop one invocation; never blocks the caller (often the event loop)."""

@@ -175,13 +175,24 @@ class Connection:
             except OSError as exc:
                 raise ConnectionClosed(str(exc)) from exc
 
+    @staticmethod
+    def pack(msg: dict[str, Any]) -> bytes:
+        """One frame, header included (for callers that batch frames themselves)."""
+        data = msgpack.packb(msg, use_bin_type=True)
+        if len(data) > MAX_FRAME:
+            raise ProtocolError(f"frame of {len(data)} bytes exceeds {MAX_FRAME}")
+        return _HEADER.pack(len(data)) + data
+
     def try_send(self, msg: dict[str, Any]) -> bool | None:
         """Send a small frame without blocking: True when it went (or is going) out, None when the
         caller must use `send` from a thread (a large frame, or another sender holds the socket)."""
-        data = msgpack.packb(msg, use_bin_type=True)
-        if len(data) > TRY_SEND_MAX or not self._send_lock.acquire(blocking=False):
+        frame = self.pack(msg)
+        return None if len(frame) > TRY_SEND_MAX else self.try_send_bytes(frame)
+
+    def try_send_bytes(self, frame: bytes) -> bool | None:
+        """`try_send` for frames already packed (one or several)."""
+        if not self._send_lock.acquire(blocking=False):
             return None
-        frame = _HEADER.pack(len(data)) + data
         try:
             sent = self.sock.send(frame, socket.MSG_DONTWAIT)
         except BlockingIOError:
@@ -195,6 +206,14 @@ class Connection:
         # The socket buffer is full: a thread sends the rest, holding the lock so frames never interleave.
         threading.Thread(target=self._finish_send, args=(frame[sent:],), daemon=True).start()
         return True
+
+    def send_bytes(self, frame: bytes) -> None:
+        """Frames already packed, blocking (from a thread)."""
+        with self._send_lock:
+            try:
+                self.sock.sendall(frame)
+            except OSError as exc:
+                raise ConnectionClosed(str(exc)) from exc
 
     def _finish_send(self, rest: bytes) -> None:
         try:

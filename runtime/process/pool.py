@@ -101,7 +101,6 @@ class Job:
         # Writes that found the channel full (its client is slow). They wait here, on the loop,
         # instead of blocking the worker's reader thread (and so every other invocation on the
         # worker); credits are held back meanwhile, so this holds at most `credits` writes.
-        self.lock = threading.Lock()
         self.backlog: deque[str] | None = None
         self.deferred: tuple[str, Any] | None = None  # the outcome, held until the backlog is in
 
@@ -140,6 +139,8 @@ class WorkerProcess:
         self.returncode: int | None = None
         self.streams = StreamBridge(self.send)
         self._batch: list[bytes] = []  # frames queued on the loop this turn (send_on_loop)
+        self._inbox: list[tuple[Job, dict[str, Any]]] = []  # invocation frames for the loop
+        self._inbox_lock = threading.Lock()
         self.conn.send({"t": "hello", "spec": pool.spec.model_dump(mode="json"),
                         "code_roots": [str(p) for p in pool.code_roots], "credits": pool.credits})
         self._reader = threading.Thread(target=self._read_loop, name=f"fnstream-worker-{self.pid}", daemon=True)
@@ -254,22 +255,21 @@ class WorkerProcess:
 
     def _handle(self, msg: dict[str, Any]) -> None:
         kind = msg["t"]
-        if kind == "write":
-            self._deliver(msg)
-        elif kind == "item":
-            self._aggregate(msg)
-        elif kind == "result":
-            job = self.jobs.get(msg["id"])
-            if job is not None:
-                self._finish(job, ("result", json.loads(msg["json"])))
-        elif kind == "error":
-            if msg.get("retire"):
+        if kind in ("write", "item", "result", "error"):
+            if kind == "error" and msg.get("retire"):
                 with self.pool.lock:
                     if self.state == "ready":
                         self.state = "retiring"  # it exits once its invocations end: no new ones
             job = self.jobs.get(msg["id"])
-            if job is not None:
-                self._finish(job, ("error", job.error or error_from_wire(msg["error"], msg["message"])))
+            if job is None:
+                return
+            # To the loop, in order, many frames per wake-up: one loop callback for all that arrived
+            # meanwhile, instead of a cross-thread wake-up per frame (and per stream).
+            with self._inbox_lock:
+                self._inbox.append((job, msg))
+                first = len(self._inbox) == 1
+            if first:
+                _call_soon(job.loop, self._take_inbox)
         elif kind == "loaded":
             self.pool._on_loaded(msg.get("kind"), msg.get("error"))
         elif kind == "ready":
@@ -282,27 +282,37 @@ class WorkerProcess:
         elif kind == "stream_call":
             self.streams.handle(msg)
 
+    def _take_inbox(self) -> None:
+        """On the loop: deliver the invocation frames the reader thread queued, then their credits."""
+        with self._inbox_lock:
+            frames, self._inbox = self._inbox, []
+        for job, msg in frames:
+            kind = msg["t"]
+            if kind == "write":
+                self._deliver(job, msg["p"])
+            elif kind == "item":
+                self._aggregate(job, msg["v"])
+            elif kind == "result":
+                self._finish(job, ("result", json.loads(msg["json"])))
+            else:
+                self._finish(job, ("error", job.error or error_from_wire(msg["error"], msg["message"])))
+
     @staticmethod
     def _finish(job: Job, outcome: tuple[str, Any]) -> None:
-        with job.lock:
-            if job.backlog is not None:
-                job.deferred = outcome  # its last writes are still on their way into the channel
-                return
-        job.finish(outcome)
-
-    def _deliver(self, msg: dict[str, Any]) -> None:
-        """Put a (coalesced) write frame into the invocation's channel and give the credits back.
-
-        Never blocks: what does not fit goes to the job's backlog, drained on the loop.
-        """
-        job = self.jobs.get(msg["id"])
-        if job is None:
+        if job.backlog is not None:
+            job.deferred = outcome  # its last writes are still on their way into the channel
             return
-        payloads: list[str] = msg["p"]
-        with job.lock:
-            if job.backlog is not None:
-                job.backlog.extend(payloads)
-                return
+        _resolve(job.future, outcome)
+
+    def _credit(self, job: Job, n: int) -> None:
+        self.send_on_loop({"t": "credit", "id": job.inv.id, "n": n})  # small: always queued
+
+    def _deliver(self, job: Job, payloads: list[str]) -> None:
+        """On the loop: put a (coalesced) write frame into the invocation's channel, give the
+        credits back. What does not fit waits in the job's backlog (credits held back)."""
+        if job.backlog is not None:
+            job.backlog.extend(payloads)
+            return
         inv = job.inv
         for i, payload in enumerate(payloads):
             try:
@@ -311,51 +321,37 @@ class WorkerProcess:
                 self.cancel(inv.id, exc.message)  # the client left or the deadline passed
                 return
             if not fits:
-                with job.lock:
-                    job.backlog = deque(payloads[i:])
-                _call_soon(job.loop, self._start_drain, job)
+                job.backlog = deque(payloads[i:])
+                job.loop.create_task(self._drain(job), name=f"backlog-{inv.id}")
                 payloads = payloads[:i]
                 break
             inv.writes += 1
         if payloads:
-            self.send({"t": "credit", "id": inv.id, "n": len(payloads)})
-
-    def _start_drain(self, job: Job) -> None:
-        job.loop.create_task(self._drain(job), name=f"backlog-{job.inv.id}")
+            self._credit(job, len(payloads))
 
     async def _drain(self, job: Job) -> None:
-        """On the loop: move the backlog into the channel as the client reads, a credit per write."""
+        """Move the backlog into the channel as the client reads, a credit per write."""
         inv = job.inv
-        while True:
-            with job.lock:
-                if not job.backlog:
-                    job.backlog = None
-                    outcome, job.deferred = job.deferred, None
-                    break
-                payload = job.backlog.popleft()
+        while job.backlog:
+            payload = job.backlog.popleft()
             try:
                 await inv.channel.put(payload)
             except StreamClosedError as exc:
                 self.cancel(inv.id, exc.message)  # the client left: what is left here is discarded
-                with job.lock:
-                    if job.backlog is not None:
-                        job.backlog.clear()
-                continue
+                job.backlog.clear()
+                break
             inv.writes += 1
-            frame = {"t": "credit", "id": inv.id, "n": 1}
-            if self.send_soon(frame) is None:
-                await asyncio.to_thread(self.send, frame)
+            self._credit(job, 1)
+        job.backlog = None
+        outcome, job.deferred = job.deferred, None
         if outcome is not None:
-            job.finish(outcome)
+            _resolve(job.future, outcome)
 
-    def _aggregate(self, msg: dict[str, Any]) -> None:
+    def _aggregate(self, job: Job, items: list[Any]) -> None:
         """Generator items of a plain JSON request: collected (bounded by maxResponseSize)."""
-        job = self.jobs.get(msg["id"])
-        if job is None:
-            return
         inv = job.inv
         try:
-            for item in msg["v"]:
+            for item in items:
                 inv.add_item_blocking(item)
         except StreamClosedError as exc:
             self.cancel(inv.id, exc.message)  # the client left or the deadline passed
@@ -364,7 +360,7 @@ class WorkerProcess:
             job.error = exc  # e.g. the aggregated result is too large: fail with that, not "cancelled"
             self.cancel(inv.id, exc.message)
             return
-        self.send({"t": "credit", "id": inv.id, "n": len(msg["v"])})
+        self._credit(job, len(items))
 
 
 class _Waiter:

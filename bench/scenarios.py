@@ -138,7 +138,7 @@ async def cold_start(target: Target, server: ServerProc, scale: float) -> dict:
 
     def instances() -> int:
         with urllib.request.urlopen(admin, timeout=10) as r:
-            return len(json.loads(r.read())["function"]["status"]["pool"]["instances"])
+            return int(json.loads(r.read())["function"]["status"]["pool"]["instances"])
     ttfes, errors = [], 0
     for _ in range(3):
         deadline = time.monotonic() + 30

@@ -753,7 +753,8 @@ class WorkerPool:
             return {"minInstances": self.min_instances, "maxInstances": self.max_instances,
                     "instanceConcurrency": self.slots, "scaleDownIdleSeconds": self.idle_seconds,
                     "waiting": len(self._waiters), "restarts": self.restarts, "coldStarts": self.cold_starts,
-                    "error": self.broken, "instances": [w.describe() for w in self.workers]}
+                    "error": self.broken, "instances": len(self.workers),
+                    "workers": [w.describe() for w in self.workers]}
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:

@@ -45,7 +45,7 @@ async def wait_until(predicate, what: str, limit: float = 30.0):
 
 async def wait_idle(client, name: str, count: int) -> list[int]:
     async def ready():
-        instances = (await pool_status(client, name))["instances"]
+        instances = (await pool_status(client, name))["workers"]
         if len(instances) == count and all(w["state"] == "idle" for w in instances):
             return [w["pid"] for w in instances]
         return None
@@ -77,7 +77,7 @@ async def test_200_async_invocations_run_at_once_on_2_instances(pclient):
     assert elapsed < 20, elapsed  # one at a time per instance would take 100 s
     pool = await pool_status(pclient, "i-nap")
     assert pool["instanceConcurrency"] == 100
-    assert sum(w["invocations"] for w in pool["instances"]) == 200 and pool["restarts"] == 0
+    assert sum(w["invocations"] for w in pool["workers"]) == 200 and pool["restarts"] == 0
 
 
 async def test_def_handlers_share_a_worker_through_its_thread_pool(pclient, tmp_path):
@@ -134,7 +134,7 @@ async def test_a_crash_fails_every_invocation_on_that_worker_only(pclient):
     waiting = [asyncio.ensure_future(call(pclient, "i-crash", {"seconds": 30})) for _ in range(3)]
 
     async def all_running():
-        return (await pool_status(pclient, "i-crash"))["instances"][0]["busySlots"] == 3
+        return (await pool_status(pclient, "i-crash"))["workers"][0]["busySlots"] == 3
     await wait_until(all_running, "three invocations on the worker")
     status, body = await call(pclient, "i-crash", {"crash": True})
     assert status == 500 and "exited with code 9" in body["message"]
@@ -178,15 +178,15 @@ async def test_admin_shows_each_instance(pclient):
 
     async def busy():
         pool = await pool_status(pclient, "i-admin")
-        return pool if any(w["busySlots"] == 1 for w in pool["instances"]) else None
+        return pool if any(w["busySlots"] == 1 for w in pool["workers"]) else None
     pool = await wait_until(busy, "a busy slot")
-    assert {"pid", "state", "busySlots", "slots", "startedAt", "invocations", "sessions"} <= set(pool["instances"][0])
-    assert pool["instanceConcurrency"] == 10 and all(w["slots"] == 10 for w in pool["instances"])
-    assert sorted(w["state"] for w in pool["instances"]) == ["busy", "idle"]
-    assert all(w["startedAt"] <= time.time() for w in pool["instances"])
+    assert {"pid", "state", "busySlots", "slots", "startedAt", "invocations", "sessions"} <= set(pool["workers"][0])
+    assert pool["instanceConcurrency"] == 10 and all(w["slots"] == 10 for w in pool["workers"])
+    assert sorted(w["state"] for w in pool["workers"]) == ["busy", "idle"]
+    assert all(w["startedAt"] <= time.time() for w in pool["workers"])
     assert (await running)[0] == 200
     pool = await pool_status(pclient, "i-admin")
-    assert sum(w["invocations"] for w in pool["instances"]) == 1
+    assert sum(w["invocations"] for w in pool["workers"]) == 1
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -221,7 +221,7 @@ async def test_a_session_keeps_its_instance_and_its_state(pclient):
     fn = (await (await pclient.get("/admin/v1/functions/i-sess")).json())["function"]
     listed = {s["sessionID"]: s for s in fn["status"]["sessions"]}
     assert listed["conv-1"]["pid"] == pids.pop() and listed["conv-1"]["turns"] == 5
-    assert sum(w["sessions"] for w in fn["status"]["pool"]["instances"]) == 2
+    assert sum(w["sessions"] for w in fn["status"]["pool"]["workers"]) == 2
 
 
 @pytest.mark.parametrize("limit, peak", [(1, 1), (2, 2)])
@@ -249,7 +249,7 @@ async def test_bad_session_headers_are_400(pclient, value, message):
     await deploy(pclient, "i-hdr", "remember", instances=1)
     status, body = await call(pclient, "i-hdr", {}, {"X-Instance-Session": value})
     assert status == 400 and body["code"] == 200400 and message in body["message"], body
-    assert (await pool_status(pclient, "i-hdr"))["instances"][0]["invocations"] == 0
+    assert (await pool_status(pclient, "i-hdr"))["workers"][0]["invocations"] == 0
 
 
 async def test_interrupt_ends_the_running_stream_with_an_error_event(pclient):
@@ -272,7 +272,7 @@ async def test_interrupt_ends_the_running_stream_with_an_error_event(pclient):
     assert (await pclient.delete(url)).status == 404
     assert (await pclient.post(url + "/interrupt")).status == 404
     assert (await pclient.post("/serverless/v1/functions/nope/sessions/talk/interrupt")).status == 404
-    assert (await pool_status(pclient, "i-int"))["instances"][0]["pid"] == pid
+    assert (await pool_status(pclient, "i-int"))["workers"][0]["pid"] == pid
 
 
 async def test_a_session_whose_instance_died_continues_and_is_told(pclient):
@@ -359,7 +359,7 @@ async def test_a_slow_client_holds_back_only_its_own_invocation(make_client):
     await stalled.content.readline()
 
     async def backed_up():  # its writes filled the socket, the channel and the credits
-        return (await pool_status(client, "i-slow"))["instances"][0]["busySlots"] == 1
+        return (await pool_status(client, "i-slow"))["workers"][0]["busySlots"] == 1
     await wait_until(backed_up, "the stalled stream")
     await asyncio.sleep(0.5)
     resp = await invoke(client, "i-slow", {"count": 200, "size": 10}, SSE)  # a neighbour on the same worker

@@ -66,8 +66,8 @@ def process_gone(pid: int):
 async def wait_ready(client, name: str) -> list[int]:
     async def ready():
         pool = await pool_status(client, name)
-        workers = pool["instances"]
-        if len(workers) >= max(1, pool["minInstances"]) and all(w["state"] == "idle" for w in workers):
+        workers = pool["workers"]
+        if pool["instances"] == len(workers) >= max(1, pool["minInstances"]) and all(w["state"] == "idle" for w in workers):
             return [w["pid"] for w in workers]
         return None
     return await wait_until(ready, f"the workers of {name}")
@@ -98,7 +98,7 @@ async def test_runs_in_a_worker_with_initializer_once_per_process(pclient):
     assert first["init_pid"] == first["pid"]  # the initializer ran in the worker itself
     assert second["echo"] == {"a": 2}
     pool = await pool_status(pclient, "p-pid")
-    assert pool["instances"][0]["invocations"] == 2 and pool["restarts"] == 0
+    assert pool["workers"][0]["invocations"] == 2 and pool["restarts"] == 0
 
 
 async def test_generator_and_async_handlers(pclient):
@@ -131,7 +131,7 @@ async def test_sse_events_arrive_while_the_worker_runs_real_server(start_server)
         deadline = time.monotonic() + 20
         while True:  # the worker must be up, or its start-up would count as the first event's delay
             async with session.get(server.url + "/admin/v1/functions/proc-ticker") as r:
-                workers = (await r.json())["function"]["status"]["pool"]["instances"]
+                workers = (await r.json())["function"]["status"]["pool"]["workers"]
             if workers and workers[0]["state"] == "idle":
                 break
             assert time.monotonic() < deadline, "worker never became ready"
@@ -191,7 +191,7 @@ async def test_named_streams_from_workers_sync_and_async(pclient):
     assert sent["sent"] == 5 and got["ended"] == "terminator"
     assert [json.loads(e)["seq"] for e in got["elements"]] == [1, 2, 3, 4, 5]
     for name in ("p-producer", "p-consumer"):  # both really ran in their worker process
-        assert (await pool_status(pclient, name))["instances"][0]["invocations"] == 1
+        assert (await pool_status(pclient, name))["workers"][0]["invocations"] == 1
 
     async def released():  # the worker closed its subscription and detached its producer
         resp = await pclient.get("/serverless/v1/streams?stream=proc-s")
@@ -227,7 +227,7 @@ async def test_client_disconnect_interrupts_the_handler(pclient, tmp_path):
     marker.unlink()
     assert await call_ok(pclient, "p-cancel", {"marker": str(marker), "limit": 3}) == 3
     pool = await pool_status(pclient, "p-cancel")
-    assert pool["restarts"] == 0 and pool["instances"][0]["pid"] == pid
+    assert pool["restarts"] == 0 and pool["workers"][0]["pid"] == pid
 
 
 async def test_handler_ignoring_cancel_is_killed_after_grace(pclient):
@@ -240,7 +240,7 @@ async def test_handler_ignoring_cancel_is_killed_after_grace(pclient):
 
     async def replaced():
         pool = await pool_status(pclient, "p-stubborn")
-        return pool["restarts"] == 1 and pool["instances"] and pool["instances"][0]["state"] == "idle"
+        return pool["restarts"] == 1 and pool["workers"] and pool["workers"][0]["state"] == "idle"
     await wait_until(replaced, "the stubborn worker to be killed and replaced")
     # concurrency is 1: the slot of the cancelled invocation was freed once its worker really ended.
     assert await call_ok(pclient, "p-stubborn", {"ok": True}) == "ok"

@@ -87,7 +87,7 @@ class FunctionSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _check_instances(self) -> "FunctionSpec":
+    def _check_instances(self) -> FunctionSpec:
         if self.instances is not None and (self.minInstances is not None or self.maxInstances is not None):
             raise ValueError("field 'instances' is a fixed count: give it, or minInstances/maxInstances, not both")
         if self.minInstances is not None and self.maxInstances is not None and self.minInstances > self.maxInstances:

@@ -8,7 +8,10 @@ from .executor import ProcessExecutor
 from .pool import WorkerPool, WorkerProcess
 
 __all__ = (
+    "MemoryLimitError",
     "ProcessExecutor",
-    "WorkerPool", "WorkerProcess",
-    "MemoryLimitError", "WorkerCrashedError", "WorkerUnavailableError",
+    "WorkerCrashedError",
+    "WorkerPool",
+    "WorkerProcess",
+    "WorkerUnavailableError",
 )

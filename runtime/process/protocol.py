@@ -18,9 +18,26 @@ from typing import Any, Literal, TypedDict
 import msgpack
 
 __all__ = (
-    "Connection", "ConnectionClosed", "ProtocolError", "MAX_FRAME", "DEFAULT_CREDITS",
-    "Hello", "Invoke", "Credit", "Cancel", "Stop", "Loaded", "Ready", "Write", "Item", "Result", "Error",
-    "Log", "Stopped", "StreamCall", "StreamReply",
+    "DEFAULT_CREDITS",
+    "MAX_FRAME",
+    "Cancel",
+    "Connection",
+    "ConnectionClosed",
+    "Credit",
+    "Error",
+    "Hello",
+    "Invoke",
+    "Item",
+    "Loaded",
+    "Log",
+    "ProtocolError",
+    "Ready",
+    "Result",
+    "Stop",
+    "Stopped",
+    "StreamCall",
+    "StreamReply",
+    "Write",
 )
 
 _HEADER = struct.Struct(">I")

@@ -153,3 +153,25 @@ async def test_sse_stream_longer_than_every_timeout_runs_to_its_end(start_server
     # Gaps of 1.5 s, each longer than the 1 s timeouts: the events arrived apart, as written.
     assert events[2][0] - events[0][0] > 2.5
     assert f"{loop} loop" in server.output()
+
+
+def _listen_backlog(port: int) -> int:
+    """Send-Q of a listening socket, as `ss` shows it, is its accept backlog."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("ss"):
+        pytest.skip("ss (iproute2) not installed")
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
+    return int(out.split()[2])
+
+
+def test_listener_backlog_is_frontend_backlog(start_server):
+    from pathlib import Path
+
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    default = start_server()
+    assert _listen_backlog(default.port) == min(2048, somaxconn)
+    assert "uvloop loop" in default.output()  # frontend.loop: auto picks the declared dependency
+    small = start_server("-s", "frontend.backlog=64")
+    assert _listen_backlog(small.port) == 64

@@ -27,7 +27,7 @@ from runtime.config import Config, FrontendLimits
 
 from .errors import http_error_code
 
-__all__ = ("FnstreamRunner", "start_site", "raise_fd_limit")
+__all__ = ("FnstreamRunner", "raise_fd_limit", "start_site")
 
 log = logging.getLogger("fnstream.frontend")
 

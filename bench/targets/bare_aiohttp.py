@@ -13,7 +13,7 @@ import sys
 
 from aiohttp import web
 
-__all__ = ("build_app", "BACKLOG")
+__all__ = ("BACKLOG", "build_app")
 
 BACKLOG = 2048
 

@@ -79,7 +79,7 @@ def test_slowloris_body_is_answered_408_and_closed(start_server):
         sock.sendall(b"POST /serverless/v1/functions/echo/invocations HTTP/1.1\r\nHost: x\r\n"
                      b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a\":")
         data, took = _read_until_closed(sock)
-    status, headers, body = _split(data)
+    status, _headers, body = _split(data)
     assert status == 408 and "bodyTimeoutSeconds" in json.loads(body)["message"]
     assert took < 5
 
@@ -142,12 +142,11 @@ async def test_sse_stream_longer_than_every_timeout_runs_to_its_end(start_server
     import aiohttp
 
     server = start_server(*LIMITS, "-s", f"frontend.loop={loop}")
-    async with aiohttp.ClientSession() as session:
-        async with session.post(server.url + "/serverless/v1/functions/ticker/invocations",
-                                json={"count": 3, "delay_ms": 1500},
-                                headers={"Accept": "text/event-stream"}) as resp:
-            assert resp.status == 200
-            events = await read_events(resp)
+    async with aiohttp.ClientSession() as session, session.post(
+            server.url + "/serverless/v1/functions/ticker/invocations", json={"count": 3, "delay_ms": 1500},
+            headers={"Accept": "text/event-stream"}) as resp:
+        assert resp.status == 200
+        events = await read_events(resp)
     data = [json.loads(ev["data"]) if ev["data"] != "[DONE]" else ev["data"] for _t, ev in events]
     assert data == [{"tick": 1, "of": 3}, {"tick": 2, "of": 3}, {"tick": 3, "of": 3}, {"ticks": 3}, "[DONE]"]
     # Gaps of 1.5 s, each longer than the 1 s timeouts: the events arrived apart, as written.

@@ -78,7 +78,7 @@ def _listening(pid: int, port: int) -> bool:
 
 def test_processes_refused_in_embedded_mode():
     out = subprocess.run([sys.executable, "-m", "frontend.cli", "serve", "--processes", "2", "--port",
-                          str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=30)
+                          str(free_port())], check=False, cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
     assert "--processes 2 needs cluster mode" in out.stderr
 

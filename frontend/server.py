@@ -65,10 +65,9 @@ class _LimitedHandler(RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        # A first byte after a response starts the next request's header deadline; while a request
-        # runs, bytes are its body (or pipelined requests, bounded by the keep-alive timeout).
-        if self._head_timer is None and self._request_count == self._answered and data:
-            self._arm_head_timer()
+        # Bytes that leave a request head incomplete, with no request running, start its header
+        # deadline (a head arriving whole in one read, the usual case, arms no timer at all); while
+        # a request runs, bytes are its body, or pipelined requests bounded by the keep-alive timeout.
         self._head_bytes += len(data)
         before = self._request_count
         super().data_received(data)
@@ -77,6 +76,8 @@ class _LimitedHandler(RequestHandler):
             payload = self._messages[-1][1] if self._messages else None
             if isinstance(payload, StreamReader) and not payload.is_eof():
                 self._arm_body_timer(payload)
+        elif self._head_timer is None and self._request_count == self._answered and data:
+            self._arm_head_timer(counted=len(data))
         if self._body is not None and self._body.is_eof():
             self._cancel_body_timer()
 
@@ -103,8 +104,8 @@ class _LimitedHandler(RequestHandler):
         resp.force_close()
         return resp
 
-    def _arm_head_timer(self) -> None:
-        self._head_bytes = 0
+    def _arm_head_timer(self, counted: int = 0) -> None:
+        self._head_bytes = counted
         self._head_timer = self._loop.call_later(self._limits.headerTimeoutSeconds, self._head_timeout)
 
     def _head_timeout(self) -> None:

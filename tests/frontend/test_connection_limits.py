@@ -174,3 +174,12 @@ def test_listener_backlog_is_frontend_backlog(start_server):
     assert "uvloop loop" in default.output()  # frontend.loop: auto picks the declared dependency
     small = start_server("-s", "frontend.backlog=64")
     assert _listen_backlog(small.port) == 64
+
+
+def test_malformed_request_is_answered_400_json_not_a_text_page(start_server):
+    server = start_server()
+    with _connect(server) as sock:
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        status, headers, body = _split(_read_until_closed(sock)[0])
+    assert status == 400 and headers["content-type"].startswith("application/json")
+    assert json.loads(body)["code"] == 200400

@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Awaitable, Callable
 
 from .client import (StreamResult, Target, burst_streams, hold_streams, keep_alive, percentile, post_request, run_invokes,
@@ -68,9 +69,28 @@ async def streams_1000(target: Target, server: ServerProc, scale: float) -> dict
     return await _streams(target, max(10, int(100 * scale)), max(100, int(1000 * scale)))
 
 
+def _listen_drops() -> int | None:
+    """The kernel's count of connections dropped at a full listen queue (TcpExt ListenDrops; Linux)."""
+    try:
+        lines = Path("/proc/net/netstat").read_text().splitlines()
+    except OSError:
+        return None
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split()[1:], values.split()[1:]))["ListenDrops"])
+    return None
+
+
 async def streams_1000_burst(target: Target, server: ServerProc, scale: float) -> dict:
-    """1000 clients connecting at once (no pre-opened connections): the listen backlog matters here."""
-    return await _streams(target, max(10, int(100 * scale)), max(100, int(1000 * scale)), burst=True)
+    """1000 clients connecting at once (no pre-opened connections): the listen backlog matters here.
+
+    `listen_drops` is the machine-wide ListenDrops delta over the scenario: each drop is a SYN the
+    client must retransmit after 1 s."""
+    before = _listen_drops()
+    out = await _streams(target, max(10, int(100 * scale)), max(100, int(1000 * scale)), burst=True)
+    after = _listen_drops()
+    out["listen_drops"] = None if before is None or after is None else after - before
+    return out
 
 
 async def invoke(target: Target, server: ServerProc, scale: float) -> dict:

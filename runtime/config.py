@@ -187,6 +187,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if cfg.cluster.redisUrl and cfg.streams.slowConsumerPolicy == "block":
         raise ConfigError(f"{source}: streams.slowConsumerPolicy: block is not offered in cluster mode "
                           "(cluster.redisUrl is set; a producer cannot see subscribers on other nodes); use cut")
+    if cfg.frontend.reusePort and not cfg.cluster.redisUrl:
+        raise ConfigError(f"{source}: frontend.reusePort needs cluster mode (cluster.redisUrl): embedded servers "
+                          "sharing a port would each hold their own functions, streams and invocations")
     cfg.source = source
     _resolve_paths(cfg, base)
     return cfg

@@ -112,3 +112,21 @@ def test_two_frontends_share_the_port_and_a_killed_one_is_restarted(redis_server
             assert not Path(f"/proc/{kid}").exists() or "zombie" in Path(f"/proc/{kid}/status").read_text()
     finally:
         group.stop()
+
+
+def test_reuse_port_is_refused_in_embedded_mode():
+    out = subprocess.run([sys.executable, "-m", "frontend.cli", "serve", "--port", str(free_port()),
+                          "-s", "frontend.reusePort=true"], check=False, cwd=ROOT, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 2 and "frontend.reusePort needs cluster mode" in out.stderr
+
+
+def test_a_frontend_failing_with_a_bad_deploy_dir_stops_the_group_with_2(redis_server, tmp_path):
+    port = free_port()
+    group = FnstreamProcess("serve", "--processes", "2", "--cluster", redis_server.url, "--port", str(port),
+                            "--deploy-dir", str(tmp_path / "missing"), *FAST)
+    try:
+        assert group.proc.wait(30) == 2  # no restart loop: every restart would fail alike
+        assert "bad config or deploy directory" in group.output()
+    finally:
+        group.stop()

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from .client import Target
 
-__all__ = ("ROOT", "BENCH", "ServerProc", "start_target", "free_port", "pin_self", "cpu_plan", "TARGETS", "make_target")
+__all__ = ("ROOT", "BENCH", "ServerProc", "start_target", "free_port", "pin_self", "cpu_plan", "TARGETS", "OPTIONAL_TARGETS",
+           "make_target")
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -91,14 +92,17 @@ class ServerProc:
 # kind -> how to start it; each target names its server kind and its paths.
 def _command(kind: str, port: int) -> tuple[list[str], dict, str | None]:
     py = sys.executable
-    if kind == "aiohttp":
+    if kind == "aiohttp":  # the ceiling: uvloop, listen backlog 2048
         return [py, "-m", "bench.targets.bare_aiohttp", str(port)], {}, None
+    if kind == "aiohttp-asyncio":
+        return [py, "-m", "bench.targets.bare_aiohttp", str(port), "asyncio"], {}, None
     if kind == "fastapi":
         return [py, "-m", "bench.targets.fastapi_app", str(port)], {}, None
-    if kind == "fnstream":
+    if kind in ("fnstream", "fnstream-asyncio"):
         # Access logs off as for the other targets (they log nothing per request either).
-        return ([py, "-m", "frontend.cli", "serve", "--config", str(BENCH / "config.yaml"), "--port", str(port)],
-                {"FNSTREAM_LOG": "WARNING"}, "/healthz")
+        loop = "asyncio" if kind == "fnstream-asyncio" else "auto"
+        return ([py, "-m", "frontend.cli", "serve", "--config", str(BENCH / "config.yaml"), "--port", str(port),
+                 "-s", f"frontend.loop={loop}"], {"FNSTREAM_LOG": "WARNING"}, "/healthz")
     raise ValueError(kind)
 
 
@@ -117,7 +121,11 @@ TARGETS: dict[str, tuple[str, str | None, str | None]] = {
     "fnstream-async": ("fnstream", _FN.format("bench-stream"), _FN.format("bench-echo-async")),
     "fnstream-thread": ("fnstream", _FN.format("bench-stream-thread"), _FN.format("bench-echo")),
     "fnstream-process": ("fnstream", _FN.format("bench-stream-process"), _FN.format("bench-echo-process")),
+    # Only when named in --targets: the same servers on asyncio's own loop (the uvloop decision).
+    "aiohttp-asyncio": ("aiohttp-asyncio", "/stream", "/echo"),
+    "fnstream-async-asyncio": ("fnstream-asyncio", _FN.format("bench-stream"), _FN.format("bench-echo-async")),
 }
+OPTIONAL_TARGETS = ("aiohttp-asyncio", "fnstream-async-asyncio")
 
 
 def make_target(name: str, server: ServerProc) -> Target:

@@ -8,6 +8,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from runtime.config import Config
+from runtime.eventloop import loop_name
 from runtime.executor import Executor
 from runtime.lifecycle import wait_for_stop_signal
 from runtime.manifest import load_deploy_dir
@@ -18,6 +19,7 @@ from .auth import auth_middleware
 from .errors import error_middleware
 from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY
 from .routes import admin, health, invoke, openai, streams
+from .server import FnstreamRunner, raise_fd_limit, start_site
 
 __all__ = ("build_app", "build_registry", "serve", "SERVER_KWARGS")
 
@@ -98,11 +100,13 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
 
 async def serve(app: web.Application, host: str, port: int, *, shutdown_timeout: float = 10.0) -> None:
     """Run until SIGINT/SIGTERM, then stop accepting and give open requests time to finish."""
-    runner = web.AppRunner(app, shutdown_timeout=shutdown_timeout, **SERVER_KWARGS)
+    config = app[CONFIG]
+    raise_fd_limit(config.frontend.limits.maxConnections)
+    runner = FnstreamRunner(app, config.frontend.limits, shutdown_timeout=shutdown_timeout, **SERVER_KWARGS)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    log.info("fnstream listening on http://%s:%d (%d functions)", host, port, len(app[REGISTRY]))
+    await start_site(runner, config, host, port)
+    log.info("fnstream listening on http://%s:%d (%d functions, %s loop)", host, port, len(app[REGISTRY]),
+             loop_name(asyncio.get_running_loop()))
     print(f"fnstream listening on http://{host}:{port}", flush=True)
     try:
         await wait_for_stop_signal()

@@ -11,8 +11,9 @@ import sys
 import urllib.parse
 from pathlib import Path
 
-from runtime.config import DEFAULT_CONFIG_PATH, load_config
-from runtime.errors import FunctionServiceError
+from runtime.config import DEFAULT_CONFIG_PATH, Config, load_config
+from runtime.errors import ConfigError, FunctionServiceError
+from runtime import eventloop
 from runtime.manifest import load_manifest_file
 
 from .client import DEFAULT_URL, Client, iter_sse
@@ -38,13 +39,37 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides.append(f"cluster.redisUrl={args.cluster}")
     try:
         config = load_config(args.config, overrides)
+        eventloop.loop_factory(config.frontend.loop)  # an unavailable loop is refused before anything starts
+        if args.processes < 1:
+            raise ConfigError(f"--processes {args.processes}: expected 1 or more")
+        if args.processes > 1:
+            return _serve_processes(args, config, overrides)
         registry = build_registry(config)
     except FunctionServiceError as exc:
         print(f"fnstream: {exc.message}", file=sys.stderr)
         return 2
     app = build_app(config, registry)
-    asyncio.run(serve(app, config.frontend.host, config.frontend.port))
+    eventloop.run(serve(app, config.frontend.host, config.frontend.port), config.frontend.loop)
     return 0
+
+
+def _serve_processes(args: argparse.Namespace, config: Config, overrides: list[str]) -> int:
+    """`serve --processes N`: N frontends sharing the port (SO_REUSEPORT), cluster mode only."""
+    from .supervisor import supervise
+
+    if not config.cluster.redisUrl:
+        raise ConfigError(f"--processes {args.processes} needs cluster mode (--cluster REDIS_URL or "
+                          "cluster.redisUrl): in embedded mode streams, deployments and invocations live in one "
+                          "process, so only one may serve them")
+    if config.frontend.port == 0:
+        raise ConfigError("--processes needs a fixed port (frontend.port is 0): the frontends share one port")
+    cmd = [sys.executable, "-m", "frontend.cli", "serve", "--config", args.config]
+    for override in overrides:
+        cmd += ["-s", override]
+    cmd += ["-s", "frontend.reusePort=true"]
+    print(f"fnstream supervising {args.processes} frontends on http://{config.frontend.host}:"
+          f"{config.frontend.port}", flush=True)
+    return supervise(cmd, args.processes, config.frontend.args.shutdownGraceSeconds + 10)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -56,10 +81,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         overrides.append(f"cluster.workerConcurrency={args.concurrency}")
     try:
         config = load_config(args.config, overrides)
+        eventloop.loop_factory(config.frontend.loop)
     except FunctionServiceError as exc:
         print(f"fnstream: {exc.message}", file=sys.stderr)
         return 2
-    asyncio.run(serve_worker(config))
+    eventloop.run(serve_worker(config), config.frontend.loop)
     return 0
 
 
@@ -179,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int)
     serve.add_argument("--cluster", metavar="REDIS_URL", help="cluster mode: share registry, queue and streams "
                        "through Redis (sets cluster.redisUrl)")
+    serve.add_argument("--processes", type=int, default=1, metavar="N", help="cluster mode: run N frontends "
+                       "sharing the port (SO_REUSEPORT), restarted when one dies (default 1)")
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("worker", help="run a handler-only cluster node taking queued invocations")

@@ -14,13 +14,18 @@ from runtime.invocation import new_trace_id
 
 from .keys import TRACE_ID
 
-__all__ = ("error_response", "error_middleware", "is_openai_path", "openai_error_body")
+__all__ = ("error_response", "error_middleware", "http_error_code", "is_openai_path", "openai_error_body")
 
 log = logging.getLogger("fnstream.frontend")
 
 _HTTP_CODES = {400: 200400, 401: 200401, 403: 200403, 404: 200404, 405: 200405, 413: 4140, 429: 200429}
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def http_error_code(status: int) -> int:
+    """The inner code of an HTTP-level error (`X-Inner-Code`): openYuanrong's where it has one."""
+    return _HTTP_CODES.get(status, 200500 if status == 500 else 200503 if status == 503 else status * 1000)
 
 
 def is_openai_path(path: str) -> bool:
@@ -59,5 +64,5 @@ async def error_middleware(request: web.Request, handler):
         reason = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
         if exc.status == 413:
             reason = f"request body too large: {exc.text}"
-        err = FunctionServiceError(reason, code=_HTTP_CODES.get(exc.status, exc.status * 1000), status=exc.status)
+        err = FunctionServiceError(reason, code=http_error_code(exc.status), status=exc.status)
         return error_response(request, err)

@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ConfigError
 
-__all__ = ("Config", "FrontendConfig", "FrontendArgs", "RuntimeConfig", "AuthConfig", "AuthToken",
+__all__ = ("Config", "FrontendConfig", "FrontendArgs", "FrontendLimits", "RuntimeConfig", "AuthConfig",
+           "AuthToken",
            "StreamsConfig", "OpenAIConfig", "ClusterConfig", "load_config", "DEFAULT_CONFIG_PATH")
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "default.yaml"
@@ -33,9 +34,27 @@ class FrontendArgs(_Strict):
     shutdownGraceSeconds: float = Field(10, ge=0, description="in-flight invocations may finish this long on SIGTERM")
 
 
+class FrontendLimits(_Strict):
+    """Connection limits of the listener (frontend/server.py); every key is documented in README.md."""
+
+    keepAliveSeconds: float = Field(75, gt=0, description="an idle keep-alive connection is closed after this")
+    headerTimeoutSeconds: float = Field(10, gt=0, description="a request's line and headers must arrive within "
+                                        "this, from connect or from the first byte after a response")
+    bodyTimeoutSeconds: float = Field(60, gt=0, description="a request body must arrive within this once its "
+                                      "headers did; never applies to the response (SSE runs as long as it needs)")
+    maxHeaderFieldSize: int = Field(8190, ge=256, description="bytes of the request line and of each header line")
+    maxHeaders: int = Field(128, ge=1, description="header lines per request")
+    maxConnections: int = Field(10000, ge=1, description="open connections; past it new ones get 503")
+
+
 class FrontendConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8888, ge=0, le=65535)
+    backlog: int = Field(2048, ge=1, description="listen backlog: connections the kernel queues before accept")
+    loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", description="event loop; auto = uvloop when "
+                                                      "importable (serve and worker)")
+    reusePort: bool = Field(False, description="SO_REUSEPORT: several cluster-mode frontends share one port")
+    limits: FrontendLimits = FrontendLimits()
     args: FrontendArgs = FrontendArgs()
 
 
@@ -168,6 +187,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if cfg.cluster.redisUrl and cfg.streams.slowConsumerPolicy == "block":
         raise ConfigError(f"{source}: streams.slowConsumerPolicy: block is not offered in cluster mode "
                           "(cluster.redisUrl is set; a producer cannot see subscribers on other nodes); use cut")
+    if cfg.frontend.reusePort and not cfg.cluster.redisUrl:
+        raise ConfigError(f"{source}: frontend.reusePort needs cluster mode (cluster.redisUrl): embedded servers "
+                          "sharing a port would each hold their own functions, streams and invocations")
     cfg.source = source
     _resolve_paths(cfg, base)
     return cfg

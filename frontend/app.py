@@ -15,9 +15,12 @@ from runtime.registry import Registry
 from runtime.streams import AbstractBroker, bind_broker, build_broker, unbind_broker
 
 from .auth import auth_middleware
+from .cors import cors_middleware, install_cors
 from .errors import error_middleware
 from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY
+from .metrics import install_metrics
 from .routes import admin, health, invoke, openai, streams
+from .tracing import add_trace_headers
 
 __all__ = ("build_app", "build_registry", "serve", "SERVER_KWARGS")
 
@@ -53,7 +56,9 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
               broker: AbstractBroker | None = None) -> web.Application:
     body_limit = int(config.frontend.args.maxRequestBodySize * 1024 * 1024)
     # Without tokens auth is off: no middleware at all rather than one that checks and passes.
-    middlewares = [error_middleware, auth_middleware] if config.auth.tokens else [error_middleware]
+    # The Origin guard runs before auth: a foreign page's request is refused before anything else.
+    middlewares = [error_middleware, cors_middleware, auth_middleware] if config.auth.tokens \
+        else [error_middleware, cors_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=body_limit)
     app[CONFIG] = config
     app[REGISTRY] = registry if registry is not None else build_registry(config)
@@ -64,6 +69,9 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app.add_routes(admin.routes)
     app.add_routes(streams.routes)
     app.add_routes(openai.routes)
+    install_cors(app)
+    app.on_response_prepare.append(add_trace_headers)  # X-Trace-Id, X-Request-Id, traceparent
+    install_metrics(app)
 
     async def _shutdown_executor(app: web.Application):
         yield

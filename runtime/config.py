@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .errors import ConfigError
 
 __all__ = ("Config", "FrontendConfig", "FrontendArgs", "RuntimeConfig", "AuthConfig", "AuthToken",
-           "StreamsConfig", "OpenAIConfig", "ClusterConfig", "load_config", "DEFAULT_CONFIG_PATH")
+           "StreamsConfig", "OpenAIConfig", "ClusterConfig", "CorsConfig", "MetricsConfig", "LoggingConfig", "load_config", "DEFAULT_CONFIG_PATH")
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "default.yaml"
 
@@ -33,10 +33,20 @@ class FrontendArgs(_Strict):
     shutdownGraceSeconds: float = Field(10, ge=0, description="in-flight invocations may finish this long on SIGTERM")
 
 
+class CorsConfig(_Strict):
+    """Cross-origin access for browser pages on other origins (frontend/cors.py)."""
+
+    allowOrigins: list[str] = Field(default_factory=list, description="origins allowed ('*' = any); empty = CORS off")
+    allowCredentials: bool = False
+    maxAgeSeconds: int = Field(600, ge=0, description="how long a browser may cache a preflight answer")
+    exposeHeaders: list[str] = Field(default_factory=lambda: ["X-Trace-Id", "X-Inner-Code", "X-Billing-Duration"])
+
+
 class FrontendConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8888, ge=0, le=65535)
     args: FrontendArgs = FrontendArgs()
+    cors: CorsConfig = CorsConfig()
 
 
 class RuntimeConfig(_Strict):
@@ -96,6 +106,19 @@ class ClusterConfig(_Strict):
     workerConcurrency: int = Field(64, ge=1, description="invocations a worker node runs at once")
 
 
+class MetricsConfig(_Strict):
+    """`GET /metrics` (frontend/metrics.py)."""
+
+    enabled: bool = Field(True, description="count invocations and serve /metrics")
+    public: bool = Field(False, description="serve /metrics without a token even when auth is on")
+
+
+class LoggingConfig(_Strict):
+    """Log line format of `fnstream serve` and `fnstream worker` (runtime/logs.py)."""
+
+    format: Literal["text", "json"] = "text"
+
+
 class Config(_Strict):
     frontend: FrontendConfig = FrontendConfig()
     runtime: RuntimeConfig = RuntimeConfig()
@@ -103,6 +126,8 @@ class Config(_Strict):
     streams: StreamsConfig = StreamsConfig()
     openai: OpenAIConfig = OpenAIConfig()
     cluster: ClusterConfig = ClusterConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    logging: LoggingConfig = LoggingConfig()
     source: str = Field("<defaults>", exclude=True, description="where this config came from")
 
 

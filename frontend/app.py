@@ -17,7 +17,7 @@ from runtime.streams import AbstractBroker, bind_broker, build_broker, unbind_br
 from .auth import auth_middleware
 from .cors import cors_middleware, install_cors
 from .errors import error_middleware
-from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY
+from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY, TRACE_ID
 from .metrics import install_metrics
 from .routes import admin, health, invoke, openai, streams
 from .tracing import add_trace_headers
@@ -36,7 +36,7 @@ class AccessLogger(AbstractAccessLogger):
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         self.logger.info("%s %s %s %d %.1fms", request.remote, request.method, request.path,
-                         response.status, time * 1000)
+                         response.status, time * 1000, extra={"trace_id": request.get(TRACE_ID, "")})
 
 
 # aiohttp cancels a request's handler when its client disconnects only when asked to; fnstream

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from runtime.config import DEFAULT_CONFIG_PATH, load_config
 from runtime.errors import FunctionServiceError
+from runtime.logs import TEXT_FORMAT, configure_logging
 from runtime.manifest import load_manifest_file
 
 from .client import DEFAULT_URL, Client, iter_sse
@@ -38,6 +39,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides.append(f"cluster.redisUrl={args.cluster}")
     try:
         config = load_config(args.config, overrides)
+        configure_logging(config.logging.format, os.environ.get("FNSTREAM_LOG", "INFO"))
         registry = build_registry(config)
     except FunctionServiceError as exc:
         print(f"fnstream: {exc.message}", file=sys.stderr)
@@ -59,6 +61,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except FunctionServiceError as exc:
         print(f"fnstream: {exc.message}", file=sys.stderr)
         return 2
+    configure_logging(config.logging.format, os.environ.get("FNSTREAM_LOG", "INFO"))
     asyncio.run(serve_worker(config))
     return 0
 
@@ -217,8 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("FNSTREAM_LOG", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=os.environ.get("FNSTREAM_LOG", "INFO"), format=TEXT_FORMAT)
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -18,8 +18,9 @@ from .auth import auth_middleware
 from .cors import cors_middleware, install_cors
 from .errors import error_middleware
 from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY, TRACE_ID
+from . import openapi
 from .metrics import install_metrics
-from .routes import admin, health, invoke, openai, streams
+from .routes import admin, console, health, invoke, openai, streams
 from .tracing import add_trace_headers
 
 __all__ = ("build_app", "build_registry", "serve", "SERVER_KWARGS")
@@ -69,6 +70,8 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app.add_routes(admin.routes)
     app.add_routes(streams.routes)
     app.add_routes(openai.routes)
+    app.add_routes(console.routes)
+    app.add_routes(openapi.routes)
     install_cors(app)
     app.on_response_prepare.append(add_trace_headers)  # X-Trace-Id, X-Request-Id, traceparent
     install_metrics(app)

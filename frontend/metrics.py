@@ -1,6 +1,6 @@
 """`GET /metrics`: Prometheus text exposition (prometheus_client) of invocations, streams, pools, cluster.
 
-Cheap on the hot path: the route layer only adds to plain ints and histogram buckets in
+Cheap on the hot path: the invoke routes (`@counted`) only add to plain ints and histogram buckets in
 `InvocationStats` (everything runs on the event loop thread, so no locks); the rest (inflight,
 named streams, worker pools, cluster queues) is read from the runtime's own state at scrape
 time by a custom collector. prometheus_client writes the exposition format.
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import logging
-import time
+from time import monotonic
 from typing import Any, Awaitable, Callable, Iterator
 
 from aiohttp import web
@@ -25,8 +26,9 @@ from runtime.errors import ConcurrencyLimitError, FunctionServiceError, Function
 from runtime.streams import StreamStats
 
 from .keys import BROKER, CONFIG, REGISTRY
+from .sse import CURRENT_STREAM
 
-__all__ = ("InvocationStats", "METRICS", "INVOCATION", "install_metrics", "metrics_middleware", "routes")
+__all__ = ("InvocationStats", "METRICS", "INVOCATION", "counted", "install_metrics", "routes")
 
 log = logging.getLogger("fnstream.frontend")
 routes = web.RouteTableDef()
@@ -130,39 +132,48 @@ def _code_of(request: web.Request, inv: Any, response: web.StreamResponse | None
     return 0
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Route = Callable[..., Awaitable[web.StreamResponse]]
 
 
-@web.middleware
-async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Counts each invocation a request started, once it has answered (or failed, or its client left)."""
-    started = time.monotonic()
-    try:
-        response = await handler(request)
-    except asyncio.CancelledError:
+def counted(route: Route) -> Route:
+    """Wrap an invoke route's core (`(request, ...) -> response`): count the invocation it started
+    once it has answered, failed, or lost its client. A decorator, not a middleware: only the
+    invoke paths pay for it, and nothing is wrapped per request."""
+
+    @functools.wraps(route)
+    async def run(request: web.Request, *args: Any) -> web.StreamResponse:
+        started = monotonic()
+        try:
+            response = await route(request, *args)
+        except asyncio.CancelledError:
+            _maybe_record(request, DISCONNECTED, started)
+            raise
+        except FunctionServiceError as exc:
+            _maybe_record(request, exc.code, started)
+            raise
         inv = request.get(INVOCATION)
         if inv is not None:
-            _record(request, inv, DISCONNECTED, started)
-        raise
-    except FunctionServiceError as exc:
-        inv = request.get(INVOCATION)
-        if inv is not None:
-            _record(request, inv, exc.code, started)
-        raise
+            _record(request, inv, _code_of(request, inv, response), started)
+        return response
+
+    return run
+
+
+def _maybe_record(request: web.Request, code: int | str, started: float) -> None:
     inv = request.get(INVOCATION)
     if inv is not None:
-        _record(request, inv, _code_of(request, inv, response), started)
-    return response
+        _record(request, inv, code, started)
 
 
 def _record(request: web.Request, inv: Any, code: int | str, started: float) -> None:
-    from .sse import CURRENT_STREAM
-
-    stream = request.get(CURRENT_STREAM)
+    stats = request.app.get(METRICS)
+    if stats is None:
+        return  # metrics.enabled: false
+    stream = request.get(CURRENT_STREAM) if inv.streaming else None
     events = getattr(inv, "writes", None)
     if events is None:
         events = getattr(inv, "events", 0)  # a cluster RemoteInvocation counts what it relayed
-    request.app[METRICS].record(inv.spec.name, code, time.monotonic() - started, stream, events)
+    stats.record(inv.spec.name, code, monotonic() - started, stream, events)
 
 
 class _Snapshot(Collector):
@@ -319,5 +330,4 @@ def install_metrics(app: web.Application) -> None:
     if not app[CONFIG].metrics.enabled:
         return
     app[METRICS] = InvocationStats()
-    app.middlewares.append(metrics_middleware)
     app.add_routes(routes)

@@ -11,36 +11,42 @@ from aiohttp import web
 
 from runtime.invocation import new_trace_id
 from runtime.logs import set_log_context
-from runtime.tracing import make_traceparent, parse_traceparent
+from runtime.tracing import is_w3c_trace_id, new_span_id, parse_traceparent
 
 from .keys import TRACE_ID
 
 __all__ = ("trace_id_of", "add_trace_headers", "TRACE_FLAGS")
 
-# The sampled flag of the incoming traceparent, kept for the one this server answers with.
+# The trace flags of the answer's traceparent: the incoming one's, "01" (sampled) for a trace
+# started here, "" when the trace id is not a W3C one (a custom X-Trace-Id) and none can be sent.
 TRACE_FLAGS = web.RequestKey("trace_flags", str)
 
 
 def trace_id_of(request: web.Request) -> str:
     """The request's trace id; also names it in log records made while the request runs."""
-    parent = parse_traceparent(request.headers.get("traceparent"))
+    headers = request.headers
+    parent = parse_traceparent(headers.get("traceparent"))
     if parent is not None:
-        trace_id = parent[0]
-        request[TRACE_FLAGS] = parent[2]
+        trace_id, flags = parent[0], parent[2]
     else:
-        trace_id = request.headers.get("X-Trace-Id") or new_trace_id()
+        custom = headers.get("X-Trace-Id")
+        if custom:
+            trace_id, flags = custom, ("01" if is_w3c_trace_id(custom) else "")
+        else:
+            trace_id, flags = new_trace_id(), "01"
+    request[TRACE_FLAGS] = flags
     set_log_context(trace_id)
     return trace_id
 
 
 async def add_trace_headers(request: web.Request, response: web.StreamResponse) -> None:
-    trace_id = request.get(TRACE_ID)
-    if not trace_id:
-        return
+    try:
+        trace_id = request[TRACE_ID]
+    except KeyError:
+        return  # answered before the error middleware ran
     headers = response.headers
-    headers.setdefault("X-Trace-Id", trace_id)
-    headers["X-Request-Id"] = headers["X-Trace-Id"]
-    if "traceparent" not in headers:
-        parent = make_traceparent(trace_id, flags=request.get(TRACE_FLAGS, "01"))
-        if parent is not None:
-            headers["traceparent"] = parent
+    trace_id = headers.setdefault("X-Trace-Id", trace_id)
+    headers["X-Request-Id"] = trace_id
+    flags = request[TRACE_FLAGS]
+    if flags and "traceparent" not in headers:
+        headers["traceparent"] = f"00-{trace_id}-{new_span_id()}-{flags}"

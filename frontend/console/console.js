@@ -261,7 +261,8 @@ async function sendInvoke() {
                              Accept: mode === "stream" ? "text/event-stream" : "application/json" }),
     });
     call.trace = resp.headers.get("X-Trace-Id") || "";
-    call.status = resp.status + " (X-Inner-Code " + (resp.headers.get("X-Inner-Code") || "-") + ")";
+    const inner = resp.headers.get("X-Inner-Code");
+    call.status = String(resp.status) + (inner ? " (X-Inner-Code " + inner + ")" : "");
     $("invoke-trace").textContent = call.trace;
     $("invoke-status").textContent = call.status + (resp.ok ? " streaming" : "");
     if (resp.status === 401 && state.authOn) askToken("The server refused the token.");
@@ -454,12 +455,12 @@ function drawChart() {
   for (let i = 0; i <= 4; i++) {
     const y = pad + ((h - 2 * pad) * i) / 4;
     g.beginPath(); g.moveTo(pad, y); g.lineTo(w - 5, y); g.stroke();
-    g.fillText((top * (1 - i / 4)).toFixed(top < 10 ? 1 : 0), 2, y + 4);
+    g.fillText(String(Number((top * (1 - i / 4)).toPrecision(2))), 2, y + 4);
   }
   const line = (key, color) => {
     g.strokeStyle = color; g.lineWidth = 2; g.beginPath();
     points.forEach((p, i) => {
-      const x = pad + ((w - pad - 5) * i) / 59;
+      const x = pad + ((w - pad - 5) * i) / Math.max(1, points.length - 1);
       const y = h - pad - ((h - 2 * pad) * p[key]) / top;
       if (i === 0) g.moveTo(x, y); else g.lineTo(x, y);
     });
@@ -493,7 +494,9 @@ async function refreshDocs() {
     }
   }
   const sections = [];
-  for (const [tag, ops] of Object.entries(byTag)) {
+  const order = ["invoke", "streams", "openai", "admin", "operations", "health", "console"];
+  const rank = (t) => (order.indexOf(t) < 0 ? order.length : order.indexOf(t));
+  for (const [tag, ops] of Object.entries(byTag).sort((a, b) => rank(a[0]) - rank(b[0]))) {
     const h = document.createElement("h3");
     h.textContent = tag;
     sections.push(h);

@@ -30,7 +30,7 @@ from runtime.registry import Deployment
 from ..body import read_json_body
 from ..cluster import CLUSTER
 from ..keys import CONFIG, EXECUTOR, PRINCIPAL, REGISTRY, TRACE_ID
-from ..metrics import INVOCATION
+from ..metrics import INVOCATION, counted
 from ..negotiation import parse_accept, quality
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 
@@ -102,6 +102,7 @@ async def start_invocation(request: web.Request, dep: Deployment, event: Any, mo
     return inv
 
 
+@counted  # frontend/metrics.py: one count per invocation, by function and outcome
 async def run_invocation(request: web.Request, dep: Deployment, event: Any) -> web.StreamResponse:
     """Invoke `dep` with `event` and answer as the request's Accept header asks."""
     args = request.app[CONFIG].frontend.args

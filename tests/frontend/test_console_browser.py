@@ -204,7 +204,7 @@ def test_page_on_an_allowed_origin_streams_through_fetch_and_eventsource(browser
     problems: list[str] = []
     page = _page(browser, problems)
     page.goto(other_origin + "/")
-    page.evaluate("base => streamByFetch(base)", server.url)
+    page.evaluate("base => { streamByFetch(base); }", server.url)  # not awaited
     page.wait_for_function("() => window.results.events.length >= 1")
     early = page.evaluate("window.results.events.length")
     page.wait_for_function("() => window.results.fetchDone === true", timeout=15000)

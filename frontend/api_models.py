@@ -1,7 +1,8 @@
 """Pydantic models of the JSON the routes answer, for the OpenAPI document (frontend/openapi.py).
 
 Request models come from the code where it has them (FunctionSpec for manifests, StreamStats for
-stream statistics); the answer shapes the routes build as dicts are described here, with the code's own types inside (StreamStats).
+stream statistics); the answer shapes the routes build as dicts are described here, with the
+code's own types inside (StreamStats).
 """
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ class FunctionStatus(BaseModel):
 class FunctionInfo(BaseModel):
     """A deployed function: every field of its manifest (FunctionSpec), its URN and its status."""
 
-    model_config = ConfigDict(extra="allow", json_schema_extra={"allOf": [{"$ref": "#/components/schemas/FunctionSpec"}]})
+    model_config = ConfigDict(extra="allow",
+                              json_schema_extra={"allOf": [{"$ref": "#/components/schemas/FunctionSpec"}]})
     name: str
     urn: str
     status: FunctionStatus

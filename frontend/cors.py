@@ -14,7 +14,7 @@ state-changing method and on the admin API, before auth or the route runs. Reque
 from __future__ import annotations
 
 import urllib.parse
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 

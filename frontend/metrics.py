@@ -13,8 +13,9 @@ import asyncio
 import bisect
 import functools
 import logging
+from collections.abc import Awaitable, Callable, Iterator
 from time import monotonic
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -56,14 +57,14 @@ class _Histogram:
     def buckets(self) -> list[tuple[str, float]]:
         out: list[tuple[str, float]] = []
         running = 0
-        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts):
+        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts, strict=True):
             running += count
             out.append((bound, running))
         return out
 
 
 class _PerFunction:
-    __slots__ = ("duration", "first_event", "events", "bytes", "heartbeats")
+    __slots__ = ("bytes", "duration", "events", "first_event", "heartbeats")
 
     def __init__(self) -> None:
         self.duration = _Histogram(DURATION_BUCKETS)
@@ -173,6 +174,7 @@ def _record(request: web.Request, inv: Any, code: int | str, started: float) -> 
     events = getattr(inv, "writes", None)
     if events is None:
         events = getattr(inv, "events", 0)  # a cluster RemoteInvocation counts what it relayed
+    assert isinstance(events, int)
     stats.record(inv.spec.name, code, monotonic() - started, stream, events)
 
 
@@ -213,7 +215,8 @@ class _Snapshot(Collector):
     def _functions(self) -> Iterator[Metric]:
         per = sorted(self.stats.functions.items())
         duration = HistogramMetricFamily("fnstream_invocation_duration_seconds",
-                                         "Time from the request's arrival to the end of its answer", labels=["function"])
+                                         "Time from the request's arrival to the end of its answer",
+                                         labels=["function"])
         first = HistogramMetricFamily("fnstream_time_to_first_event_seconds",
                                       "Streamed answers: time until the first event went out", labels=["function"])
         events = CounterMetricFamily("fnstream_stream_events", "Events streamed to clients", labels=["function"])
@@ -245,12 +248,15 @@ class _Snapshot(Collector):
 
     def _streams(self) -> Iterator[Metric]:
         labels = ["stream"]
-        produced = CounterMetricFamily("fnstream_stream_produced", "Elements published into a named stream", labels=labels)
+        produced = CounterMetricFamily("fnstream_stream_produced", "Elements published into a named stream",
+                                       labels=labels)
         delivered = CounterMetricFamily("fnstream_stream_delivered", "Elements delivered to subscribers", labels=labels)
         dropped = CounterMetricFamily("fnstream_stream_dropped", "Elements dropped (slow subscribers cut, retention)",
                                       labels=labels)
-        subscribers = GaugeMetricFamily("fnstream_stream_subscribers", "Subscribers of a named stream now", labels=labels)
-        producers = GaugeMetricFamily("fnstream_stream_producers", "Producers attached to a named stream", labels=labels)
+        subscribers = GaugeMetricFamily("fnstream_stream_subscribers", "Subscribers of a named stream now",
+                                        labels=labels)
+        producers = GaugeMetricFamily("fnstream_stream_producers", "Producers attached to a named stream",
+                                      labels=labels)
         retained = GaugeMetricFamily("fnstream_stream_retained_bytes", "Bytes a named stream retains for replay",
                                      labels=labels)
         for s in self.streams:
@@ -294,7 +300,7 @@ async def _cluster_state(app: web.Application) -> dict[str, Any] | None:
     try:
         for function in sorted(node.sync.specs):
             queues[function] = await _queue_depth(node, function)
-    except Exception as exc:  # noqa: BLE001 - Redis away: report what is known, never fail the scrape
+    except Exception as exc:
         log.info("metrics: cannot read cluster queues: %s", exc)
     return {"workers": len(node.workers), "queues": queues, "reachable": node.redis_reachable}
 
@@ -305,7 +311,7 @@ async def _queue_depth(node: Any, function: str) -> int:
 
     try:
         groups = await node.redis.xinfo_groups(node.keys.queue(function))
-    except Exception:  # noqa: BLE001 - no such queue yet
+    except Exception:
         return 0
     for group in groups:
         name = group.get("name")

@@ -148,8 +148,8 @@ def _success(op: Op, schemas: _Schemas) -> tuple[str, dict[str, Any]]:
 
 
 def _operation(op: Op, schemas: _Schemas, auth_on: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"tags": [op.tag], "summary": op.summary,
-                           "operationId": f"{op.method.lower()}_{re.sub(r'[^a-zA-Z0-9]+', '_', op.path).strip('_') or 'root'}"}
+    slug = re.sub(r"[^a-zA-Z0-9]+", "_", op.path).strip("_") or "root"
+    out: dict[str, Any] = {"tags": [op.tag], "summary": op.summary, "operationId": f"{op.method.lower()}_{slug}"}
     if op.description:
         out["description"] = op.description
     params = [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}}

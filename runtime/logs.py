@@ -45,7 +45,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
-            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
                 timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,

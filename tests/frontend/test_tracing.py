@@ -41,7 +41,7 @@ async def test_without_trace_headers_a_new_trace_is_made_and_named_on_every_answ
     second = await traced.post(INVOKE, json={})
     ids = [(await r.json())["trace_id"] for r in (first, second)]
     assert ids[0] != ids[1]
-    for resp, trace_id in zip((first, second), ids):
+    for resp, trace_id in zip((first, second), ids, strict=True):
         assert resp.headers["traceparent"].split("-")[1] == trace_id == resp.headers["X-Request-Id"]
     for resp in (await traced.get("/healthz"), await traced.get("/nope"), await traced.post(INVOKE, data=b"{")):
         assert resp.headers["X-Request-Id"] == resp.headers["X-Trace-Id"]

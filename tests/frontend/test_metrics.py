@@ -122,3 +122,17 @@ async def test_metrics_can_be_switched_off(metered):
     client = await metered(**{"metrics.enabled": False})
     assert (await client.get("/metrics")).status == 404
     assert (await client.post("/serverless/v1/functions/record/invocations", json={})).status == 200
+
+
+async def test_worker_pool_metrics(make_client):
+    from tests.support.servers import PROCESS_FUNCTIONS
+
+    client = await make_client(**{"runtime.codeRoots": [str(PROCESS_FUNCTIONS)], "runtime.deployDir": None})
+    manifest = {"name": "proc-pid", "handler": "proc.pid", "codePath": ".", "executor": "process", "instances": 2}
+    assert (await client.post("/admin/v1/functions", json=manifest)).status == 201
+    assert (await client.post("/serverless/v1/functions/proc-pid/invocations", json={})).status == 200
+    s = await _scrape(client)
+    assert _value(s, "fnstream_pool_instances", function="proc-pid") == 2
+    assert _value(s, "fnstream_pool_busy", function="proc-pid") == 0
+    assert ("fnstream_pool_restarts_total", (("function", "proc-pid"),)) in s
+    assert _value(s, "fnstream_invocations_total", function="proc-pid", outcome="ok", code="0") == 1

@@ -14,11 +14,11 @@ from runtime.manifest import load_deploy_dir
 from runtime.registry import Registry
 from runtime.streams import AbstractBroker, bind_broker, build_broker, unbind_broker
 
+from . import openapi
 from .auth import auth_middleware
 from .cors import cors_middleware, install_cors
 from .errors import error_middleware
 from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY, TRACE_ID
-from . import openapi
 from .metrics import install_metrics
 from .routes import admin, console, health, invoke, openai, streams
 from .tracing import add_trace_headers

@@ -10,6 +10,7 @@ import logging
 from aiohttp import web
 
 from runtime.errors import FunctionServiceError
+
 from .keys import TRACE_ID
 from .tracing import trace_id_of
 

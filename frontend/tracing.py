@@ -47,6 +47,9 @@ async def add_trace_headers(request: web.Request, response: web.StreamResponse) 
     headers = response.headers
     trace_id = headers.setdefault("X-Trace-Id", trace_id)
     headers["X-Request-Id"] = trace_id
-    flags = request[TRACE_FLAGS]
+    try:
+        flags = request[TRACE_FLAGS]
+    except KeyError:  # the trace id was set by other code than trace_id_of
+        flags = "01" if is_w3c_trace_id(trace_id) else ""
     if flags and "traceparent" not in headers:
         headers["traceparent"] = f"00-{trace_id}-{new_span_id()}-{flags}"

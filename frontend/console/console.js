@@ -460,7 +460,7 @@ function drawChart() {
   const line = (key, color) => {
     g.strokeStyle = color; g.lineWidth = 2; g.beginPath();
     points.forEach((p, i) => {
-      const x = pad + ((w - pad - 5) * i) / Math.max(1, points.length - 1);
+      const x = w - 5 - ((w - pad - 5) * (points.length - 1 - i)) / 59;  // newest at the right, 1 s apart
       const y = h - pad - ((h - 2 * pad) * p[key]) / top;
       if (i === 0) g.moveTo(x, y); else g.lineTo(x, y);
     });

@@ -47,6 +47,8 @@ def _inflight(server, name: str) -> int:
 def test_console_panels_stream_live_stop_and_subscribe(browser, server, tmp_path):
     problems: list[str] = []
     page = _page(browser, problems)
+    requested: list[str] = []
+    page.on("request", lambda r: requested.append(r.url))
     page.goto(server.url + "/")
     assert page.url == server.url + "/console/"
 
@@ -113,7 +115,12 @@ def test_console_panels_stream_live_stop_and_subscribe(browser, server, tmp_path
     # Metrics, jobs, sessions, API docs.
     page.click("#tabs button[data-panel=metrics]")
     page.wait_for_selector("#metrics-table tr[data-metric=fnstream_invocations_total]")
-    page.wait_for_timeout(2200)  # a few points of the live chart
+    for _ in range(3):  # traffic while the live chart runs
+        for _ in range(10):
+            req = urllib.request.Request(server.url + "/serverless/v1/functions/hello/invocations", data=b"{}")
+            urllib.request.urlopen(req, timeout=5).close()
+        page.wait_for_timeout(700)
+    page.wait_for_function("() => state.metrics.points.some(p => p.inv > 0)")
     page.screenshot(path=str(tmp_path / "console-metrics.png"), full_page=True)
     for panel in ("jobs", "sessions"):
         page.click(f"#tabs button[data-panel={panel}]")
@@ -124,6 +131,9 @@ def test_console_panels_stream_live_stop_and_subscribe(browser, server, tmp_path
     page.click("details.op[data-path='/serverless/v1/functions/{ref}/invocations'] summary")
     page.screenshot(path=str(tmp_path / "console-apidocs.png"), full_page=True)
     assert problems == []
+    # Offline-ready: everything the page loaded or called came from this server (no CDN).
+    assert requested and all(u.startswith(server.url + "/") or u.startswith("data:") for u in requested), \
+        sorted({u for u in requested if not u.startswith(server.url)})
     page.close()
 
 

@@ -15,7 +15,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from time import monotonic
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -133,19 +133,20 @@ def _code_of(request: web.Request, inv: Any, response: web.StreamResponse | None
     return 0
 
 
-Route = Callable[..., Awaitable[web.StreamResponse]]
+P = ParamSpec("P")
+Route = Callable[Concatenate[web.Request, P], Awaitable[web.StreamResponse]]
 
 
-def counted(route: Route) -> Route:
+def counted(route: Route[P]) -> Route[P]:
     """Wrap an invoke route's core (`(request, ...) -> response`): count the invocation it started
     once it has answered, failed, or lost its client. A decorator, not a middleware: only the
     invoke paths pay for it, and nothing is wrapped per request."""
 
     @functools.wraps(route)
-    async def run(request: web.Request, *args: Any) -> web.StreamResponse:
+    async def run(request: web.Request, /, *args: P.args, **kwargs: P.kwargs) -> web.StreamResponse:
         started = monotonic()
         try:
-            response = await route(request, *args)
+            response = await route(request, *args, **kwargs)
         except asyncio.CancelledError:
             _maybe_record(request, DISCONNECTED, started)
             raise

@@ -15,11 +15,15 @@ from runtime.manifest import load_deploy_dir
 from runtime.registry import Registry
 from runtime.streams import AbstractBroker, bind_broker, build_broker, unbind_broker
 
+from . import openapi
 from .auth import auth_middleware
+from .cors import cors_middleware, install_cors
 from .errors import error_middleware
-from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY
-from .routes import admin, health, invoke, openai, streams
+from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY, TRACE_ID
+from .metrics import install_metrics
+from .routes import admin, console, health, invoke, openai, streams
 from .server import FnstreamRunner, raise_fd_limit, start_site
+from .tracing import add_trace_headers
 
 __all__ = ("build_app", "build_registry", "serve", "SERVER_KWARGS")
 
@@ -35,7 +39,7 @@ class AccessLogger(AbstractAccessLogger):
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         self.logger.info("%s %s %s %d %.1fms", request.remote, request.method, request.path,
-                         response.status, time * 1000)
+                         response.status, time * 1000, extra={"trace_id": request.get(TRACE_ID, "")})
 
 
 # aiohttp cancels a request's handler when its client disconnects only when asked to; fnstream
@@ -55,7 +59,9 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
               broker: AbstractBroker | None = None) -> web.Application:
     body_limit = int(config.frontend.args.maxRequestBodySize * 1024 * 1024)
     # Without tokens auth is off: no middleware at all rather than one that checks and passes.
-    middlewares = [error_middleware, auth_middleware] if config.auth.tokens else [error_middleware]
+    # The Origin guard runs before auth: a foreign page's request is refused before anything else.
+    middlewares = [error_middleware, cors_middleware, auth_middleware] if config.auth.tokens \
+        else [error_middleware, cors_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=body_limit)
     app[CONFIG] = config
     app[REGISTRY] = registry if registry is not None else build_registry(config)
@@ -66,6 +72,11 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app.add_routes(admin.routes)
     app.add_routes(streams.routes)
     app.add_routes(openai.routes)
+    app.add_routes(console.routes)
+    app.add_routes(openapi.routes)
+    install_cors(app)
+    app.on_response_prepare.append(add_trace_headers)  # X-Trace-Id, X-Request-Id, traceparent
+    install_metrics(app)
 
     async def _shutdown_executor(app: web.Application):
         yield

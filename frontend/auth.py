@@ -16,11 +16,14 @@ from .keys import CONFIG, PRINCIPAL
 
 __all__ = ("auth_middleware", "required_role", "PRINCIPAL")
 
-_PUBLIC = ("/healthz",)
+# The console's static files and the API description hold no secrets: the console asks for a
+# token and sends it with every API call it makes.
+_PUBLIC = ("/healthz", "/", "/openapi.json")
+_PUBLIC_PREFIXES = ("/console/",)
 
 
 def required_role(path: str) -> str | None:
-    if path in _PUBLIC:
+    if path in _PUBLIC or path.startswith(_PUBLIC_PREFIXES) or path == "/console":
         return None
     if path.startswith("/invocations/") or path.startswith("/v1/"):
         return "user"
@@ -55,6 +58,8 @@ def _match(presented: str, tokens: list[AuthToken]) -> AuthToken | None:
 async def auth_middleware(request: web.Request, handler):
     tokens = request.app[CONFIG].auth.tokens
     role = required_role(request.path)
+    if role == "developer" and request.path == "/metrics" and request.app[CONFIG].metrics.public:
+        role = None  # metrics.public: true lets a Prometheus without a token scrape
     if not tokens or role is None:
         return await handler(request)
     presented = _presented_token(request)

@@ -14,6 +14,7 @@ from pathlib import Path
 from runtime.config import DEFAULT_CONFIG_PATH, Config, load_config
 from runtime.errors import ConfigError, FunctionServiceError
 from runtime import eventloop
+from runtime.logs import TEXT_FORMAT, configure_logging
 from runtime.manifest import load_manifest_file
 
 from .client import DEFAULT_URL, Client, iter_sse
@@ -44,6 +45,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise ConfigError(f"--processes {args.processes}: expected 1 or more")
         if args.processes > 1:
             return _serve_processes(args, config, overrides)
+        configure_logging(config.logging.format, os.environ.get("FNSTREAM_LOG", "INFO"))
         registry = build_registry(config)
     except FunctionServiceError as exc:
         print(f"fnstream: {exc.message}", file=sys.stderr)
@@ -85,6 +87,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except FunctionServiceError as exc:
         print(f"fnstream: {exc.message}", file=sys.stderr)
         return 2
+    configure_logging(config.logging.format, os.environ.get("FNSTREAM_LOG", "INFO"))
     eventloop.run(serve_worker(config), config.frontend.loop)
     return 0
 
@@ -245,8 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("FNSTREAM_LOG", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=os.environ.get("FNSTREAM_LOG", "INFO"), format=TEXT_FORMAT)
     args = build_parser().parse_args(argv)
     return args.func(args)
 

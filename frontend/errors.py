@@ -10,9 +10,9 @@ import logging
 from aiohttp import web
 
 from runtime.errors import FunctionServiceError
-from runtime.invocation import new_trace_id
 
 from .keys import TRACE_ID
+from .tracing import trace_id_of
 
 __all__ = ("error_response", "error_middleware", "http_error_code", "is_openai_path", "openai_error_body")
 
@@ -53,7 +53,7 @@ def error_response(request: web.Request, exc: FunctionServiceError) -> web.Respo
 
 @web.middleware
 async def error_middleware(request: web.Request, handler):
-    request[TRACE_ID] = request.headers.get("X-Trace-Id") or new_trace_id()
+    request[TRACE_ID] = trace_id_of(request)  # traceparent, X-Trace-Id or a new one
     try:
         return await handler(request)
     except FunctionServiceError as exc:

@@ -7,6 +7,7 @@ status. Events already queued are written in one call (coalesced); a lone event 
 from __future__ import annotations
 
 import re
+import time
 from typing import TYPE_CHECKING, Callable
 
 from aiohttp import web
@@ -14,7 +15,8 @@ from aiohttp import web
 if TYPE_CHECKING:
     from runtime.channel import OutputChannel
 
-__all__ = ("encode_event", "encode_comment", "EventStream", "relay", "frame_raw", "SSE_HEADERS", "DONE_EVENT", "PING")
+__all__ = ("encode_event", "encode_comment", "EventStream", "relay", "frame_raw", "SSE_HEADERS", "DONE_EVENT", "PING",
+           "CURRENT_STREAM")
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
@@ -28,6 +30,8 @@ DONE_EVENT = b"data: [DONE]\n\n"
 # A comment with no blank line after it: a blank line after a comment makes the openai-python
 # parser emit an empty event once it has seen an `id:` (openai-python #2722, #3833).
 PING = b": ping\n"
+# The SSE answer a request is writing (read by frontend/metrics.py for bytes, pings, first event).
+CURRENT_STREAM = web.RequestKey("event_stream", object)
 
 
 def encode_event(data: str, event_id: int | str | None = None, event: str | None = None) -> bytes:
@@ -67,6 +71,8 @@ async def relay(stream: "EventStream", channel: "OutputChannel[str]", heartbeat:
             continue
         if not batch:
             return
+        if stream.first_event_at is None:
+            stream.first_event_at = time.monotonic()
         await stream.write(frame(batch))
 
 
@@ -78,6 +84,10 @@ class EventStream:
         self.response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **(headers or {})})
         self.prepared = False
         self.bytes_sent = 0
+        self.pings = 0
+        self.opened_at = time.monotonic()
+        self.first_event_at: float | None = None  # when relay() wrote the first event (metrics)
+        request[CURRENT_STREAM] = self
 
     @property
     def status(self) -> int:
@@ -96,6 +106,7 @@ class EventStream:
         self.bytes_sent += len(data)
 
     async def ping(self) -> None:
+        self.pings += 1
         await self.write(PING)
 
     async def finish(self) -> web.StreamResponse:

@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .errors import ConfigError
 
 __all__ = ("Config", "FrontendConfig", "FrontendArgs", "FrontendLimits", "RuntimeConfig", "AuthConfig",
-           "AuthToken",
-           "StreamsConfig", "OpenAIConfig", "ClusterConfig", "load_config", "DEFAULT_CONFIG_PATH")
+           "AuthToken", "StreamsConfig", "OpenAIConfig", "ClusterConfig", "CorsConfig", "MetricsConfig",
+           "LoggingConfig", "load_config", "DEFAULT_CONFIG_PATH")
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "default.yaml"
 
@@ -45,6 +45,13 @@ class FrontendLimits(_Strict):
     maxHeaderFieldSize: int = Field(8190, ge=256, description="bytes of the request line and of each header line")
     maxHeaders: int = Field(128, ge=1, description="header lines per request")
     maxConnections: int = Field(10000, ge=1, description="open connections; past it new ones get 503")
+class CorsConfig(_Strict):
+    """Cross-origin access for browser pages on other origins (frontend/cors.py)."""
+
+    allowOrigins: list[str] = Field(default_factory=list, description="origins allowed ('*' = any); empty = CORS off")
+    allowCredentials: bool = False
+    maxAgeSeconds: int = Field(600, ge=0, description="how long a browser may cache a preflight answer")
+    exposeHeaders: list[str] = Field(default_factory=lambda: ["X-Trace-Id", "X-Inner-Code", "X-Billing-Duration"])
 
 
 class FrontendConfig(_Strict):
@@ -56,6 +63,7 @@ class FrontendConfig(_Strict):
     reusePort: bool = Field(False, description="SO_REUSEPORT: several cluster-mode frontends share one port")
     limits: FrontendLimits = FrontendLimits()
     args: FrontendArgs = FrontendArgs()
+    cors: CorsConfig = CorsConfig()
 
 
 class RuntimeConfig(_Strict):
@@ -115,6 +123,19 @@ class ClusterConfig(_Strict):
     workerConcurrency: int = Field(64, ge=1, description="invocations a worker node runs at once")
 
 
+class MetricsConfig(_Strict):
+    """`GET /metrics` (frontend/metrics.py)."""
+
+    enabled: bool = Field(True, description="count invocations and serve /metrics")
+    public: bool = Field(False, description="serve /metrics without a token even when auth is on")
+
+
+class LoggingConfig(_Strict):
+    """Log line format of `fnstream serve` and `fnstream worker` (runtime/logs.py)."""
+
+    format: Literal["text", "json"] = "text"
+
+
 class Config(_Strict):
     frontend: FrontendConfig = FrontendConfig()
     runtime: RuntimeConfig = RuntimeConfig()
@@ -122,6 +143,8 @@ class Config(_Strict):
     streams: StreamsConfig = StreamsConfig()
     openai: OpenAIConfig = OpenAIConfig()
     cluster: ClusterConfig = ClusterConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    logging: LoggingConfig = LoggingConfig()
     source: str = Field("<defaults>", exclude=True, description="where this config came from")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
 import time
@@ -18,6 +19,7 @@ from typing import Any, Callable
 from .context import Context
 from .errors import FunctionServiceError, FunctionTimeoutError, HandlerError, ServiceUnavailableError
 from .invocation import Invocation, drain_generator
+from .logs import set_log_context
 from .process.executor import ProcessExecutor
 
 __all__ = ("Executor",)
@@ -43,7 +45,8 @@ class Executor:
         self._watchdog: asyncio.Task | None = None
 
     def run_sync(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
-        return asyncio.get_running_loop().run_in_executor(self._pool, fn)
+        # In a copy of the caller's context: log records of thread handlers keep the invocation's tags.
+        return asyncio.get_running_loop().run_in_executor(self._pool, contextvars.copy_context().run, fn)
 
     def start(self, inv: Invocation, *, inline: bool = False) -> "asyncio.Task[Any] | None":
         """Take a concurrency slot (429 when full) and run the invocation in its own task.
@@ -122,6 +125,7 @@ class Executor:
     async def _run(self, inv: Invocation) -> Any:
         inv.entered = True
         dep = inv.deployment
+        set_log_context(inv.trace_id, dep.name, inv.id)
         thread_future: asyncio.Future | None = None
         try:
             await dep.ensure_initialized(self.run_sync)

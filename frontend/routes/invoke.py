@@ -30,6 +30,7 @@ from runtime.registry import Deployment
 from ..body import read_json_body
 from ..cluster import CLUSTER
 from ..keys import CONFIG, EXECUTOR, PRINCIPAL, REGISTRY, TRACE_ID
+from ..metrics import INVOCATION, counted
 from ..negotiation import parse_accept, quality
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 
@@ -88,16 +89,20 @@ async def start_invocation(request: web.Request, dep: Deployment, event: Any, mo
     args = app[CONFIG].frontend.args
     cluster = app.get(CLUSTER)
     if cluster is not None and cluster.should_enqueue(dep):
-        return await cluster.submit(dep, event, mode=mode, buffer_events=args.streamBufferEvents,
-                                    max_write_size=args.maxWriteSize, max_response_size=args.maxResponseSize,
-                                    trace_id=request.get(TRACE_ID))
+        remote = await cluster.submit(dep, event, mode=mode, buffer_events=args.streamBufferEvents,
+                                      max_write_size=args.maxWriteSize, max_response_size=args.maxResponseSize,
+                                      trace_id=request.get(TRACE_ID))
+        request[INVOCATION] = remote  # counted by frontend/metrics.py once the answer ends
+        return remote
     inv = Invocation(dep, event, mode=mode, loop=asyncio.get_running_loop(),
                      buffer_events=args.streamBufferEvents, max_write_size=args.maxWriteSize,
                      max_response_size=args.maxResponseSize, trace_id=request.get(TRACE_ID))
+    request[INVOCATION] = inv  # counted by frontend/metrics.py once the answer ends (a 429 too)
     app[EXECUTOR].start(inv, inline=inline)
     return inv
 
 
+@counted  # frontend/metrics.py: one count per invocation, by function and outcome
 async def run_invocation(request: web.Request, dep: Deployment, event: Any) -> web.StreamResponse:
     """Invoke `dep` with `event` and answer as the request's Accept header asks."""
     args = request.app[CONFIG].frontend.args

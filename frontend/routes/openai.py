@@ -27,6 +27,7 @@ from runtime.registry import Deployment
 from ..body import read_json_body
 from ..errors import openai_error_body
 from ..keys import CONFIG, PRINCIPAL
+from ..metrics import counted
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 from .invoke import find_function, start_invocation
 
@@ -57,6 +58,7 @@ def _check_tenant(request: web.Request, dep: Deployment) -> None:
                              f"of tenant {dep.spec.tenant!r}")
 
 
+@counted  # frontend/metrics.py: one count per invocation, by function and outcome
 async def _serve(request: web.Request, route: str) -> web.StreamResponse:
     body = await read_json_body(request)
     if not isinstance(body, dict):

@@ -11,11 +11,12 @@ import sys
 import urllib.parse
 from pathlib import Path
 
-from runtime.config import DEFAULT_CONFIG_PATH, load_config
 from runtime.errors import FunctionServiceError
 from runtime.manifest import load_manifest_file
 
 from .client import DEFAULT_URL, Client, iter_sse
+from .scaffold import add_commands as add_scaffold_commands
+from .startup import NO_FUNCTIONS_HINT, load_cli_config
 
 __all__ = ("main",)
 
@@ -37,11 +38,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.cluster:
         overrides.append(f"cluster.redisUrl={args.cluster}")
     try:
-        config = load_config(args.config, overrides)
+        config = load_cli_config(args.config, overrides)
         registry = build_registry(config)
     except FunctionServiceError as exc:
         print(f"fnstream: {exc.message}", file=sys.stderr)
         return 2
+    if len(registry) == 0 and not config.cluster.redisUrl:
+        print(NO_FUNCTIONS_HINT.format(deploy=config.runtime.deployDir or Path.cwd() / "deploy"), flush=True)
     app = build_app(config, registry)
     asyncio.run(serve(app, config.frontend.host, config.frontend.port))
     return 0
@@ -55,7 +58,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.concurrency is not None:
         overrides.append(f"cluster.workerConcurrency={args.concurrency}")
     try:
-        config = load_config(args.config, overrides)
+        config = load_cli_config(args.config, overrides)
     except FunctionServiceError as exc:
         print(f"fnstream: {exc.message}", file=sys.stderr)
         return 2
@@ -167,12 +170,15 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return _report(*asyncio.run(_client(args).call("POST", path, json_body=list(args.elements))))
 
 
+CONFIG_HELP = "config YAML (default: ./config/default.yaml if present, else the built-in defaults)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fnstream", description="Python function-service runtime for streaming work")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the server with the deploy directory's functions")
-    serve.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="config YAML (default: %(default)s)")
+    serve.add_argument("--config", help=CONFIG_HELP)
     serve.add_argument("-s", "--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     serve.add_argument("--deploy-dir", help="manifest directory (overrides runtime.deployDir)")
     serve.add_argument("--host")
@@ -183,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="run a handler-only cluster node taking queued invocations")
     worker.add_argument("--cluster", required=True, metavar="REDIS_URL", help="redis://HOST:PORT/DB")
-    worker.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="config YAML (default: %(default)s)")
+    worker.add_argument("--config", help=CONFIG_HELP)
     worker.add_argument("-s", "--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     worker.add_argument("--concurrency", type=int, help="invocations run at once (cluster.workerConcurrency)")
     worker.set_defaults(func=cmd_worker)
@@ -213,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = client_command("publish", "publish elements (UTF-8 text each) into a named stream", cmd_publish)
     p.add_argument("name")
     p.add_argument("elements", nargs="+", metavar="ELEMENT")
+    add_scaffold_commands(sub)
     return parser
 
 

@@ -46,6 +46,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if len(registry) == 0 and not config.cluster.redisUrl:
         print(NO_FUNCTIONS_HINT.format(deploy=config.runtime.deployDir or Path.cwd() / "deploy"), flush=True)
     app = build_app(config, registry)
+    if args.reload:
+        if config.cluster.redisUrl:
+            print("fnstream: --reload is for a single-process server (not with cluster.redisUrl)", file=sys.stderr)
+            return 2
+        from .reload import Reloader
+        app.cleanup_ctx.append(Reloader(registry, config.runtime.deployDir or Path.cwd() / "deploy").context)
     asyncio.run(serve(app, config.frontend.host, config.frontend.port))
     return 0
 
@@ -185,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int)
     serve.add_argument("--cluster", metavar="REDIS_URL", help="cluster mode: share registry, queue and streams "
                        "through Redis (sets cluster.redisUrl)")
+    serve.add_argument("--reload", action="store_true", help="redeploy a function when its manifest in the deploy "
+                       "directory or a .py file under its codePath changes (development)")
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("worker", help="run a handler-only cluster node taking queued invocations")

@@ -68,6 +68,17 @@ def _import(spec: FunctionSpec, module: str) -> ModuleType:
     return mod
 
 
+def _where(exc: BaseException, code_path: Path) -> str:
+    """` at FILE:LINE` of a failed import: the syntax error's own position, else the deepest frame
+    in the function's code (not importlib's), else the deepest frame."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" at {exc.filename}:{exc.lineno}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if Path(f.filename).is_relative_to(code_path)]
+    last = (own or frames)[-1:]
+    return f" at {last[0].filename}:{last[0].lineno}" if last else ""
+
+
 def check_code_location(spec: FunctionSpec, code_roots: list[Path]) -> None:
     """DeployError unless `spec.codePath` is a directory inside the code roots (nothing imported)."""
     check_code_root(spec.codePath, code_roots, spec.name)
@@ -90,8 +101,7 @@ def load_code(spec: FunctionSpec, code_roots: list[Path]) -> LoadedCode:
         except FileNotFoundError as exc:
             raise DeployError(f"function {spec.name!r}: {field} {ref!r}: {exc}") from None
         except BaseException as exc:  # noqa: BLE001 - any import-time failure of user code
-            last = traceback.extract_tb(exc.__traceback__)[-1:]
-            where = f" at {last[0].filename}:{last[0].lineno}" if last else ""
+            where = _where(exc, spec.codePath)
             raise DeployError(f"function {spec.name!r}: importing {module!r} failed: "
                               f"{type(exc).__name__}: {exc}{where}") from None
         func = getattr(modules[module], attr, None)

@@ -15,6 +15,7 @@ from runtime.errors import FunctionServiceError
 from runtime.manifest import load_manifest_file
 
 from .client import DEFAULT_URL, Client, iter_sse
+from .progress import LiveStatus
 from .scaffold import add_commands as add_scaffold_commands
 from .startup import NO_FUNCTIONS_HINT, load_cli_config
 
@@ -132,8 +133,9 @@ def cmd_invoke(args: argparse.Namespace) -> int:
             async with s.post(client.url + path, json=event, headers={"Accept": "text/event-stream"}) as r:
                 if r.content_type != "text/event-stream":
                     return _report(r.status, await r.text())
-                async for ev in iter_sse(r):
-                    print(ev["data"], flush=True)
+                async with LiveStatus(args.name) as status:
+                    async for ev in iter_sse(r):
+                        status.print(ev["data"])
                 return 0 if r.status < 400 else 1
 
     return asyncio.run(run())
@@ -154,15 +156,15 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
             async with s.get(client.url + "/serverless/v1/stream/subscribe", headers=headers) as r:
                 if r.content_type != "text/event-stream":
                     return _report(r.status, await r.text())
-                async for ev in iter_sse(r):
-                    if ev["event"] == "binary":
-                        sys.stdout.buffer.write(base64.b64decode(ev["data"]) + b"\n")
-                        sys.stdout.flush()
-                    elif ev["event"] in ("error", "end"):
-                        print(f"fnstream: {ev['event']}: {ev['data']}", file=sys.stderr, flush=True)
-                        rc = 1 if ev["event"] == "error" and '"lost_from_id"' not in ev["data"] else rc
-                    else:
-                        print(ev["data"], flush=True)
+                async with LiveStatus(args.name) as status:
+                    async for ev in iter_sse(r):
+                        if ev["event"] == "binary":
+                            status.write_bytes(base64.b64decode(ev["data"]) + b"\n")
+                        elif ev["event"] in ("error", "end"):
+                            status.note(f"fnstream: {ev['event']}: {ev['data']}")
+                            rc = 1 if ev["event"] == "error" and '"lost_from_id"' not in ev["data"] else rc
+                        else:
+                            status.print(ev["data"])
         return rc
 
     try:

@@ -38,7 +38,10 @@ def check_code_root(code_path: Path, code_roots: list[Path], name: str) -> None:
     resolved = code_path.resolve()
     if not any(resolved == root or root in resolved.parents for root in code_roots):
         roots = ", ".join(str(r) for r in code_roots)
-        raise DeployError(f"function {name!r}: codePath {resolved} is outside the allowed code roots ({roots})")
+        raise DeployError(f"function {name!r}: codePath {resolved} is outside the allowed code roots ({roots}); "
+                          f"widen runtime.codeRoots to allow it: add the directory to runtime.codeRoots in the "
+                          f"config file, or start with -s 'runtime.codeRoots=[{roots}, {resolved}]' (a list; [] "
+                          "allows any directory)")
 
 
 def _module_file(code_path: Path, module: str) -> Path:

@@ -82,11 +82,26 @@ def _where(exc: BaseException, code_path: Path) -> str:
     return f" at {last[0].filename}:{last[0].lineno}" if last else ""
 
 
+_OWN_PACKAGES = {"runtime": Path(__file__).resolve().parent,
+                 "frontend": Path(__file__).resolve().parent.parent / "frontend"}
+
+
+def check_not_shadowed(code_path: Path, name: str) -> None:
+    """DeployError if the code holds its own `runtime` or `frontend` module: fnstream's packages of
+    those names come first on sys.path, so the handler's `import runtime` would get fnstream's."""
+    for module, own in _OWN_PACKAGES.items():
+        for candidate in (code_path / module, code_path / f"{module}.py"):
+            if candidate.exists() and candidate.resolve() != own:
+                raise DeployError(f"function {name!r}: {candidate} is shadowed by fnstream's own {module!r} "
+                                  f"package ({own}); rename the module")
+
+
 def check_code_location(spec: FunctionSpec, code_roots: list[Path]) -> None:
     """DeployError unless `spec.codePath` is a directory inside the code roots (nothing imported)."""
     check_code_root(spec.codePath, code_roots, spec.name)
     if not spec.codePath.is_dir():
         raise DeployError(f"function {spec.name!r}: codePath {spec.codePath} is not a directory")
+    check_not_shadowed(spec.codePath, spec.name)
 
 
 def load_code(spec: FunctionSpec, code_roots: list[Path]) -> LoadedCode:

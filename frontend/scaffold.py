@@ -44,9 +44,10 @@ def bundled_examples() -> tuple[Path, Path]:
     """(functions dir, deploy dir) of the bundled examples: the wheel's copy or the checkout's."""
     try:
         from importlib.resources import files
-        fns = Path(str(files("frontend._examples.functions")))
-        dep = Path(str(files("frontend._examples.deploy")))
-        if (dep / "hello.yaml").is_file():
+        # Join a file name first: a namespace package's files() is a MultiplexedPath, whose str() is no path.
+        fns = Path(str(files("frontend._examples.functions") / "hello.py")).parent
+        dep = Path(str(files("frontend._examples.deploy") / "hello.yaml")).parent
+        if (dep / "hello.yaml").is_file() and (fns / "hello.py").is_file():
             return fns, dep
     except (ModuleNotFoundError, TypeError):
         pass

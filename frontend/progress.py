@@ -10,7 +10,7 @@ import asyncio
 import sys
 import time
 from types import TracebackType
-from typing import TextIO
+from typing import Self, TextIO
 
 __all__ = ("LiveStatus",)
 
@@ -30,7 +30,7 @@ class LiveStatus:
         self._start = time.monotonic()
         self._ticker: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> LiveStatus:
+    async def __aenter__(self) -> Self:
         if self.enabled:
             self._draw()
             self._ticker = asyncio.create_task(self._tick())

@@ -102,7 +102,7 @@ class Reloader:
                 manifests, code = await self._look()
                 if manifests or code:
                     await self.apply(manifests, code)
-            except Exception:  # noqa: BLE001 - the watcher outlives any one bad change
+            except Exception:
                 log.exception("reload: unexpected error")
 
     def _parse(self, path: Path) -> list[FunctionSpec] | None:
@@ -139,9 +139,10 @@ class Reloader:
     async def _redeploy(self, name: str, spec: FunctionSpec, cause: Path) -> None:
         old = self.registry.get(name).revision if name in self.registry else None
         try:
-            [dep] = await self.registry.adeploy([spec])
+            deployed = await self.registry.adeploy([spec])
         except FunctionServiceError as exc:
             keep = f"revision {old} keeps serving" if old is not None else "not deployed"
             log.error("reload: %s changed; %s: %s", cause, keep, exc.message)
             return
-        log.info("reload: %s changed; %s is now revision %d", cause, name, dep.revision)
+        log.info("reload: %s changed; %s is now revision %d", cause, name, self.registry.get(name).revision)
+        del deployed

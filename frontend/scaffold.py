@@ -22,8 +22,15 @@ from runtime.manifest import FunctionSpec, parse_manifest
 
 from .templates import TEMPLATES
 
-__all__ = ("ScaffoldError", "Written", "init_project", "new_function", "render_config", "bundled_examples",
-           "add_commands")
+__all__ = (
+    "ScaffoldError",
+    "Written",
+    "add_commands",
+    "bundled_examples",
+    "init_project",
+    "new_function",
+    "render_config",
+)
 
 RESERVED_MODULES = frozenset({"runtime", "frontend"})  # fnstream's own packages would shadow them
 
@@ -94,7 +101,7 @@ def render_config() -> str:
     lines = ["# fnstream configuration (written by `fnstream init`). Every key is listed with its default;",
              "# uncomment a line to change it. Relative paths resolve against this file's directory.",
              "# Reference: the README's \"Configuration\" section."]
-    _render(Config, Config().model_dump(mode="json"), shipped, 0, lines)
+    _render(Config, Config.model_validate({}).model_dump(mode="json"), shipped, 0, lines)
     return "\n".join(lines) + "\n"
 
 
@@ -170,7 +177,7 @@ def init_project(directory: Path, *, force: bool = False, examples: bool = False
 def _check_name(name: str) -> str:
     """The module name for function `name`, or ScaffoldError with the manifest's own message."""
     try:
-        FunctionSpec(name=name, handler="module.handler")
+        FunctionSpec.model_validate({"name": name, "handler": "module.handler"})
     except ValidationError as exc:
         reason = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
         raise ScaffoldError(f"invalid function name {name!r}: {reason}") from None
@@ -196,8 +203,7 @@ def new_function(directory: Path, name: str, template: str = "stream", *, force:
                                      Path(f"deploy/{name}.yaml"): manifest}
     written = _write_all(directory, files, force)
     stream = " --stream" if template != "plain" else ""
-    steps = ["fnstream serve                      # or, with a server running: "
-             f"fnstream deploy deploy/{name}.yaml",
+    steps = [f"fnstream serve                      # or, with a server running: fnstream deploy deploy/{name}.yaml",
              f"fnstream invoke {name}{stream} --data '{tpl.example_data}'"]
     if template == "openai":
         steps[0] = f"fnstream serve -s openai.chatFunction={name}   # or set openai.chatFunction in the config"
@@ -237,7 +243,7 @@ def cmd_new(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`fnstream init` and `fnstream new` on the CLI's sub-command parser."""
     p = sub.add_parser("init", help="write a project: config, deploy/, functions/, a streaming example and its test")
     p.add_argument("dir", nargs="?", default=".", metavar="DIR", help="project directory (default: .)")

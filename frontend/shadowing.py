@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-__all__ = ("check_own_packages", "ShadowedPackageError")
+__all__ = ("ShadowedPackageError", "check_own_packages")
 
 
 class ShadowedPackageError(ImportError):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from runtime.config import Config, load_config, packaged_default_config
 
-__all__ = ("load_cli_config", "NO_FUNCTIONS_HINT")
+__all__ = ("NO_FUNCTIONS_HINT", "load_cli_config")
 
 NO_FUNCTIONS_HINT = ("fnstream: no functions deployed (no deploy directory at {deploy}). Add one with "
                      "`fnstream new hello` (or `fnstream init` for a whole project) and restart, or "

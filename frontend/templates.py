@@ -13,7 +13,7 @@ __all__ = ("TEMPLATES", "Template")
 class Template:
     """One template: what it is for, its handler source and the extra manifest lines."""
 
-    __slots__ = ("summary", "code", "manifest_extra", "example_data")
+    __slots__ = ("code", "example_data", "manifest_extra", "summary")
 
     def __init__(self, summary: str, code: str, manifest_extra: str = "", example_data: str = "{}") -> None:
         self.summary = summary

@@ -11,13 +11,16 @@ import sys
 import urllib.parse
 from pathlib import Path
 
-from runtime.config import DEFAULT_CONFIG_PATH, Config, load_config
+from runtime.config import Config
 from runtime.errors import ConfigError, FunctionServiceError
 from runtime import eventloop
 from runtime.logs import TEXT_FORMAT, configure_logging
 from runtime.manifest import load_manifest_file
 
 from .client import DEFAULT_URL, Client, iter_sse
+from .progress import LiveStatus
+from .scaffold import add_commands as add_scaffold_commands
+from .startup import NO_FUNCTIONS_HINT, load_cli_config
 
 __all__ = ("main",)
 
@@ -39,18 +42,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.cluster:
         overrides.append(f"cluster.redisUrl={args.cluster}")
     try:
-        config = load_config(args.config, overrides)
+        config = load_cli_config(args.config, overrides)
         eventloop.loop_factory(config.frontend.loop)  # an unavailable loop is refused before anything starts
         if args.processes < 1:
             raise ConfigError(f"--processes {args.processes}: expected 1 or more")
         if args.processes > 1:
+            if args.reload:
+                raise ConfigError("--reload is for a single-process server (not with --processes)")
             return _serve_processes(args, config, overrides)
         configure_logging(config.logging.format, os.environ.get("FNSTREAM_LOG", "INFO"))
         registry = build_registry(config)
     except FunctionServiceError as exc:
         print(f"fnstream: {exc.message}", file=sys.stderr)
         return 2
+    if len(registry) == 0 and not config.cluster.redisUrl:
+        print(NO_FUNCTIONS_HINT.format(deploy=config.runtime.deployDir or Path.cwd() / "deploy"), flush=True)
     app = build_app(config, registry)
+    if args.reload:
+        if config.cluster.redisUrl:
+            print("fnstream: --reload is for a single-process server (not with cluster.redisUrl)", file=sys.stderr)
+            return 2
+        from .reload import Reloader
+        app.cleanup_ctx.append(Reloader(registry, config.runtime.deployDir or Path.cwd() / "deploy").context)
     eventloop.run(serve(app, config.frontend.host, config.frontend.port), config.frontend.loop)
     return 0
 
@@ -65,7 +78,9 @@ def _serve_processes(args: argparse.Namespace, config: Config, overrides: list[s
                           "process, so only one may serve them")
     if config.frontend.port == 0:
         raise ConfigError("--processes needs a fixed port (frontend.port is 0): the frontends share one port")
-    cmd = [sys.executable, "-m", "frontend.cli", "serve", "--config", args.config]
+    cmd = [sys.executable, "-m", "frontend.cli", "serve"]
+    if args.config is not None:
+        cmd += ["--config", args.config]
     for override in overrides:
         cmd += ["-s", override]
     cmd += ["-s", "frontend.reusePort=true"]
@@ -82,7 +97,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.concurrency is not None:
         overrides.append(f"cluster.workerConcurrency={args.concurrency}")
     try:
-        config = load_config(args.config, overrides)
+        config = load_cli_config(args.config, overrides)
         eventloop.loop_factory(config.frontend.loop)
     except FunctionServiceError as exc:
         print(f"fnstream: {exc.message}", file=sys.stderr)
@@ -152,8 +167,9 @@ def cmd_invoke(args: argparse.Namespace) -> int:
             async with s.post(client.url + path, json=event, headers={"Accept": "text/event-stream"}) as r:
                 if r.content_type != "text/event-stream":
                     return _report(r.status, await r.text())
-                async for ev in iter_sse(r):
-                    print(ev["data"], flush=True)
+                async with LiveStatus(args.name) as status:
+                    async for ev in iter_sse(r):
+                        status.print(ev["data"])
                 return 0 if r.status < 400 else 1
 
     return asyncio.run(run())
@@ -174,15 +190,15 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
             async with s.get(client.url + "/serverless/v1/stream/subscribe", headers=headers) as r:
                 if r.content_type != "text/event-stream":
                     return _report(r.status, await r.text())
-                async for ev in iter_sse(r):
-                    if ev["event"] == "binary":
-                        sys.stdout.buffer.write(base64.b64decode(ev["data"]) + b"\n")
-                        sys.stdout.flush()
-                    elif ev["event"] in ("error", "end"):
-                        print(f"fnstream: {ev['event']}: {ev['data']}", file=sys.stderr, flush=True)
-                        rc = 1 if ev["event"] == "error" and '"lost_from_id"' not in ev["data"] else rc
-                    else:
-                        print(ev["data"], flush=True)
+                async with LiveStatus(args.name) as status:
+                    async for ev in iter_sse(r):
+                        if ev["event"] == "binary":
+                            status.write_bytes(base64.b64decode(ev["data"]) + b"\n")
+                        elif ev["event"] in ("error", "end"):
+                            status.note(f"fnstream: {ev['event']}: {ev['data']}")
+                            rc = 1 if ev["event"] == "error" and '"lost_from_id"' not in ev["data"] else rc
+                        else:
+                            status.print(ev["data"])
         return rc
 
     try:
@@ -196,12 +212,15 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return _report(*asyncio.run(_client(args).call("POST", path, json_body=list(args.elements))))
 
 
+CONFIG_HELP = "config YAML (default: ./config/default.yaml if present, else the built-in defaults)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fnstream", description="Python function-service runtime for streaming work")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the server with the deploy directory's functions")
-    serve.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="config YAML (default: %(default)s)")
+    serve.add_argument("--config", help=CONFIG_HELP)
     serve.add_argument("-s", "--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     serve.add_argument("--deploy-dir", help="manifest directory (overrides runtime.deployDir)")
     serve.add_argument("--host")
@@ -210,11 +229,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "through Redis (sets cluster.redisUrl)")
     serve.add_argument("--processes", type=int, default=1, metavar="N", help="cluster mode: run N frontends "
                        "sharing the port (SO_REUSEPORT), restarted when one dies (default 1)")
+    serve.add_argument("--reload", action="store_true", help="redeploy a function when its manifest in the deploy "
+                       "directory or a .py file under its codePath changes (development)")
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("worker", help="run a handler-only cluster node taking queued invocations")
     worker.add_argument("--cluster", required=True, metavar="REDIS_URL", help="redis://HOST:PORT/DB")
-    worker.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="config YAML (default: %(default)s)")
+    worker.add_argument("--config", help=CONFIG_HELP)
     worker.add_argument("-s", "--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     worker.add_argument("--concurrency", type=int, help="invocations run at once (cluster.workerConcurrency)")
     worker.set_defaults(func=cmd_worker)
@@ -244,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = client_command("publish", "publish elements (UTF-8 text each) into a named stream", cmd_publish)
     p.add_argument("name")
     p.add_argument("elements", nargs="+", metavar="ELEMENT")
+    add_scaffold_commands(sub)
     return parser
 
 

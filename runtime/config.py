@@ -15,9 +15,23 @@ from .errors import ConfigError
 
 __all__ = ("Config", "FrontendConfig", "FrontendArgs", "FrontendLimits", "RuntimeConfig", "AuthConfig",
            "AuthToken", "StreamsConfig", "OpenAIConfig", "ClusterConfig", "CorsConfig", "MetricsConfig",
-           "LoggingConfig", "load_config", "DEFAULT_CONFIG_PATH")
+           "LoggingConfig", "load_config", "DEFAULT_CONFIG_PATH", "packaged_default_config")
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "default.yaml"
+
+
+def packaged_default_config() -> Path:
+    """The shipped default.yaml: the checkout's config/ or, installed, the wheel's copy of it.
+
+    setup.py maps config/ to the `runtime._defaults` package, so an installed fnstream carries the
+    same file; a bare checkout (no install) has only the top-level directory.
+    """
+    try:
+        from importlib.resources import files
+        embedded = Path(str(files("runtime._defaults") / "default.yaml"))
+    except (ModuleNotFoundError, TypeError):
+        return DEFAULT_CONFIG_PATH
+    return embedded if embedded.is_file() else DEFAULT_CONFIG_PATH
 
 
 class _Strict(BaseModel):
@@ -184,14 +198,18 @@ def _resolve_paths(cfg: Config, base: Path) -> None:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
-                data: dict | None = None) -> Config:
-    """Load a config file (or a dict, for tests) and apply `key=value` overrides on top."""
+                data: dict | None = None, *, base_dir: Path | None = None) -> Config:
+    """Load a config file (or a dict, for tests) and apply `key=value` overrides on top.
+
+    Relative paths resolve against the file's directory, or `base_dir` when given (the built-in
+    defaults stand in for `./config/default.yaml`).
+    """
     if data is not None:
         source, base = "<dict>", Path.cwd()
         data = dict(data)
     else:
         file = Path(path) if path else DEFAULT_CONFIG_PATH
-        source, base = str(file), file.resolve().parent
+        source, base = str(file), (base_dir or file.parent).resolve()
         try:
             data = yaml.safe_load(file.read_text()) or {}
         except FileNotFoundError:

@@ -7,8 +7,10 @@ with no `id:` lines (openai-python #2722/#3833), then `data: [DONE]`; a function
 `rawStream: true` frames its own SSE and is passed through verbatim. `stream: false` answers
 the single object the function wrote (or returned). Errors are `{"error": {...}}`: as the
 response when nothing was sent yet, else as a last event before `data: [DONE]`.
-`GET /v1/models` lists the `models` the mapped functions declare (in cluster mode also those of
-mapped functions this node knows from the cluster but cannot load).
+`GET /v1/models` lists the `models` and `modelAliases` the mapped functions declare, or a function's
+own name when its `models` is empty (in cluster mode also those of mapped functions this node knows
+from the cluster but cannot load). A request naming an alias reaches the function with the model
+the alias names.
 """
 from __future__ import annotations
 
@@ -71,8 +73,11 @@ async def _serve(request: web.Request, route: str) -> web.StreamResponse:
         raise BadRequestError("missing required parameter 'model' (a string)")
     dep = find_function(request.app, _function_names(request)[route])
     _check_tenant(request, dep)
-    if dep.spec.models and model not in dep.spec.models:
+    served = dep.spec.served_models()
+    if dep.spec.models and model not in served:
         return _model_not_found(model)
+    if served.get(model, model) != model:  # a modelAlias: the function is asked for the model it names
+        body = {**body, "model": served[model]}
     event = {"input": {"openai_route": route, "openai_input": body}}
     inv = await start_invocation(request, dep, event, "sse")   # here, or queued for a cluster worker
     try:
@@ -181,7 +186,7 @@ def _served_models(request: web.Request) -> dict[str, Any]:
             dep = find_function(request.app, name)
         except FunctionNotFoundError:
             continue
-        for model in dep.spec.models:
+        for model in dep.spec.served_models():  # models, aliases; the function's name when models is empty
             models.setdefault(model, dep)
     return models
 

@@ -126,3 +126,20 @@ def test_config_overrides_and_defaults():
     assert cfg.frontend.args.streamBufferEvents == 100
     assert cfg.runtime.codeRoots == [(ROOT / "functions").resolve()]
     assert cfg.runtime.deployDir == (ROOT / "deploy").resolve()
+
+
+async def test_a_codepath_outside_the_code_roots_says_how_to_widen_them(tmp_path, make_client):
+    """openYuanrong's first example, deployed from its own directory, is refused with the fix."""
+    (tmp_path / "hello.py").write_text((ROOT / "functions/hello.py").read_text())
+    client = await make_client(test_config())
+    resp = await client.post("/admin/v1/functions", json={"name": "x", "handler": "hello.handler",
+                                                          "codePath": str(tmp_path)})
+    assert resp.status == 400
+    message = (await resp.json())["message"]
+    assert "runtime.codeRoots" in message and f"-s 'runtime.codeRoots=[" in message and str(tmp_path) in message
+    # Following the advice works.
+    widened = message.split("-s '")[1].split("'")[0].partition("=")[2]
+    client = await make_client(test_config(**{"runtime.codeRoots": yaml.safe_load(widened)}))
+    resp = await client.post("/admin/v1/functions", json={"name": "x", "handler": "hello.handler",
+                                                          "codePath": str(tmp_path)})
+    assert resp.status == 201

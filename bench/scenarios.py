@@ -5,11 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
-from .client import (StreamResult, Target, hold_streams, keep_alive, percentile, post_request, run_invokes,
-                     run_streams, subscribe)
+from .client import (
+    StreamResult,
+    Target,
+    hold_streams,
+    keep_alive,
+    percentile,
+    post_request,
+    run_invokes,
+    run_streams,
+    subscribe,
+)
 from .servers import ServerProc
 
 __all__ = ("Scenario", "SCENARIOS", "measure")
@@ -96,7 +105,7 @@ async def fanout(target: Target, server: ServerProc, scale: float) -> dict:
     protos = await subscribe(target, f"/serverless/v1/streams/{name}", subscribers)
     invoker = await keep_alive(target)
     start = time.perf_counter()
-    status, body = await invoker.request(post_request(
+    status, _body = await invoker.request(post_request(
         target, "/serverless/v1/functions/bench-fanout/invocations",
         json.dumps({"stream": name, "count": count}).encode()))
     invoker.transport.close()

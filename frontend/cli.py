@@ -51,7 +51,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """A handler-only cluster node: functions come from the shared registry, work from the queue."""
     from runtime.cluster.node import serve_worker
 
-    overrides = list(args.set or []) + [f"cluster.redisUrl={args.cluster}"]
+    overrides = [*(args.set or []), f"cluster.redisUrl={args.cluster}"]
     if args.concurrency is not None:
         overrides.append(f"cluster.workerConcurrency={args.concurrency}")
     try:

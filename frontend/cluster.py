@@ -20,7 +20,8 @@ routes = web.RouteTableDef()
 @web.middleware
 async def cluster_middleware(request: web.Request, handler):
     node = request.app.get(CLUSTER)
-    if node is None or request.method not in ("POST", "PUT", "DELETE") or not request.path.startswith("/admin/v1/functions"):
+    writes = request.method in ("POST", "PUT", "DELETE") and request.path.startswith("/admin/v1/functions")
+    if node is None or not writes:
         return await handler(request)
     await node.require()
     response = await handler(request)

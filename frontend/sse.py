@@ -7,7 +7,8 @@ status. Events already queued are written in one call (coalesced); a lone event 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -52,7 +53,7 @@ def frame_raw(batch: list[str]) -> bytes:
     return "".join(batch).encode()
 
 
-async def relay(stream: "EventStream", channel: "OutputChannel[str]", heartbeat: float,
+async def relay(stream: EventStream, channel: OutputChannel[str], heartbeat: float,
                 frame: Callable[[list[str]], bytes]) -> None:
     """Write each batch read from `channel` as one socket write, until the channel closes.
 

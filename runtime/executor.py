@@ -12,8 +12,9 @@ import inspect
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from .context import Context
 from .errors import FunctionServiceError, FunctionTimeoutError, HandlerError, ServiceUnavailableError
@@ -42,10 +43,10 @@ class Executor:
         self.active: set[Invocation] = set()
         self._watchdog: asyncio.Task | None = None
 
-    def run_sync(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
+    def run_sync(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
         return asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
-    def start(self, inv: Invocation, *, inline: bool = False) -> "asyncio.Task[Any] | None":
+    def start(self, inv: Invocation, *, inline: bool = False) -> asyncio.Task[Any] | None:
         """Take a concurrency slot (429 when full) and run the invocation in its own task.
 
         With `inline`, a plain-JSON call of an `async def` handler does not get a task: it runs in
@@ -156,7 +157,7 @@ class Executor:
             # Raised by fnstream itself (timeout, init failure, a refused write...): already clear.
             dep.failures += 1
             raise
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - anything the user's code raised
+        except (Exception, SystemExit) as exc:
             dep.failures += 1
             log.error("function %s invocation %s raised:\n%s", dep.name, inv.id,
                       "".join(traceback.format_exception(exc)))

@@ -14,10 +14,17 @@ import logging
 import random
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 from .channel import OutputChannel
-from .errors import FunctionServiceError, ResponseTooLargeError, StreamBufferFullError, StreamClosedError, StreamWriteError
+from .errors import (
+    FunctionServiceError,
+    ResponseTooLargeError,
+    StreamBufferFullError,
+    StreamClosedError,
+    StreamWriteError,
+)
 
 if TYPE_CHECKING:
     from .registry import Deployment
@@ -74,7 +81,7 @@ WRITTEN = Written()
 class Invocation:
     """A single call of a deployed function."""
 
-    def __init__(self, deployment: "Deployment", event: Any, *, mode: Mode, loop: asyncio.AbstractEventLoop,
+    def __init__(self, deployment: Deployment, event: Any, *, mode: Mode, loop: asyncio.AbstractEventLoop,
                  buffer_events: int = 100, max_write_size: int = 4 * 1024 * 1024,
                  max_response_size: int = 6 * 1024 * 1024, trace_id: str | None = None) -> None:
         self.id = new_trace_id()
@@ -97,7 +104,7 @@ class Invocation:
         self.abort_error: FunctionServiceError | None = None
         self.timed_out: str | None = None
         self.entered = False  # the executor's run of it began (its cleanup will run)
-        self._deferred: "Callable[[Invocation], Awaitable[Any]] | None" = None
+        self._deferred: Callable[[Invocation], Awaitable[Any]] | None = None
         self.stream = StreamWriter(self)
 
     @property
@@ -124,7 +131,7 @@ class Invocation:
         self.abort_error = error
         self.cancel(error.message)
 
-    def defer(self, run: "Callable[[Invocation], Awaitable[Any]]") -> None:
+    def defer(self, run: Callable[[Invocation], Awaitable[Any]]) -> None:
         """Run later, in the task that awaits `outcome()` (see Executor.start's `inline`)."""
         self._deferred = run
 
@@ -192,7 +199,7 @@ class StreamWriter:
     full is refused at the next write, so memory stays bounded either way.
     """
 
-    __slots__ = ("_inv", "_channel", "_loop", "_streaming", "_pending", "max_write_size")
+    __slots__ = ("_channel", "_inv", "_loop", "_pending", "_streaming", "max_write_size")
 
     def __init__(self, invocation: Invocation) -> None:
         # Weak: the invocation holds its writer, and a reference cycle would leave every finished

@@ -9,9 +9,9 @@ import importlib.util
 import itertools
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
 
 from .errors import DeployError
 from .manifest import FunctionSpec
@@ -89,7 +89,7 @@ def load_code(spec: FunctionSpec, code_roots: list[Path]) -> LoadedCode:
                 modules[module] = _import(spec, module)
         except FileNotFoundError as exc:
             raise DeployError(f"function {spec.name!r}: {field} {ref!r}: {exc}") from None
-        except BaseException as exc:  # noqa: BLE001 - any import-time failure of user code
+        except BaseException as exc:
             last = traceback.extract_tb(exc.__traceback__)[-1:]
             where = f" at {last[0].filename}:{last[0].lineno}" if last else ""
             raise DeployError(f"function {spec.name!r}: importing {module!r} failed: "

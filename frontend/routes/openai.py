@@ -19,8 +19,13 @@ from typing import Any
 
 from aiohttp import web
 
-from runtime.errors import (BadRequestError, ForbiddenError, FunctionNotFoundError, FunctionServiceError,
-                            ResponseTooLargeError)
+from runtime.errors import (
+    BadRequestError,
+    ForbiddenError,
+    FunctionNotFoundError,
+    FunctionServiceError,
+    ResponseTooLargeError,
+)
 from runtime.invocation import Invocation
 from runtime.registry import Deployment
 

@@ -12,7 +12,7 @@ import asyncio
 import base64
 import json
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import msgpack
 from aiohttp import web
@@ -81,7 +81,7 @@ def _float_param(request: web.Request, query: str) -> float | None:
 class _SSE:
     """Elements as Server-Sent Events."""
 
-    headers: dict[str, str] = {}
+    headers: ClassVar[dict[str, str]] = {}
     ping = PING
 
     @staticmethod
@@ -114,7 +114,7 @@ class _SSE:
 class _Msgpack:
     """Elements as a stream of msgpack maps `{id, data}`; nil objects are heartbeats."""
 
-    headers = {"Content-Type": MSGPACK}
+    headers: ClassVar[dict[str, str]] = {"Content-Type": MSGPACK}
     ping = msgpack.packb(None)
 
     @staticmethod
@@ -275,7 +275,8 @@ def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
                 try:
                     values.append(json.loads(line))
                 except RecursionError:
-                    raise BadRequestError(f"body is neither a JSON array nor NDJSON: line {n} is nested too deeply") from None
+                    raise BadRequestError(
+                        f"body is neither a JSON array nor NDJSON: line {n} is nested too deeply") from None
                 except json.JSONDecodeError as exc:
                     raise BadRequestError(f"body is neither a JSON array nor NDJSON: line {n}: {exc.msg} "
                                           f"at column {exc.colno}") from None

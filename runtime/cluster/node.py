@@ -17,7 +17,6 @@ from runtime.errors import FunctionNotFoundError
 from runtime.executor import Executor
 from runtime.lifecycle import wait_for_stop_signal
 from runtime.registry import Deployment, Registry, parse_function_ref
-
 from runtime.streams import BrokerSettings, bind_broker, unbind_broker
 
 from .queue import RemoteInvocation, WorkQueue

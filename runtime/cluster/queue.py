@@ -51,7 +51,7 @@ class WorkQueue:
         self._cleanup: set[asyncio.Task] = set()
 
     async def submit(self, spec: FunctionSpec, event: Any, *, mode: str, buffer_events: int, max_write_size: int,
-                     max_response_size: int, trace_id: str | None) -> "RemoteInvocation":
+                     max_response_size: int, trace_id: str | None) -> RemoteInvocation:
         inv = RemoteInvocation(self, spec, event, mode=mode, buffer_events=buffer_events,
                                max_response_size=max_response_size, trace_id=trace_id)
         entry = {"id": inv.id, "function": spec.name, "event": json.dumps(event), "mode": inv.mode,

@@ -16,12 +16,19 @@ expire after `streams.idleStreamSeconds` without a publish or a waiting subscrib
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 
 from runtime.errors import BadRequestError
-from runtime.streams.broker import AbstractBroker, AbstractSubscription, BrokerSettings, Element, StreamOptions, StreamStats
+from runtime.streams.broker import (
+    AbstractBroker,
+    AbstractSubscription,
+    BrokerSettings,
+    Element,
+    StreamOptions,
+    StreamStats,
+)
 from runtime.streams.errors import (
     InvalidStreamIdError,
     StreamDeletedError,
@@ -89,7 +96,7 @@ def _text(value: bytes | None) -> str | None:
 class RedisSubscription(AbstractSubscription):
     """A position in one Redis stream; reads never hold more than `capacity` elements."""
 
-    def __init__(self, broker: "RedisBroker", name: str, start_id: int, capacity: int,
+    def __init__(self, broker: RedisBroker, name: str, start_id: int, capacity: int,
                  lost: tuple[int, int] | None, terminator: str | None) -> None:
         self._broker = broker
         self.name = name
@@ -259,7 +266,8 @@ class RedisBroker(AbstractBroker):
 
     async def stats(self, name: str) -> StreamStats:
         keys = self.keys(validate_stream_name(name))
-        meta = {k.decode(): v.decode("utf-8", "replace") for k, v in (await self._call(self.redis.hgetall(keys[1]))).items()}
+        raw = await self._call(self.redis.hgetall(keys[1]))
+        meta = {k.decode(): v.decode("utf-8", "replace") for k, v in raw.items()}
         if not meta:
             raise StreamNotFoundError(f"stream {name!r} does not exist")
         length = await self._call(self.redis.xlen(keys[0]))

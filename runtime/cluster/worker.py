@@ -2,9 +2,9 @@
 
 A worker reads every function queue it can run (XREADGROUP, only as many entries as it has free
 slots; one reader per Redis Cluster slot, since a multi-key read must stay on one slot, so on a
-single Redis one reader covers every queue), runs each invocation with the ordinary Executor and writes its output stream. While it
-lives it refreshes a heartbeat key and resets the idle time of the entries it holds; entries of a
-dead worker go idle and another worker takes them with XAUTOCLAIM. A reclaimed invocation whose
+single Redis one reader covers every queue), runs each invocation with the ordinary Executor and writes its
+output stream. While it lives it refreshes a heartbeat key and resets the idle time of the entries it
+holds; entries of a dead worker go idle and another worker takes them with XAUTOCLAIM. A reclaimed invocation whose
 output had already begun is not run again: the client gets a "worker lost" error instead.
 Cancellations arrive on a pub/sub channel (and as a key checked before starting).
 """
@@ -238,7 +238,7 @@ class Worker:
             self._held.pop(inv_id, None)
             self._slots.release()
             return
-        except Exception:  # noqa: BLE001 - a bad entry must not stop the worker
+        except Exception:
             log.exception("worker %s: invocation %s failed", self.id, inv_id)
         finally:
             self._running.pop(inv_id, None)

@@ -28,7 +28,7 @@ class ProcessExecutor:
         self.cancel_grace = cancel_grace
         self._reapers: set[asyncio.Task] = set()
 
-    def start(self, inv: Invocation) -> "asyncio.Task[Any]":
+    def start(self, inv: Invocation) -> asyncio.Task[Any]:
         """Take a concurrency slot (429 when full) and run the invocation in its own task."""
         if inv.deployment.pool is None:
             raise RuntimeError(f"function {inv.deployment.name!r} has no worker pool")

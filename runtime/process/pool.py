@@ -57,7 +57,7 @@ def _describe_exit(returncode: int | None) -> str:
     return f"exited with code {returncode}"
 
 
-def _resolve(fut: "asyncio.Future[tuple[str, Any]]", outcome: tuple[str, Any]) -> None:
+def _resolve(fut: asyncio.Future[tuple[str, Any]], outcome: tuple[str, Any]) -> None:
     if not fut.done():
         fut.set_result(outcome)
 
@@ -65,7 +65,7 @@ def _resolve(fut: "asyncio.Future[tuple[str, Any]]", outcome: tuple[str, Any]) -
 class Job:
     """One invocation running on one worker; `future` gets ("result", value) or ("error", exc)."""
 
-    def __init__(self, inv: "Invocation") -> None:
+    def __init__(self, inv: Invocation) -> None:
         self.inv = inv
         self.loop = inv.loop
         self.future: asyncio.Future[tuple[str, Any]] = inv.loop.create_future()
@@ -79,7 +79,7 @@ class Job:
 class WorkerProcess:
     """One worker: its process, its socket and the thread that reads it."""
 
-    def __init__(self, pool: "WorkerPool") -> None:
+    def __init__(self, pool: WorkerPool) -> None:
         self.pool = pool
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = {**os.environ, "MALLOC_ARENA_MAX": "2",
@@ -147,7 +147,7 @@ class WorkerProcess:
                 self._handle(self.conn.recv())
         except ConnectionClosed:
             pass
-        except Exception as exc:  # noqa: BLE001 - a broken worker must never leave a stuck reader behind
+        except Exception as exc:
             log.error("function %s: worker %d: %s: %s; killing it", self.pool.name, self.pid, type(exc).__name__, exc)
             self.proc.kill()
         finally:
@@ -208,7 +208,7 @@ class WorkerProcess:
 class WorkerPool:
     """The workers of one deployment: start, hand out, take back, replace, stop."""
 
-    def __init__(self, deployment: "Deployment", code_roots: list[Path], *, instances: int | None = None,
+    def __init__(self, deployment: Deployment, code_roots: list[Path], *, instances: int | None = None,
                  credits: int = DEFAULT_CREDITS) -> None:
         self.deployment = deployment
         self.spec = deployment.spec
@@ -298,7 +298,7 @@ class WorkerPool:
                     if (loop, waiter) in self._waiters:
                         self._waiters.remove((loop, waiter))
 
-    def begin(self, worker: WorkerProcess, inv: "Invocation") -> tuple[Job, dict]:
+    def begin(self, worker: WorkerProcess, inv: Invocation) -> tuple[Job, dict]:
         job = Job(inv)
         worker.job = job
         worker.invocations += 1
@@ -435,6 +435,6 @@ def _call_soon(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> No
         pass  # that loop is closed: nobody waits for this any more
 
 
-def _resolve_none(fut: "asyncio.Future[None]") -> None:
+def _resolve_none(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)

@@ -11,7 +11,8 @@ import asyncio
 import builtins
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .. import errors as core_errors
 from ..errors import FunctionServiceError, HandlerError
@@ -110,7 +111,7 @@ class ProxyBroker(AbstractBroker):
 class StreamBridge:
     """Runs one worker's stream calls on the frontend's broker; `release` undoes what it left."""
 
-    def __init__(self, worker: "WorkerProcess") -> None:
+    def __init__(self, worker: WorkerProcess) -> None:
         self._worker = worker
         self._subs: dict[int, AbstractSubscription] = {}
         self._next_sub = 0
@@ -131,7 +132,7 @@ class StreamBridge:
         reply: dict[str, Any] = {"t": "stream_reply", "seq": msg["seq"]}
         try:
             reply["value"] = await self._run(broker, msg["op"], *msg["args"])
-        except Exception as exc:  # noqa: BLE001 - every failure goes back to the handler that asked
+        except Exception as exc:
             reply["error"], reply["message"] = type(exc).__name__, str(getattr(exc, "message", exc))
         # A batch of elements can be large: never block the loop on the worker's socket.
         await asyncio.to_thread(self._worker.send, reply)

@@ -58,7 +58,7 @@ class _Deployment:
 class _Invocation:
     """What `Context` needs of an invocation, inside the worker."""
 
-    def __init__(self, msg: dict, worker: "Worker") -> None:
+    def __init__(self, msg: dict, worker: Worker) -> None:
         self.id: str = msg["id"]
         self.trace_id: str = msg["trace_id"]
         self.event = msg["event"]
@@ -82,7 +82,7 @@ class WorkerStream:
 
     __slots__ = ("_inv", "_worker", "max_write_size")
 
-    def __init__(self, inv: _Invocation, worker: "Worker") -> None:
+    def __init__(self, inv: _Invocation, worker: Worker) -> None:
         self._inv = inv
         self._worker = worker
         self.max_write_size = inv.max_write_size
@@ -106,14 +106,14 @@ class WorkerStream:
 class _FrameLogHandler(logging.Handler):
     """Forwards the worker's log records to the frontend's logging."""
 
-    def __init__(self, worker: "Worker") -> None:
+    def __init__(self, worker: Worker) -> None:
         super().__init__(logging.INFO)
         self._worker = worker
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self._worker.post({"t": "log", "name": record.name, "level": record.levelno, "msg": self.format(record)})
-        except Exception:  # noqa: BLE001 - logging must never fail the handler
+        except Exception:
             self.handleError(record)
 
 
@@ -182,7 +182,7 @@ class Worker:
             result = init(Context(self._dep))
             if inspect.iscoroutine(result):
                 asyncio.run(result)
-        except Exception as exc:  # noqa: BLE001 - user code
+        except Exception as exc:
             log.error("initializer failed:\n%s", traceback.format_exc())
             return f"initializer failed: {type(exc).__name__}: {exc}"
         return None
@@ -321,7 +321,7 @@ class Worker:
                                f"function {self.spec.name!r} exceeded its memory limit of {self.spec.memory} MB"), True
         except SystemExit as exc:
             outcome = ("HandlerError", f"Fail to run user call handler. err: the handler called sys.exit({exc.code!r})")
-        except BaseException as exc:  # noqa: BLE001 - anything the user's code raised
+        except BaseException as exc:
             log.error("invocation %s raised:\n%s", inv.id, "".join(traceback.format_exception(exc)))
             outcome = ("HandlerError", f"Fail to run user call handler. err: {type(exc).__name__}: {exc}")
         finally:
@@ -369,7 +369,7 @@ class Worker:
                 result = pre_stop(Context(self._dep))
                 if inspect.iscoroutine(result):
                     asyncio.run(result)
-            except BaseException as exc:  # noqa: BLE001 - user code, including sys.exit
+            except BaseException as exc:
                 log.error("preStop failed:\n%s", traceback.format_exc())
                 errors.append(f"preStop failed: {type(exc).__name__}: {exc}")
             else:

@@ -54,8 +54,8 @@ __all__ = (
     "AbstractBroker", "AbstractSubscription", "BrokerSettings", "Element", "StreamOptions", "StreamStats",
     "build_broker",
     # errors
-    "ElementTooLargeError", "InvalidElementError", "InvalidStreamIdError", "InvalidStreamNameError", "StreamBlockedError",
-    "StreamDeletedError", "StreamError", "StreamLimitError", "StreamNotFoundError",
+    "ElementTooLargeError", "InvalidElementError", "InvalidStreamIdError", "InvalidStreamNameError",
+    "StreamBlockedError", "StreamDeletedError", "StreamError", "StreamLimitError", "StreamNotFoundError",
     "SubscriptionCutError", "SubscriptionEndedError",
     # memory
     "MemoryBroker", "MemorySubscription",

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from .broker import AbstractBroker, Element, StreamOptions
 from .errors import StreamError, StreamNotFoundError, SubscriptionEndedError
@@ -207,13 +208,13 @@ class Producer:
     def close(self) -> None:
         _run_sync(self._loop, self.aclose, "aclose")
 
-    async def __aenter__(self) -> "Producer":
+    async def __aenter__(self) -> Producer:
         return self
 
     async def __aexit__(self, *exc_info) -> None:
         await self.aclose()
 
-    def __enter__(self) -> "Producer":
+    def __enter__(self) -> Producer:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -269,13 +270,13 @@ class Consumer:
     def close(self) -> None:
         _run_sync(self._loop, self.aclose, "aclose")
 
-    async def __aenter__(self) -> "Consumer":
+    async def __aenter__(self) -> Consumer:
         return self
 
     async def __aexit__(self, *exc_info) -> None:
         await self.aclose()
 
-    def __enter__(self) -> "Consumer":
+    def __enter__(self) -> Consumer:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 from .errors import ElementTooLargeError, InvalidElementError
 
@@ -101,7 +102,7 @@ class BrokerSettings:
     idle_seconds: float = 86400.0  # Redis broker: forget a stream with no activity this long (0 = never)
 
     @classmethod
-    def from_config(cls, cfg) -> "BrokerSettings":
+    def from_config(cls, cfg) -> BrokerSettings:
         """From a `runtime.config.StreamsConfig`."""
         return cls(
             subscriber_buffer=cfg.subscriberBuffer,
@@ -116,7 +117,7 @@ class BrokerSettings:
             idle_seconds=cfg.idleStreamSeconds,
         )
 
-    def replace(self, **changes) -> "BrokerSettings":
+    def replace(self, **changes) -> BrokerSettings:
         return dataclasses.replace(self, **changes)
 
 
@@ -168,7 +169,7 @@ class AbstractSubscription(abc.ABC):
     async def close(self) -> None:
         """Leave the stream; idempotent."""
 
-    async def __aenter__(self) -> "AbstractSubscription":
+    async def __aenter__(self) -> AbstractSubscription:
         return self
 
     async def __aexit__(self, *exc_info) -> None:
@@ -231,5 +232,5 @@ class AbstractBroker(abc.ABC):
     async def delete(self, name: str) -> None:
         """Remove the stream; its subscriptions end with StreamDeletedError. 404 when unknown."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 (optional hook: most brokers hold nothing)
         """Release the broker's resources; idempotent."""

@@ -1,6 +1,5 @@
 """Admin API, manifests and config validation."""
 import json
-from pathlib import Path
 
 import pytest
 import yaml
@@ -8,7 +7,7 @@ import yaml
 from runtime.config import load_config
 from runtime.errors import ConfigError, ManifestError
 from runtime.manifest import load_deploy_dir, parse_manifest
-from tests.support.servers import HANDLERS, ROOT, fn, test_config
+from tests.support.servers import HANDLERS, ROOT, test_config
 
 
 async def test_deploy_list_get_delete(client):

@@ -14,7 +14,6 @@ import pytest
 
 from frontend.client import iter_sse
 from frontend.keys import BROKER
-
 from tests.support.servers import ROOT
 
 SUB = "/serverless/v1/stream/subscribe"
@@ -56,7 +55,7 @@ async def _subscribe_then_produce(session_get, session_post, name: str):
     stamps: list[float] = []
     started = time.monotonic()
     reading = asyncio.ensure_future(collect(sub, stamps))
-    inv = await session_post(f"/serverless/v1/functions/stream-producer/invocations",
+    inv = await session_post("/serverless/v1/functions/stream-producer/invocations",
                              json={"stream": name, "count": count, "delay_ms": delay_ms})
     assert inv.status == 200, await inv.text()
     assert (await inv.json())["sent"] == count
@@ -226,7 +225,8 @@ async def test_binary_elements_and_msgpack(make_client):
     unpacker = msgpack.Unpacker(raw=False)
     unpacker.feed(await mp.read())
     objs = [o for o in unpacker if o is not None]
-    assert objs == [{"id": 1, "data": raw}, {"id": 2, "data": b"text"}, {"id": 3, "data": b"[DONE]", "end": "terminator"}]
+    assert objs == [{"id": 1, "data": raw}, {"id": 2, "data": b"text"},
+                    {"id": 3, "data": b"[DONE]", "end": "terminator"}]
 
 
 @pytest.mark.parametrize("marker", [b"\\xE0\\xFF\\xE0\\xFF", b"\xe0\xff\xe0\xff"])

@@ -56,7 +56,7 @@ async def test_fan_out_in_order_with_sequence_ids():
     for sub in subs:
         got = await drain(sub, 6)
         assert [e.id for e in got] == [1, 2, 3, 4, 5, 6]
-        assert [e.data for e in got] == elements(5) + [b"x"]
+        assert [e.data for e in got] == [*elements(5), b"x"]
     stats = await broker.stats("s")
     assert (stats.produced, stats.delivered, stats.dropped, stats.consumers) == (6, 18, 0, 3)
 
@@ -285,7 +285,7 @@ async def test_async_producer_and_consumer(api_broker):
 async def test_delay_flush_time_batches_until_flush(api_broker):
     consumer = await acreate_stream_consumer("batch")
     producer = await acreate_stream_producer("batch", ProducerConfig(delay_flush_time=-1))
-    for i in range(3):
+    for _ in range(3):
         await producer.asend(b"x")
     assert (await api_broker.stats("batch")).produced == 0  # held in the producer
     await producer.aflush()

@@ -12,8 +12,9 @@ import asyncio
 import inspect
 import logging
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Literal
 
 from .errors import ConcurrencyLimitError, DeployError, FunctionNotFoundError, InitializerError
 from .loader import LoadedCode, check_code_location, load_code
@@ -27,7 +28,8 @@ log = logging.getLogger("fnstream.runtime")
 
 Kind = Literal["async", "sync", "gen", "asyncgen"]
 ExecutorName = Literal["async", "thread", "process"]
-_URN_RE = re.compile(r"^sn:cn:yrk:(?P<tenant>[^:]+):function:0@(?P<namespace>[^@]+)@(?P<name>[^:]+):(?P<version>[^:]+)$")
+_URN_RE = re.compile(
+    r"^sn:cn:yrk:(?P<tenant>[^:]+):function:0@(?P<namespace>[^@]+)@(?P<name>[^:]+):(?P<version>[^:]+)$")
 
 
 def handler_kind(func: Callable) -> Kind:
@@ -133,7 +135,7 @@ class Deployment:
                             await asyncio.wait_for(init(ctx), self.spec.timeout)
                         else:
                             await asyncio.wait_for(run_sync(lambda: init(ctx)), self.spec.timeout)
-                    except Exception as exc:  # noqa: BLE001 - user code
+                    except Exception as exc:
                         self.init_error = f"initializer failed: {type(exc).__name__}: {exc}"
                         log.exception("function %s: initializer failed", self.name)
                     self._initialized = True
@@ -158,7 +160,7 @@ class Registry:
         self.stop_grace = stop_grace  # how long a replaced/deleted deployment's invocations may run on
         self._deployments: dict[str, Deployment] = {}
         self._revision = 0
-        self._stopping: dict[Deployment, "asyncio.Task[None]"] = {}  # replaced/deleted, preStop pending
+        self._stopping: dict[Deployment, asyncio.Task[None]] = {}  # replaced/deleted, preStop pending
         self.on_change: list[Callable[[str, Deployment | None], None]] = []
 
     def __contains__(self, name: str) -> bool:
@@ -176,21 +178,24 @@ class Registry:
 
         For start-up and other synchronous callers; request handlers use `adeploy`.
         """
-        staged = self._stage(specs, replace)
-        self._await_imports(staged)
-        return self._commit(staged, replace)
+        return self._commit(self._stage_and_import(specs, replace), replace)
 
     async def adeploy(self, specs: list[FunctionSpec], *, replace: bool = True) -> list[Deployment]:
-        """`deploy` for the event loop: the wait for worker processes' imports runs in a thread."""
-        staged = self._stage(specs, replace)
-        waiting = asyncio.ensure_future(asyncio.to_thread(self._await_imports, staged))
+        """`deploy` for the event loop: importing in-process code (file reads, the module's own
+        top-level code) and the wait for worker processes' imports run in a thread."""
+        waiting = asyncio.ensure_future(asyncio.to_thread(self._stage_and_import, specs, replace))
         try:
-            await asyncio.shield(waiting)
+            staged = await asyncio.shield(waiting)
         except asyncio.CancelledError:
             # The thread cannot be interrupted: once it is done, stop the workers nothing will use.
-            waiting.add_done_callback(lambda f: f.cancelled() or f.exception() or self._abort(staged))
+            waiting.add_done_callback(lambda f: f.cancelled() or f.exception() or self._abort(f.result()))
             raise
         return self._commit(staged, replace)
+
+    def _stage_and_import(self, specs: list[FunctionSpec], replace: bool) -> list[Deployment]:
+        staged = self._stage(specs, replace)
+        self._await_imports(staged)
+        return staged
 
     def _check_absent(self, specs: list[FunctionSpec]) -> None:
         existing = [s.name for s in specs if s.name in self._deployments]
@@ -210,7 +215,7 @@ class Registry:
                 check_code_location(spec, self.code_roots)
         staged: list[Deployment] = []
         try:
-            for spec, dep in zip(specs, loaded):
+            for spec, dep in zip(specs, loaded, strict=True):
                 if dep is None:
                     dep = Deployment(spec, None)
                     dep.pool = WorkerPool(dep, self.code_roots, instances=spec.instances)

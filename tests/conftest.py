@@ -3,11 +3,48 @@
 Plain helpers live in `tests.support`; fixtures are only ever requested by name."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+from blockbuster import blockbuster_ctx
 
 from frontend.app import SERVER_KWARGS, build_app
-from tests.support.cluster import RedisClusterServers, RedisServer, WorkerProcess
+from tests.support.cluster import NO_REDIS, RedisClusterServers, RedisServer, WorkerProcess, require_redis_server
 from tests.support.servers import ServerProcess, make_config
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--require-redis", action="store_true",
+                     help="fail the run if any test skipped because redis-server is missing (CI sets it)")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under --require-redis a Redis test that skipped fails the run: CI must have run them all."""
+    if not session.config.getoption("--require-redis"):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    missed = [r.nodeid for r in skipped if NO_REDIS in str(r.longrepr)]
+    if missed:
+        if reporter:
+            reporter.write_line(f"--require-redis: {len(missed)} Redis test(s) skipped: {NO_REDIS}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(autouse=True)
+def blockbuster(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test whose runtime/frontend code makes a blocking call (file, socket, sleep, lock)
+    on the event loop, as aiohttp's own suite does. `@pytest.mark.allow_blocking` opts out."""
+    if request.node.get_closest_marker("allow_blocking"):
+        yield
+        return
+    with blockbuster_ctx(["runtime", "frontend"]) as bb:
+        for function in bb.functions.values():
+            # Test set-up, not serving: building a config and an app before the server takes requests.
+            function.can_block_in("tests/support/servers.py", "make_config")
+            function.can_block_in("frontend/app.py", "build_app")
+        yield
 
 
 @pytest.fixture
@@ -65,6 +102,7 @@ def deploy_dir(tmp_path):
 
 @pytest.fixture
 def redis_server():
+    require_redis_server()
     server = RedisServer()
     yield server
     server.kill()
@@ -72,6 +110,7 @@ def redis_server():
 
 @pytest.fixture
 def redis_cluster(tmp_path):
+    require_redis_server()
     servers = RedisClusterServers(tmp_path)
     yield servers
     servers.kill()

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from aiohttp import web
@@ -33,7 +34,8 @@ async def _specs_from_body(request: web.Request) -> list[FunctionSpec]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise BadRequestError("manifest body is not UTF-8") from None
-    return parse_manifest(text, "request body", _base_dir(request))
+    # Off the loop: YAML parsing and resolving code paths touch the file system and can be slow.
+    return await asyncio.to_thread(parse_manifest, text, "request body", _base_dir(request))
 
 
 def _deployed(deps) -> dict:

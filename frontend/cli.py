@@ -9,7 +9,9 @@ import logging
 import os
 import sys
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from runtime.config import DEFAULT_CONFIG_PATH, load_config
 from runtime.errors import FunctionServiceError
@@ -17,10 +19,12 @@ from runtime.manifest import load_manifest_file
 
 from .client import DEFAULT_URL, Client, iter_sse
 
+Command = Callable[[argparse.Namespace], int]
+
 __all__ = ("main",)
 
 
-def _print(obj) -> None:
+def _print(obj: Any) -> None:
     print(json.dumps(obj, indent=2, ensure_ascii=False) if not isinstance(obj, str) else obj)
 
 
@@ -67,13 +71,13 @@ def _client(args: argparse.Namespace) -> Client:
     return Client(args.url, args.token)
 
 
-def _report(status: int, body) -> int:
+def _report(status: int, body: Any) -> int:
     _print(body)
     return 0 if status < 400 else 1
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    functions = []
+    functions: list[dict[str, Any]] = []
     try:
         for file in args.files:
             functions.extend(s.model_dump(mode="json") for s in load_manifest_file(Path(file)))
@@ -188,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=int, help="invocations run at once (cluster.workerConcurrency)")
     worker.set_defaults(func=cmd_worker)
 
-    def client_command(name: str, help: str, func) -> argparse.ArgumentParser:
+    def client_command(name: str, help: str, func: Command) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help)
         p.add_argument("--url", default=DEFAULT_URL, help="server URL (env FNSTREAM_URL; default %(default)s)")
         p.add_argument("--token", default=os.environ.get("FNSTREAM_TOKEN"), help="bearer token (env FNSTREAM_TOKEN)")
@@ -220,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("FNSTREAM_LOG", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    command: Command = args.func
+    return command(args)
 
 
 if __name__ == "__main__":

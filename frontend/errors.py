@@ -6,8 +6,10 @@ OpenAI-compatible routes (`/v1/...`) answer `{"error": {"message", "type", "code
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from runtime.errors import FunctionServiceError
 from runtime.invocation import new_trace_id
@@ -27,7 +29,7 @@ def is_openai_path(path: str) -> bool:
     return path.startswith("/v1/")
 
 
-def openai_error_body(status: int, message: str, code: str | int | None = None) -> dict:
+def openai_error_body(status: int, message: str, code: str | int | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": _OPENAI_TYPES.get(status, "server_error"),
                       "param": None, "code": code}}
 
@@ -47,7 +49,7 @@ def error_response(request: web.Request, exc: FunctionServiceError) -> web.Respo
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler):
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request[TRACE_ID] = request.headers.get("X-Trace-Id") or new_trace_id()
     try:
         return await handler(request)

@@ -41,7 +41,7 @@ class Executor:
         self._pool = ThreadPoolExecutor(thread_pool_size, thread_name_prefix="fnstream-handler")
         self.process = ProcessExecutor()  # `executor: process` functions run on worker processes
         self.active: set[Invocation] = set()
-        self._watchdog: asyncio.Task | None = None
+        self._watchdog: asyncio.Task[Any] | None = None
 
     def run_sync(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
         return asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -123,7 +123,7 @@ class Executor:
     async def _run(self, inv: Invocation) -> Any:
         inv.entered = True
         dep = inv.deployment
-        thread_future: asyncio.Future | None = None
+        thread_future: asyncio.Future[Any] | None = None
         try:
             await dep.ensure_initialized(self.run_sync)
             ctx = Context(dep, inv)
@@ -166,7 +166,7 @@ class Executor:
             inv.channel.close()
             if thread_future is not None and not thread_future.done():
                 # The thread cannot be killed: its slot is freed when it really ends.
-                def _thread_ended(future: asyncio.Future) -> None:
+                def _thread_ended(future: asyncio.Future[Any]) -> None:
                     dep.release()
                     if not future.cancelled() and future.exception() is not None:
                         log.info("function %s: abandoned invocation %s ended: %r", dep.name, inv.id,

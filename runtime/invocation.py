@@ -99,7 +99,7 @@ class Invocation:
         self.aggregate: list[Any] = []
         self._aggregate_bytes = 0
         self.writes = 0
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[Any] | None = None
         self.cancel_reason: str | None = None
         self.abort_error: FunctionServiceError | None = None
         self.timed_out: str | None = None
@@ -211,7 +211,7 @@ class StreamWriter:
         self._streaming = invocation.streaming
         # Per task: each task of a handler may have one write waiting for room (several coroutines
         # of one handler may each `await stream.write()`); a second un-awaited write is refused.
-        self._pending: dict[asyncio.Task | None, asyncio.Future] | None = None
+        self._pending: dict[asyncio.Task[Any] | None, asyncio.Future[Any]] | None = None
         self.max_write_size = invocation.max_write_size
 
     def set_max_write_size(self, size: int) -> None:
@@ -257,7 +257,7 @@ class StreamWriter:
         for pending in list(self._pending.values()) if self._pending else ():
             await pending
 
-    def _write_done(self, task: asyncio.Task | None, future: asyncio.Future) -> None:
+    def _write_done(self, task: asyncio.Task[Any] | None, future: asyncio.Future[Any]) -> None:
         if self._pending is not None and self._pending.get(task) is future:
             del self._pending[task]
 
@@ -276,7 +276,7 @@ def drain_generator(gen: Any, add_item: Callable[[Any], None]) -> Any:
             add_item(item)
 
 
-def _consume_outcome(task: asyncio.Task) -> None:
+def _consume_outcome(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
 

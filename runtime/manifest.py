@@ -79,7 +79,7 @@ class FunctionSpec(BaseModel):
     def urn(self) -> str:
         return function_urn(self.tenant, self.namespace, self.name, self.version)
 
-    def public(self) -> dict:
+    def public(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")
         data["urn"] = self.urn
         return data

@@ -32,7 +32,7 @@ _URN_RE = re.compile(
     r"^sn:cn:yrk:(?P<tenant>[^:]+):function:0@(?P<namespace>[^@]+)@(?P<name>[^:]+):(?P<version>[^:]+)$")
 
 
-def handler_kind(func: Callable) -> Kind:
+def handler_kind(func: Callable[..., Any]) -> Kind:
     if inspect.isasyncgenfunction(func):
         return "asyncgen"
     if inspect.iscoroutinefunction(func):
@@ -142,7 +142,7 @@ class Deployment:
         if self.init_error is not None:
             raise InitializerError(self.init_error)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         data = self.spec.public()
         data["status"] = {"revision": self.revision, "kind": self.kind, "inflight": self.inflight,
                           "invocations": self.invocations, "failures": self.failures,

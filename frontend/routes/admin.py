@@ -6,12 +6,15 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
 from runtime.errors import BadRequestError
 from runtime.manifest import FunctionSpec, parse_manifest
+from runtime.registry import Deployment
 
 from ..body import read_body
 from ..keys import REGISTRY
@@ -38,7 +41,7 @@ async def _specs_from_body(request: web.Request) -> list[FunctionSpec]:
     return await asyncio.to_thread(parse_manifest, text, "request body", _base_dir(request))
 
 
-def _deployed(deps) -> dict:
+def _deployed(deps: Iterable[Deployment]) -> dict[str, Any]:
     functions = [d.describe() for d in deps]
     return {"code": 0, "message": "SUCCESS", "function": functions[0], "functions": functions}
 

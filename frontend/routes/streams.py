@@ -103,11 +103,11 @@ class _SSE:
         return encode_event(terminator_text(el.data), el.id)
 
     @staticmethod
-    def end(payload: dict) -> bytes:
+    def end(payload: dict[str, Any]) -> bytes:
         return encode_event(json.dumps(payload, ensure_ascii=False), event="end")
 
     @staticmethod
-    def error(payload: dict) -> bytes:
+    def error(payload: dict[str, Any]) -> bytes:
         return encode_event(json.dumps(payload, ensure_ascii=False), event="error")
 
 
@@ -130,11 +130,11 @@ class _Msgpack:
         return msgpack.packb({"id": el.id, "data": el.data, "end": "terminator"}, use_bin_type=True)
 
     @staticmethod
-    def end(payload: dict) -> bytes:
+    def end(payload: dict[str, Any]) -> bytes:
         return msgpack.packb({"end": payload.pop("reason"), **payload}, use_bin_type=True)
 
     @staticmethod
-    def error(payload: dict) -> bytes:
+    def error(payload: dict[str, Any]) -> bytes:
         return msgpack.packb({"error": payload}, use_bin_type=True)
 
 
@@ -181,8 +181,9 @@ async def _subscribe(request: web.Request, name: str | None) -> web.StreamRespon
     return await out.finish()
 
 
-async def _pump(out: EventStream, fmt, sub: AbstractSubscription, idle: float, expect: int | None,
-                heartbeat: float, asked_terminator: str | None, config_terminators: list[str]) -> None:
+async def _pump(out: EventStream, fmt: type[_SSE | _Msgpack], sub: AbstractSubscription, idle: float,
+                expect: int | None, heartbeat: float, asked_terminator: str | None,
+                config_terminators: list[str]) -> None:
     """Forward elements until a terminator, expect_num, the idle timeout or an error."""
     loop = asyncio.get_running_loop()
     stream_term: str | None = None

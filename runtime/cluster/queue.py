@@ -48,7 +48,7 @@ class WorkQueue:
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, *, ttl: float, heartbeat: float) -> None:
         self.redis, self.keys, self.ttl, self.heartbeat = redis, keys, ttl, heartbeat
-        self._cleanup: set[asyncio.Task] = set()
+        self._cleanup: set[asyncio.Task[Any]] = set()
 
     async def submit(self, spec: FunctionSpec, event: Any, *, mode: str, buffer_events: int, max_write_size: int,
                      max_response_size: int, trace_id: str | None) -> RemoteInvocation:
@@ -104,7 +104,7 @@ class RemoteInvocation:
         self.buffer_events = buffer_events
         self.max_response_size = max_response_size
         self.channel: OutputChannel[str] = OutputChannel(self.loop, buffer_events)
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[Any] | None = None
         self.worker: str | None = None
         self.events = 0
         self.cancel_reason: str | None = None

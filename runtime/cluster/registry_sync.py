@@ -51,8 +51,8 @@ class RegistrySync:
         self._applying = False                     # a delete from Redis is being applied here
         self._applying_specs: set[int] = set()     # ids of the specs from Redis being deployed here
         self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
-        self._listener: asyncio.Task | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._listener: asyncio.Task[Any] | None = None
         self.connected = False
         self._pushed = False
         registry.on_change.append(self._on_local_change)

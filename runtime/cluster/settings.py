@@ -11,6 +11,7 @@ import asyncio
 import os
 import socket
 import uuid
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -95,7 +96,8 @@ def is_cluster_url(url: str) -> bool:
 def connect(url: str, *, decode: bool = True) -> aioredis.Redis | RedisCluster:
     """An asyncio client that fails fast (two quick retries) so callers can answer 503 at once:
     a RedisCluster for `redis+cluster://` (it discovers every node from the one given), else a Redis."""
-    common = dict(decode_responses=decode, socket_connect_timeout=2, socket_timeout=10, health_check_interval=5)
+    common: dict[str, Any] = dict(decode_responses=decode, socket_connect_timeout=2, socket_timeout=10,
+                                  health_check_interval=5)
     if is_cluster_url(url):
         scheme, _, rest = url.partition("://")
         host = rest.partition("/")[0]          # a Redis Cluster has only database 0

@@ -60,9 +60,9 @@ class Worker:
         self._held: dict[str, tuple[str, str]] = {}        # invocation id -> (queue key, entry id)
         self._grouped: set[str] = set()
         self._by_slot: dict[int, list[str]] = {}           # cluster slot -> queue keys read together
-        self._readers: dict[int, asyncio.Task] = {}
-        self._tasks: list[asyncio.Task] = []
-        self._jobs: set[asyncio.Task] = set()
+        self._readers: dict[int, asyncio.Task[Any]] = {}
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._jobs: set[asyncio.Task[Any]] = set()
         self.completed = 0
 
     # -- lifecycle ---------------------------------------------------------------------------

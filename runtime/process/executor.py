@@ -26,7 +26,7 @@ class ProcessExecutor:
 
     def __init__(self, cancel_grace: float = 2.0) -> None:
         self.cancel_grace = cancel_grace
-        self._reapers: set[asyncio.Task] = set()
+        self._reapers: set[asyncio.Task[Any]] = set()
 
     def start(self, inv: Invocation) -> asyncio.Task[Any]:
         """Take a concurrency slot (429 when full) and run the invocation in its own task."""

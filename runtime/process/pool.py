@@ -105,12 +105,12 @@ class WorkerProcess:
         self._reader = threading.Thread(target=self._read_loop, name=f"fnstream-worker-{self.pid}", daemon=True)
         self._reader.start()
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"pid": self.pid, "state": self.state, "invocations": self.invocations,
                 "startedAt": round(self.started, 3)}
 
     # -- commands (any thread) -----------------------------------------------------------------
-    def send(self, frame: dict) -> bool:
+    def send(self, frame: dict[str, Any]) -> bool:
         try:
             self.conn.send(frame)
             return True
@@ -157,7 +157,7 @@ class WorkerProcess:
             self.exited.set()
             self.pool._on_exit(self)
 
-    def _handle(self, msg: dict) -> None:
+    def _handle(self, msg: dict[str, Any]) -> None:
         kind = msg["t"]
         if kind in ("write", "item"):
             self._deliver(msg)
@@ -184,7 +184,7 @@ class WorkerProcess:
         elif kind == "stream_call":
             self.streams.handle(msg)
 
-    def _deliver(self, msg: dict) -> None:
+    def _deliver(self, msg: dict[str, Any]) -> None:
         """Put one write into the invocation's channel (blocking while it is full), then give a credit."""
         job = self.job
         if job is None or job.inv.id != msg["id"]:
@@ -298,7 +298,7 @@ class WorkerPool:
                     if (loop, waiter) in self._waiters:
                         self._waiters.remove((loop, waiter))
 
-    def begin(self, worker: WorkerProcess, inv: Invocation) -> tuple[Job, dict]:
+    def begin(self, worker: WorkerProcess, inv: Invocation) -> tuple[Job, dict[str, Any]]:
         job = Job(inv)
         worker.job = job
         worker.invocations += 1
@@ -422,7 +422,7 @@ class WorkerPool:
         reaper = self.stop(grace)
         await asyncio.to_thread(reaper.join)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         with self.lock:
             return {"instances": self.size, "restarts": self.restarts, "error": self.broken,
                     "workers": [w.describe() for w in self.workers]}

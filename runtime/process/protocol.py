@@ -30,7 +30,7 @@ DEFAULT_CREDITS = 8
 # -- frontend -> worker ------------------------------------------------------------------------
 class Hello(TypedDict):
     t: Literal["hello"]
-    spec: dict            # FunctionSpec.model_dump(mode="json")
+    spec: dict[str, Any]            # FunctionSpec.model_dump(mode="json")
     code_roots: list[str]
     credits: int
 
@@ -124,7 +124,7 @@ class StreamCall(TypedDict):
     t: Literal["stream_call"]
     seq: int
     op: str
-    args: list
+    args: list[Any]
 
 
 class ConnectionClosed(EOFError):
@@ -142,7 +142,7 @@ class Connection:
         self.sock = sock
         self._send_lock = threading.Lock()
 
-    def send(self, msg: dict) -> None:
+    def send(self, msg: dict[str, Any]) -> None:
         data = msgpack.packb(msg, use_bin_type=True)
         if len(data) > MAX_FRAME:
             raise ProtocolError(f"frame of {len(data)} bytes exceeds {MAX_FRAME}")
@@ -152,7 +152,7 @@ class Connection:
             except OSError as exc:
                 raise ConnectionClosed(str(exc)) from exc
 
-    def recv(self) -> dict:
+    def recv(self) -> dict[str, Any]:
         (size,) = _HEADER.unpack(self._read(_HEADER.size))
         if size > MAX_FRAME:
             raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME}")

@@ -118,7 +118,7 @@ class StreamBridge:
         self._producers: list[str] = []
         self._target: tuple[AbstractBroker, asyncio.AbstractEventLoop] | None = None
 
-    def handle(self, msg: dict) -> None:
+    def handle(self, msg: dict[str, Any]) -> None:
         """Called on the worker's reader thread: run the call on the broker's loop, reply from there."""
         from ..streams import current_broker
         try:
@@ -128,7 +128,7 @@ class StreamBridge:
             return
         asyncio.run_coroutine_threadsafe(self._answer(broker, msg), loop)
 
-    async def _answer(self, broker: AbstractBroker, msg: dict) -> None:
+    async def _answer(self, broker: AbstractBroker, msg: dict[str, Any]) -> None:
         reply: dict[str, Any] = {"t": "stream_reply", "seq": msg["seq"]}
         try:
             reply["value"] = await self._run(broker, msg["op"], *msg["args"])

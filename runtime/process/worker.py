@@ -58,7 +58,7 @@ class _Deployment:
 class _Invocation:
     """What `Context` needs of an invocation, inside the worker."""
 
-    def __init__(self, msg: dict, worker: Worker) -> None:
+    def __init__(self, msg: dict[str, Any], worker: Worker) -> None:
         self.id: str = msg["id"]
         self.trace_id: str = msg["trace_id"]
         self.event = msg["event"]
@@ -134,7 +134,7 @@ class Worker:
         self._early_cancel: tuple[str, str] | None = None
         self._cancellable = False
         self._main_ident = threading.get_ident()
-        self._stream_replies: dict[int, dict] = {}
+        self._stream_replies: dict[int, dict[str, Any]] = {}
         self._stream_seq = 0
         # Frames from the main thread go through a bounded outbox and a writer thread: the cancel
         # signal raises at any bytecode of the main thread and must never cut a frame in half.
@@ -144,7 +144,7 @@ class Worker:
         self.streams = ProxyBroker(self.stream_call)
         self._streams_loop = asyncio.new_event_loop()
 
-    def post(self, frame: dict) -> None:
+    def post(self, frame: dict[str, Any]) -> None:
         self._outbox.put(frame)
 
     def flush(self) -> None:
@@ -242,7 +242,7 @@ class Worker:
             raise _Cancelled(inv.cancel_reason)
 
     # -- output --------------------------------------------------------------------------------
-    def send_output(self, inv: _Invocation, frame: dict) -> None:
+    def send_output(self, inv: _Invocation, frame: dict[str, Any]) -> None:
         """Send a write or item once a credit is available (backpressure from the client)."""
         with self._cond:
             while True:
@@ -287,7 +287,7 @@ class Worker:
         finally:
             bind_broker(self.streams, self._streams_loop)
 
-    def _run(self, msg: dict) -> bool:
+    def _run(self, msg: dict[str, Any]) -> bool:
         """Run one invocation and report its outcome; False when this worker must exit."""
         inv = _Invocation(msg, self)
         with self._cond:

@@ -14,9 +14,12 @@ import abc
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ElementTooLargeError, InvalidElementError
+
+if TYPE_CHECKING:
+    from runtime.config import StreamsConfig
 
 __all__ = (
     "Element",
@@ -102,7 +105,7 @@ class BrokerSettings:
     idle_seconds: float = 86400.0  # Redis broker: forget a stream with no activity this long (0 = never)
 
     @classmethod
-    def from_config(cls, cfg) -> BrokerSettings:
+    def from_config(cls, cfg: StreamsConfig) -> BrokerSettings:
         """From a `runtime.config.StreamsConfig`."""
         return cls(
             subscriber_buffer=cfg.subscriberBuffer,
@@ -117,7 +120,7 @@ class BrokerSettings:
             idle_seconds=cfg.idleStreamSeconds,
         )
 
-    def replace(self, **changes) -> BrokerSettings:
+    def replace(self, **changes: Any) -> BrokerSettings:
         return dataclasses.replace(self, **changes)
 
 
@@ -136,7 +139,7 @@ class StreamStats:
     policy: Policy
     terminator: str | None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -172,7 +175,7 @@ class AbstractSubscription(abc.ABC):
     async def __aenter__(self) -> AbstractSubscription:
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
 

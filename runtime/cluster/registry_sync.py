@@ -14,13 +14,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from runtime.errors import FunctionServiceError
 from runtime.manifest import FunctionSpec
 from runtime.registry import Deployment, Registry
 
-from .settings import REDIS_DOWN, Backoff, ClusterUnavailableError, Keys
+from .settings import REDIS_DOWN, AnyRedis, Backoff, ClusterUnavailableError, Keys
 
 __all__ = ("RegistrySync",)
 
@@ -39,7 +37,7 @@ def _relative_code_path(spec: FunctionSpec, roots: list[Path]) -> str | None:
 class RegistrySync:
     """Keeps a local Registry equal to the shared one in Redis."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, registry: Registry, node: str, *,
+    def __init__(self, redis: AnyRedis, keys: Keys, registry: Registry, node: str, *,
                  interval: float = 1.0, publish: bool = True) -> None:
         self.redis, self.keys, self.registry, self.node = redis, keys, registry, node
         self.interval = interval
@@ -113,8 +111,8 @@ class RegistrySync:
         await self.flush()
 
     async def _records(self) -> dict[str, dict[str, Any]]:
-        raw = await self.redis.hgetall(self.keys.functions)
-        out = {}
+        raw: dict[str, str] = await self.redis.hgetall(self.keys.functions)  # type: ignore[assignment]
+        out: dict[str, dict[str, Any]] = {}
         for name, text in raw.items():
             try:
                 out[name] = json.loads(text)
@@ -237,4 +235,4 @@ class RegistrySync:
             except REDIS_DOWN:
                 await backoff.sleep()
             finally:
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -127,6 +127,7 @@ class Executor:
         try:
             await dep.ensure_initialized(self.run_sync)
             ctx = Context(dep, inv)
+            assert dep.code is not None  # in-process deployments have their code loaded
             handler = dep.code.handler
             if dep.kind == "async":
                 result = await handler(inv.event, ctx)
@@ -178,7 +179,9 @@ class Executor:
 
     @staticmethod
     def _call_in_thread(inv: Invocation, ctx: Context) -> Any:
-        result = inv.deployment.code.handler(inv.event, ctx)
+        code = inv.deployment.code
+        assert code is not None
+        result = code.handler(inv.event, ctx)
         if inspect.isgenerator(result):
             return drain_generator(result, inv.add_item_blocking)
         return result

@@ -14,7 +14,7 @@ import logging
 import random
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any, Literal
 
 from .channel import OutputChannel
@@ -70,7 +70,7 @@ class Written:
 
     __slots__ = ()
 
-    def __await__(self):
+    def __await__(self) -> Generator[None, None, None]:
         return
         yield  # pragma: no cover - makes this a generator
 
@@ -147,7 +147,7 @@ class Invocation:
             if self.abort_error is None:
                 raise
             current = asyncio.current_task()
-            if current is self.task:
+            if current is not None and current is self.task:
                 current.uncancel()  # the abort cancelled the task we run in: answer it instead
             elif current is not None and current.cancelling():
                 raise  # our own caller is being cancelled (the client left)
@@ -217,7 +217,7 @@ class StreamWriter:
     def set_max_write_size(self, size: int) -> None:
         self.max_write_size = int(size)
 
-    def write(self, data: Any):
+    def write(self, data: Any) -> Awaitable[None]:
         payload = encode_payload(data)
         if len(payload) > self.max_write_size and len(payload.encode()) > self.max_write_size:
             raise StreamWriteError(f"stream write of {len(payload.encode())} bytes exceeds the limit of "

@@ -9,6 +9,7 @@ server: its first worker process imports it, and the deploy fails with that work
 from __future__ import annotations
 
 import asyncio
+import builtins
 import inspect
 import logging
 import re
@@ -127,6 +128,7 @@ class Deployment:
             async with self._init_lock:
                 if not self._initialized:
                     from .context import Context
+                    assert self.code is not None  # only in-process deployments run an initializer here
                     init = self.code.initializer
                     assert init is not None
                     ctx = Context(self)
@@ -173,14 +175,14 @@ class Registry:
         return sorted(self._deployments.values(), key=lambda d: d.name)
 
     # -- deploy --------------------------------------------------------------------------------
-    def deploy(self, specs: list[FunctionSpec], *, replace: bool = True) -> list[Deployment]:
+    def deploy(self, specs: builtins.list[FunctionSpec], *, replace: bool = True) -> builtins.list[Deployment]:
         """Deploy all of `specs` or none; waits on this thread for process workers to import.
 
         For start-up and other synchronous callers; request handlers use `adeploy`.
         """
         return self._commit(self._stage_and_import(specs, replace), replace)
 
-    async def adeploy(self, specs: list[FunctionSpec], *, replace: bool = True) -> list[Deployment]:
+    async def adeploy(self, specs: builtins.list[FunctionSpec], *, replace: bool = True) -> builtins.list[Deployment]:
         """`deploy` for the event loop: importing in-process code (file reads, the module's own
         top-level code) and the wait for worker processes' imports run in a thread."""
         waiting = asyncio.ensure_future(asyncio.to_thread(self._stage_and_import, specs, replace))
@@ -192,18 +194,18 @@ class Registry:
             raise
         return self._commit(staged, replace)
 
-    def _stage_and_import(self, specs: list[FunctionSpec], replace: bool) -> list[Deployment]:
+    def _stage_and_import(self, specs: builtins.list[FunctionSpec], replace: bool) -> builtins.list[Deployment]:
         staged = self._stage(specs, replace)
         self._await_imports(staged)
         return staged
 
-    def _check_absent(self, specs: list[FunctionSpec]) -> None:
+    def _check_absent(self, specs: builtins.list[FunctionSpec]) -> None:
         existing = [s.name for s in specs if s.name in self._deployments]
         if existing:
             raise DeployError(f"function(s) already deployed: {', '.join(existing)}; use PUT to redeploy",
                               code=200409, status=409)
 
-    def _stage(self, specs: list[FunctionSpec], replace: bool) -> list[Deployment]:
+    def _stage(self, specs: builtins.list[FunctionSpec], replace: bool) -> builtins.list[Deployment]:
         """Import in-process code here; start the first worker of each process function."""
         if not replace:
             self._check_absent(specs)
@@ -213,7 +215,7 @@ class Registry:
         for spec in specs:
             if spec.executor == "process":
                 check_code_location(spec, self.code_roots)
-        staged: list[Deployment] = []
+        staged: builtins.list[Deployment] = []
         try:
             for spec, dep in zip(specs, loaded, strict=True):
                 if dep is None:
@@ -226,7 +228,7 @@ class Registry:
             raise
         return staged
 
-    def _await_imports(self, staged: list[Deployment]) -> None:
+    def _await_imports(self, staged: builtins.list[Deployment]) -> None:
         """Wait for each process function's first worker to import its code (DeployError if not)."""
         try:
             for dep in staged:
@@ -237,12 +239,12 @@ class Registry:
             raise
 
     @staticmethod
-    def _abort(staged: list[Deployment]) -> None:
+    def _abort(staged: builtins.list[Deployment]) -> None:
         for dep in staged:
             if dep.pool is not None:
                 dep.pool.abort() if not dep.pool.validated else dep.pool.stop()
 
-    def _commit(self, staged: list[Deployment], replace: bool) -> list[Deployment]:
+    def _commit(self, staged: builtins.list[Deployment], replace: bool) -> builtins.list[Deployment]:
         if not replace:
             try:
                 self._check_absent([dep.spec for dep in staged])  # another deploy got there meanwhile

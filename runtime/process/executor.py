@@ -38,7 +38,8 @@ class ProcessExecutor:
 
     async def _run(self, inv: Invocation) -> Any:
         dep = inv.deployment
-        pool: WorkerPool = dep.pool
+        pool = dep.pool
+        assert pool is not None  # a process deployment has its pool from deploy on
         worker: WorkerProcess | None = None
         job: Job | None = None
         handed_off = False  # the reaper task releases the worker and the slot

@@ -23,7 +23,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import DeployError, FunctionServiceError, StreamClosedError
 from .errors import WorkerCrashedError, WorkerUnavailableError, error_from_wire
-from .protocol import DEFAULT_CREDITS, Connection, ConnectionClosed, ProtocolError
+from .protocol import (
+    DEFAULT_CREDITS,
+    Connection,
+    ConnectionClosed,
+    Invoke,
+    Item,
+    ProtocolError,
+    ToFrontend,
+    ToWorker,
+    Write,
+)
 from .streams_bridge import StreamBridge
 
 if TYPE_CHECKING:
@@ -91,7 +101,7 @@ class WorkerProcess:
         finally:
             child_sock.close()
         self.pid = self.proc.pid
-        self.conn = Connection(parent_sock)
+        self.conn: Connection[ToWorker, ToFrontend] = Connection(parent_sock)
         self.state: State = "starting"
         self.ready = False
         self.invocations = 0
@@ -110,7 +120,7 @@ class WorkerProcess:
                 "startedAt": round(self.started, 3)}
 
     # -- commands (any thread) -----------------------------------------------------------------
-    def send(self, frame: dict[str, Any]) -> bool:
+    def send(self, frame: ToWorker) -> bool:
         try:
             self.conn.send(frame)
             return True
@@ -157,34 +167,33 @@ class WorkerProcess:
             self.exited.set()
             self.pool._on_exit(self)
 
-    def _handle(self, msg: dict[str, Any]) -> None:
-        kind = msg["t"]
-        if kind in ("write", "item"):
+    def _handle(self, msg: ToFrontend) -> None:
+        if msg["t"] == "write" or msg["t"] == "item":
             self._deliver(msg)
-        elif kind in ("result", "error"):
+        elif msg["t"] == "result" or msg["t"] == "error":
             job = self.job
             if job is None or job.inv.id != msg["id"]:
                 return
-            if kind == "result":
+            if msg["t"] == "result":
                 job.finish(("result", json.loads(msg["json"])))
                 return
             if msg.get("retire"):
                 with self.pool.lock:
                     self.state = "retiring"  # it exits next: never hand it another invocation
             job.finish(("error", job.error or error_from_wire(msg["error"], msg["message"])))
-        elif kind == "loaded":
+        elif msg["t"] == "loaded":
             self.pool._on_loaded(msg.get("kind"), msg.get("error"))
-        elif kind == "ready":
+        elif msg["t"] == "ready":
             self.pool._on_ready(self, msg.get("init_error"))
-        elif kind == "log":
+        elif msg["t"] == "log":
             logging.getLogger(str(msg["name"])).log(int(msg["level"]), "[worker %d] %s", self.pid, msg["msg"])
-        elif kind == "stopped":
+        elif msg["t"] == "stopped":
             if msg.get("error"):
                 log.error("function %s: worker %d: %s", self.pool.name, self.pid, msg["error"])
-        elif kind == "stream_call":
+        elif msg["t"] == "stream_call":
             self.streams.handle(msg)
 
-    def _deliver(self, msg: dict[str, Any]) -> None:
+    def _deliver(self, msg: Write | Item) -> None:
         """Put one write into the invocation's channel (blocking while it is full), then give a credit."""
         job = self.job
         if job is None or job.inv.id != msg["id"]:
@@ -298,11 +307,11 @@ class WorkerPool:
                     if (loop, waiter) in self._waiters:
                         self._waiters.remove((loop, waiter))
 
-    def begin(self, worker: WorkerProcess, inv: Invocation) -> tuple[Job, dict[str, Any]]:
+    def begin(self, worker: WorkerProcess, inv: Invocation) -> tuple[Job, Invoke]:
         job = Job(inv)
         worker.job = job
         worker.invocations += 1
-        frame = {"t": "invoke", "id": inv.id, "trace_id": inv.trace_id, "event": inv.event,
+        frame: Invoke = {"t": "invoke", "id": inv.id, "trace_id": inv.trace_id, "event": inv.event,
                  "streaming": inv.streaming, "timeout": inv.remaining(), "max_write_size": inv.max_write_size}
         return job, frame
 

@@ -148,6 +148,9 @@ async def test_stats_count_delivered_dropped_and_retained_bytes(broker, redis_se
 async def test_block_policy_is_refused_in_cluster_mode(broker):
     with pytest.raises(BadRequestError, match="'block' is not offered in cluster mode"):
         await broker.configure("blocky", StreamOptions(policy="block"))
+
+
+def test_block_policy_is_refused_in_a_cluster_config():
     with pytest.raises(ConfigError, match=r"streams\.slowConsumerPolicy"):
         load_config(data={"cluster": {"redisUrl": "redis://x:1/0"}, "streams": {"slowConsumerPolicy": "block"}})
     load_config(data={"streams": {"slowConsumerPolicy": "block"}})   # fine without cluster mode

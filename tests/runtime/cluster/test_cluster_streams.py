@@ -13,7 +13,7 @@ from runtime.cluster.redis_broker import RedisBroker
 from runtime.cluster.settings import connect
 from runtime.config import load_config
 from runtime.errors import BadRequestError, ConfigError
-from runtime.streams import BrokerSettings, StreamDeletedError, StreamNotFoundError, StreamOptions, SubscriptionCutError
+from runtime.streams import BrokerSettings, StreamNotFoundError, StreamOptions, SubscriptionCutError
 from tests.support.cluster import frontend_args, wait_until, workers_serving
 from tests.support.servers import read_events
 
@@ -112,15 +112,6 @@ async def test_slow_subscriber_is_bounded_and_cut_with_resume_id(broker, redis_s
     late = await broker.subscribe("slow", from_id=2)
     assert late.lost == (3, 45)
     assert [e.id for e in await late.next_batch(timeout=1)] == [46, 47, 48, 49, 50]
-
-
-async def test_delete_ends_live_subscribers(broker):
-    sub = await broker.subscribe("gone")
-    waiting = asyncio.ensure_future(sub.next_batch())
-    await asyncio.sleep(0.1)
-    await broker.delete("gone")
-    with pytest.raises(StreamDeletedError):
-        await asyncio.wait_for(waiting, 5)
 
 
 async def test_stats_count_delivered_dropped_and_retained_bytes(broker, redis_server):

@@ -8,10 +8,15 @@ from pathlib import Path
 
 import pytest
 from blockbuster import blockbuster_ctx
+from hypothesis import settings
 
 from frontend.app import SERVER_KWARGS, build_app
 from tests.support.cluster import NO_REDIS, RedisClusterServers, RedisServer, WorkerProcess, require_redis_server
 from tests.support.servers import ServerProcess, make_config
+
+# Property tests: no example database in the tree, and no per-example deadline (2 shared cores).
+settings.register_profile("fnstream", database=None, deadline=None)
+settings.load_profile("fnstream")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

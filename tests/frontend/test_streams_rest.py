@@ -157,17 +157,25 @@ def spy_subscriptions(app) -> list:
 async def test_slow_rest_subscriber_is_cut_with_a_resume_id(make_client):
     client = await make_client(**{"streams.subscriberBuffer": 4, "streams.slowConsumerPolicy": "cut"})
     subs = spy_subscriptions(client.app)
-    slow = await client.get(f"{STREAMS}/slow")  # headers read, body not read: TCP fills up, then the buffer
+    get_json = client_get_json(client)
+    # Headers read, body not read: the socket buffers fill, then the subscriber's buffer of 4, and
+    # it is cut. How much the kernel buffers first is its choice (loopback autotuning can take tens
+    # of MB), so publish until the cut happened rather than a fixed amount that may all fit. The
+    # idle timeout turns "never cut" into a failure instead of a hang.
+    slow = await client.get(f"{STREAMS}/slow?timeout_ms=30000")
     big = "x" * 65536
-    for _ in range(40):  # 400 elements of 64 KiB: far more than socket buffers hold
+    published = 0
+    while (await get_json(f"{STREAMS}?stream=slow"))[1]["streams"][0]["consumers"] > 0:
+        assert published < 4000, "a subscriber that never reads was never cut"
         await client.post(f"{STREAMS}/slow", json=[big] * 10)
+        published += 10
         assert subs[0].buffered <= 4
     assert subs[0].max_buffered <= 4
     events = await collect(slow)
     assert events[-1]["event"] == "error"
     error = json.loads(events[-1]["data"])
     received = [int(e["id"]) for e in events[:-1]]
-    assert received == list(range(1, len(received) + 1)) and len(received) < 400
+    assert received == list(range(1, len(received) + 1)) and len(received) < published
     assert error["resume_from_id"] == received[-1]
     assert f"resume after id {received[-1]}" in error["message"]
 
@@ -175,10 +183,10 @@ async def test_slow_rest_subscriber_is_cut_with_a_resume_id(make_client):
 async def test_slow_rest_subscriber_blocks_the_producer_with_a_clear_error(make_client):
     client = await make_client(**{"streams.subscriberBuffer": 4, "streams.slowConsumerPolicy": "block"})
     subs = spy_subscriptions(client.app)
-    slow = await client.get(f"{STREAMS}/blocked?expect_num=1000")
+    slow = await client.get(f"{STREAMS}/blocked?expect_num=100000")
     big = "x" * 65536
     blocked, last = None, 0
-    for _ in range(40):
+    for _ in range(400):  # until blocked: how much the socket buffers hold first is the kernel's choice
         r = await client.post(f"{STREAMS}/blocked?timeout_ms=50", json=[big] * 10)
         assert subs[0].buffered <= 4
         if r.status != 200:

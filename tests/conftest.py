@@ -24,17 +24,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="fail the run if any test skipped because redis-server is missing (CI sets it)")
 
 
+def _skipped_for_redis(config: pytest.Config) -> list[str]:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    return [r.nodeid for r in skipped if NO_REDIS in str(r.longrepr)]
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Under --require-redis a Redis test that skipped fails the run: CI must have run them all."""
-    if not session.config.getoption("--require-redis"):
-        return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    skipped = reporter.stats.get("skipped", []) if reporter else []
-    missed = [r.nodeid for r in skipped if NO_REDIS in str(r.longrepr)]
-    if missed:
-        if reporter:
-            reporter.write_line(f"--require-redis: {len(missed)} Redis test(s) skipped: {NO_REDIS}", red=True)
+    if session.config.getoption("--require-redis") and _skipped_for_redis(session.config):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,
+                            config: pytest.Config) -> None:
+    missed = _skipped_for_redis(config)
+    if config.getoption("--require-redis") and missed:
+        terminalreporter.write_line(f"--require-redis: {len(missed)} Redis test(s) skipped ({NO_REDIS}): "
+                                    "the run fails", red=True)
 
 
 @pytest.fixture(autouse=True)

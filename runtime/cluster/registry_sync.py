@@ -84,13 +84,15 @@ class RegistrySync:
             self._applied[name] = version
 
     async def _store(self, name: str, spec: FunctionSpec | None) -> int:
+        # Resolving the code path reads the file system: off the loop.
+        rel = None if spec is None else await asyncio.to_thread(_relative_code_path, spec, self.registry.code_roots)
         version = int(await self.redis.incr(self.keys.version))
         async with self.redis.pipeline(transaction=True) as pipe:
             if spec is None:
                 pipe.hdel(self.keys.functions, name)
             else:
                 record = {"spec": spec.model_dump(mode="json"), "version": version, "node": self.node,
-                          "codePathRel": _relative_code_path(spec, self.registry.code_roots)}
+                          "codePathRel": rel}
                 pipe.hset(self.keys.functions, name, json.dumps(record))
             await pipe.execute()
         # Announced once stored; outside the transaction (a cluster pipeline cannot PUBLISH).
@@ -142,7 +144,8 @@ class RegistrySync:
         except ValueError as exc:
             self._mark_unavailable(name, None, f"invalid record in Redis: {exc}")
             return
-        spec = spec.model_copy(update={"codePath": self._local_code_path(spec, rec.get("codePathRel"))})
+        local = await asyncio.to_thread(self._local_code_path, spec, rec.get("codePathRel"))  # file checks
+        spec = spec.model_copy(update={"codePath": local})
         self.specs[name] = spec
         self._applying_specs.add(id(spec))
         try:

@@ -51,7 +51,7 @@ async def run(args) -> int:
         await _warm_up(targets.values())
         scenarios = [s for s in SCENARIOS if not args.scenarios or s.key in args.scenarios]
         best: dict[str, dict] = {n: {} for n in names}
-        lines = open(out_dir / "results.jsonl", "w")
+        lines = open(out_dir / "results.jsonl", "w")  # noqa: SIM115 (closed after the rounds)
         for rnd in range(args.rounds):
             for sc in scenarios:
                 if not sc.rounds and rnd > 0:

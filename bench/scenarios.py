@@ -5,12 +5,22 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Callable
 
-from .client import (StreamResult, Target, burst_streams, hold_streams, keep_alive, percentile, post_request, run_invokes,
-                     run_streams, subscribe)
+from .client import (
+    StreamResult,
+    Target,
+    burst_streams,
+    hold_streams,
+    keep_alive,
+    percentile,
+    post_request,
+    run_invokes,
+    run_streams,
+    subscribe,
+)
 from .servers import ServerProc
 
 __all__ = ("Scenario", "SCENARIOS", "measure")
@@ -75,9 +85,9 @@ def _listen_drops() -> int | None:
         lines = Path("/proc/net/netstat").read_text().splitlines()
     except OSError:
         return None
-    for names, values in zip(lines[::2], lines[1::2]):
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
         if names.startswith("TcpExt:"):
-            return int(dict(zip(names.split()[1:], values.split()[1:]))["ListenDrops"])
+            return int(dict(zip(names.split()[1:], values.split()[1:], strict=False))["ListenDrops"])
     return None
 
 
@@ -125,7 +135,7 @@ async def fanout(target: Target, server: ServerProc, scale: float) -> dict:
     protos = await subscribe(target, f"/serverless/v1/streams/{name}", subscribers)
     invoker = await keep_alive(target)
     start = time.perf_counter()
-    status, body = await invoker.request(post_request(
+    status, _body = await invoker.request(post_request(
         target, "/serverless/v1/functions/bench-fanout/invocations",
         json.dumps({"stream": name, "count": count}).encode()))
     invoker.transport.close()

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from .client import Target
 
-__all__ = ("ROOT", "BENCH", "ServerProc", "start_target", "free_port", "pin_self", "cpu_plan", "TARGETS", "OPTIONAL_TARGETS",
+__all__ = ("ROOT", "BENCH", "ServerProc", "start_target", "free_port", "pin_self", "cpu_plan", "TARGETS",
+           "OPTIONAL_TARGETS",
            "make_target")
 
 BENCH = Path(__file__).resolve().parent
@@ -45,7 +46,7 @@ class ServerProc:
     def __init__(self, kind: str, cmd: list[str], port: int, log_path: Path, cores: set[int] | None,
                  env: dict | None = None, health: str | None = None) -> None:
         self.kind, self.port, self.log_path = kind, port, log_path
-        self._log = open(log_path, "w")
+        self._log = open(log_path, "w")  # noqa: SIM115 (closed by stop())
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=self._log,
                                      stderr=subprocess.STDOUT,
                                      preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
+from typing import Any
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
@@ -44,7 +46,7 @@ class AccessLogger(AbstractAccessLogger):
 
 # aiohttp cancels a request's handler when its client disconnects only when asked to; fnstream
 # relies on it to cancel invocations of clients that left.
-SERVER_KWARGS = {"handler_cancellation": True, "access_log_class": AccessLogger}
+SERVER_KWARGS: dict[str, Any] = {"handler_cancellation": True, "access_log_class": AccessLogger}
 
 
 def build_registry(config: Config, *, deploy: bool = True) -> Registry:
@@ -78,7 +80,7 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app.on_response_prepare.append(add_trace_headers)  # X-Trace-Id, X-Request-Id, traceparent
     install_metrics(app)
 
-    async def _shutdown_executor(app: web.Application):
+    async def _shutdown_executor(app: web.Application) -> AsyncIterator[None]:
         yield
         # Worker processes: cancelled handlers are reaped, then every pool runs preStop and exits.
         await app[EXECUTOR].process.aclose()
@@ -94,7 +96,7 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
 
     app.on_shutdown.append(_drain_invocations)
 
-    async def _bind_broker(app: web.Application):
+    async def _bind_broker(app: web.Application) -> AsyncIterator[None]:
         # Handlers reach the broker through runtime.create_stream_producer() & co. (runtime/streams/api.py).
         broker = app[BROKER]
         bind_broker(broker, asyncio.get_running_loop())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hmac
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from runtime.config import AuthToken
 from runtime.errors import ForbiddenError, UnauthorizedError
@@ -55,7 +56,7 @@ def _match(presented: str, tokens: list[AuthToken]) -> AuthToken | None:
 
 
 @web.middleware
-async def auth_middleware(request: web.Request, handler):
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     tokens = request.app[CONFIG].auth.tokens
     role = required_role(request.path)
     if role == "developer" and request.path == "/metrics" and request.app[CONFIG].metrics.public:

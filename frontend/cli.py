@@ -9,11 +9,13 @@ import logging
 import os
 import sys
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from runtime import eventloop
 from runtime.config import Config
 from runtime.errors import ConfigError, FunctionServiceError
-from runtime import eventloop
 from runtime.logs import TEXT_FORMAT, configure_logging
 from runtime.manifest import load_manifest_file
 
@@ -22,10 +24,12 @@ from .progress import LiveStatus
 from .scaffold import add_commands as add_scaffold_commands
 from .startup import NO_FUNCTIONS_HINT, load_cli_config
 
+Command = Callable[[argparse.Namespace], int]
+
 __all__ = ("main",)
 
 
-def _print(obj) -> None:
+def _print(obj: Any) -> None:
     print(json.dumps(obj, indent=2, ensure_ascii=False) if not isinstance(obj, str) else obj)
 
 
@@ -93,7 +97,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """A handler-only cluster node: functions come from the shared registry, work from the queue."""
     from runtime.cluster.node import serve_worker
 
-    overrides = list(args.set or []) + [f"cluster.redisUrl={args.cluster}"]
+    overrides = [*(args.set or []), f"cluster.redisUrl={args.cluster}"]
     if args.concurrency is not None:
         overrides.append(f"cluster.workerConcurrency={args.concurrency}")
     try:
@@ -111,13 +115,13 @@ def _client(args: argparse.Namespace) -> Client:
     return Client(args.url, args.token)
 
 
-def _report(status: int, body) -> int:
+def _report(status: int, body: Any) -> int:
     _print(body)
     return 0 if status < 400 else 1
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    functions = []
+    functions: list[dict[str, Any]] = []
     try:
         for file in args.files:
             functions.extend(s.model_dump(mode="json") for s in load_manifest_file(Path(file)))
@@ -240,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=int, help="invocations run at once (cluster.workerConcurrency)")
     worker.set_defaults(func=cmd_worker)
 
-    def client_command(name: str, help: str, func) -> argparse.ArgumentParser:
+    def client_command(name: str, help: str, func: Command) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help)
         p.add_argument("--url", default=DEFAULT_URL, help="server URL (env FNSTREAM_URL; default %(default)s)")
         p.add_argument("--token", default=os.environ.get("FNSTREAM_TOKEN"), help="bearer token (env FNSTREAM_TOKEN)")
@@ -272,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("FNSTREAM_LOG", "INFO"), format=TEXT_FORMAT)
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    command: Command = args.func
+    return command(args)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ OpenAI-compatible routes (`/v1/...`) answer `{"error": {"message", "type", "code
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from runtime.errors import FunctionServiceError
 
@@ -32,7 +34,7 @@ def is_openai_path(path: str) -> bool:
     return path.startswith("/v1/")
 
 
-def openai_error_body(status: int, message: str, code: str | int | None = None) -> dict:
+def openai_error_body(status: int, message: str, code: str | int | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": _OPENAI_TYPES.get(status, "server_error"),
                       "param": None, "code": code}}
 
@@ -52,7 +54,7 @@ def error_response(request: web.Request, exc: FunctionServiceError) -> web.Respo
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler):
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request[TRACE_ID] = trace_id_of(request)  # traceparent, X-Trace-Id or a new one
     try:
         return await handler(request)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -56,7 +57,7 @@ def frame_raw(batch: list[str]) -> bytes:
     return "".join(batch).encode()
 
 
-async def relay(stream: "EventStream", channel: "OutputChannel[str]", heartbeat: float,
+async def relay(stream: EventStream, channel: OutputChannel[str], heartbeat: float,
                 frame: Callable[[list[str]], bytes]) -> None:
     """Write each batch read from `channel` as one socket write, until the channel closes.
 

@@ -48,7 +48,7 @@ class _Child:
         # preexec_fn is safe here: the supervisor runs no other threads.
         self.proc = subprocess.Popen(self.cmd, env={**os.environ, "FNSTREAM_PROCESS_SLOT": str(self.slot)},
                                      process_group=0,
-                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)  # noqa: PLW1509
+                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         self.started = time.monotonic()
         log.info("frontend %d started (pid %d)", self.slot, self.proc.pid)
 

@@ -131,7 +131,8 @@ TEMPLATES: Final[dict[str, Template]] = {
     "stream": Template("context.get_stream().write() events (openYuanrong)", _STREAM, example_data='{"count": 3}'),
     "generator": Template("async generator, one event per yield", _GENERATOR, example_data='{"count": 3}'),
     "openai": Template("OpenAI chat completions chunks on /v1/chat/completions", _OPENAI,
-                       "models: [{name}]\n# modelAliases: {{gpt-4o-mini: {name}}}   # answer clients that pin OpenAI names\n"),
+                       "models: [{name}]\n"
+                       "# modelAliases: {{gpt-4o-mini: {name}}}   # answer clients that pin OpenAI names\n"),
     "runpod": Template("RunPod-style generator reading the job's input", _RUNPOD,
                        example_data='{"input": {"prompt": "streams word by word"}}'),
     "process": Template("CPU-bound work in worker processes", _PROCESS, "executor: process\ninstances: 2\n",

@@ -8,9 +8,9 @@ function-service route. With `stream: true` it yields one OpenAI chunk object pe
 """
 from contextlib import aclosing
 
-from runtime.errors import FunctionServiceError
-
 from chat_backends import StandinSettings, UpstreamSettings, generate, parse_event, relay
+
+from runtime.errors import FunctionServiceError
 
 
 async def handler(event, context):

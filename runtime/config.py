@@ -170,7 +170,7 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def _apply_override(data: dict, path: list[str], value: Any, source: str) -> None:
+def _apply_override(data: dict[str, Any], path: list[str], value: Any, source: str) -> None:
     node = data
     for part in path[:-1]:
         child = node.setdefault(part, {})
@@ -198,7 +198,7 @@ def _resolve_paths(cfg: Config, base: Path) -> None:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
-                data: dict | None = None, *, base_dir: Path | None = None) -> Config:
+                data: dict[str, Any] | None = None, *, base_dir: Path | None = None) -> Config:
     """Load a config file (or a dict, for tests) and apply `key=value` overrides on top.
 
     Relative paths resolve against the file's directory, or `base_dir` when given (the built-in

@@ -17,7 +17,7 @@ __all__ = ("Context",)
 class Context:
     """What a handler (or initializer, with no invocation) can know and use."""
 
-    def __init__(self, deployment: "Deployment", invocation: "Invocation | None" = None) -> None:
+    def __init__(self, deployment: Deployment, invocation: Invocation | None = None) -> None:
         self._deployment = deployment
         self._spec = deployment.spec
         self._invocation = invocation
@@ -63,7 +63,7 @@ class Context:
             self._logger = logging.getLogger(f"fnstream.function.{self._spec.name}")
         return self._logger
 
-    def get_stream(self) -> "StreamWriter":
+    def get_stream(self) -> StreamWriter:
         if self._invocation is None:
             raise RuntimeError("get_stream() is only available inside an invocation, not in the initializer")
         return self._invocation.stream

@@ -5,6 +5,8 @@ nothing else needs to know how an error maps to HTTP.
 """
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = (
     "FunctionServiceError",
     "BadRequestError",
@@ -43,7 +45,7 @@ class FunctionServiceError(Exception):
         if status is not None:
             self.status = status
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message}
 
 

@@ -13,8 +13,9 @@ import inspect
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from .context import Context
 from .errors import FunctionServiceError, FunctionTimeoutError, HandlerError, ServiceUnavailableError
@@ -42,13 +43,13 @@ class Executor:
         self._pool = ThreadPoolExecutor(thread_pool_size, thread_name_prefix="fnstream-handler")
         self.process = ProcessExecutor()  # `executor: process` functions run on worker processes
         self.active: set[Invocation] = set()
-        self._watchdog: asyncio.Task | None = None
+        self._watchdog: asyncio.Task[Any] | None = None
 
-    def run_sync(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
+    def run_sync(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
         # In a copy of the caller's context: log records of thread handlers keep the invocation's tags.
         return asyncio.get_running_loop().run_in_executor(self._pool, contextvars.copy_context().run, fn)
 
-    def start(self, inv: Invocation, *, inline: bool = False) -> "asyncio.Task[Any] | None":
+    def start(self, inv: Invocation, *, inline: bool = False) -> asyncio.Task[Any] | None:
         """Take a concurrency slot (429 when full) and run the invocation in its own task.
 
         With `inline`, a plain-JSON call of an `async def` handler does not get a task: it runs in
@@ -126,10 +127,11 @@ class Executor:
         inv.entered = True
         dep = inv.deployment
         set_log_context(inv.trace_id, dep.name, inv.id)
-        thread_future: asyncio.Future | None = None
+        thread_future: asyncio.Future[Any] | None = None
         try:
             await dep.ensure_initialized(self.run_sync)
             ctx = Context(dep, inv)
+            assert dep.code is not None  # in-process deployments have their code loaded
             handler = dep.code.handler
             if dep.kind == "async":
                 result = await handler(inv.event, ctx)
@@ -160,7 +162,7 @@ class Executor:
             # Raised by fnstream itself (timeout, init failure, a refused write...): already clear.
             dep.failures += 1
             raise
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - anything the user's code raised
+        except (Exception, SystemExit) as exc:
             dep.failures += 1
             log.error("function %s invocation %s raised:\n%s", dep.name, inv.id,
                       "".join(traceback.format_exception(exc)))
@@ -169,7 +171,7 @@ class Executor:
             inv.channel.close()
             if thread_future is not None and not thread_future.done():
                 # The thread cannot be killed: its slot is freed when it really ends.
-                def _thread_ended(future: asyncio.Future) -> None:
+                def _thread_ended(future: asyncio.Future[Any]) -> None:
                     dep.release()
                     if not future.cancelled() and future.exception() is not None:
                         log.info("function %s: abandoned invocation %s ended: %r", dep.name, inv.id,
@@ -181,7 +183,9 @@ class Executor:
 
     @staticmethod
     def _call_in_thread(inv: Invocation, ctx: Context) -> Any:
-        result = inv.deployment.code.handler(inv.event, ctx)
+        code = inv.deployment.code
+        assert code is not None
+        result = code.handler(inv.event, ctx)
         if inspect.isgenerator(result):
             return drain_generator(result, inv.add_item_blocking)
         return result

@@ -14,10 +14,17 @@ import logging
 import random
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal
+from collections.abc import Awaitable, Callable, Generator
+from typing import TYPE_CHECKING, Any, Literal
 
 from .channel import OutputChannel
-from .errors import FunctionServiceError, ResponseTooLargeError, StreamBufferFullError, StreamClosedError, StreamWriteError
+from .errors import (
+    FunctionServiceError,
+    ResponseTooLargeError,
+    StreamBufferFullError,
+    StreamClosedError,
+    StreamWriteError,
+)
 
 if TYPE_CHECKING:
     from .registry import Deployment
@@ -63,7 +70,7 @@ class Written:
 
     __slots__ = ()
 
-    def __await__(self):
+    def __await__(self) -> Generator[None, None, None]:
         return
         yield  # pragma: no cover - makes this a generator
 
@@ -74,7 +81,7 @@ WRITTEN = Written()
 class Invocation:
     """A single call of a deployed function."""
 
-    def __init__(self, deployment: "Deployment", event: Any, *, mode: Mode, loop: asyncio.AbstractEventLoop,
+    def __init__(self, deployment: Deployment, event: Any, *, mode: Mode, loop: asyncio.AbstractEventLoop,
                  buffer_events: int = 100, max_write_size: int = 4 * 1024 * 1024,
                  max_response_size: int = 6 * 1024 * 1024, trace_id: str | None = None) -> None:
         self.id = new_trace_id()
@@ -92,12 +99,12 @@ class Invocation:
         self.aggregate: list[Any] = []
         self._aggregate_bytes = 0
         self.writes = 0
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[Any] | None = None
         self.cancel_reason: str | None = None
         self.abort_error: FunctionServiceError | None = None
         self.timed_out: str | None = None
         self.entered = False  # the executor's run of it began (its cleanup will run)
-        self._deferred: "Callable[[Invocation], Awaitable[Any]] | None" = None
+        self._deferred: Callable[[Invocation], Awaitable[Any]] | None = None
         self.stream = StreamWriter(self)
 
     @property
@@ -124,7 +131,7 @@ class Invocation:
         self.abort_error = error
         self.cancel(error.message)
 
-    def defer(self, run: "Callable[[Invocation], Awaitable[Any]]") -> None:
+    def defer(self, run: Callable[[Invocation], Awaitable[Any]]) -> None:
         """Run later, in the task that awaits `outcome()` (see Executor.start's `inline`)."""
         self._deferred = run
 
@@ -140,7 +147,7 @@ class Invocation:
             if self.abort_error is None:
                 raise
             current = asyncio.current_task()
-            if current is self.task:
+            if current is not None and current is self.task:
                 current.uncancel()  # the abort cancelled the task we run in: answer it instead
             elif current is not None and current.cancelling():
                 raise  # our own caller is being cancelled (the client left)
@@ -192,7 +199,7 @@ class StreamWriter:
     full is refused at the next write, so memory stays bounded either way.
     """
 
-    __slots__ = ("_inv", "_channel", "_loop", "_streaming", "_pending", "max_write_size")
+    __slots__ = ("_channel", "_inv", "_loop", "_pending", "_streaming", "max_write_size")
 
     def __init__(self, invocation: Invocation) -> None:
         # Weak: the invocation holds its writer, and a reference cycle would leave every finished
@@ -204,13 +211,13 @@ class StreamWriter:
         self._streaming = invocation.streaming
         # Per task: each task of a handler may have one write waiting for room (several coroutines
         # of one handler may each `await stream.write()`); a second un-awaited write is refused.
-        self._pending: dict[asyncio.Task | None, asyncio.Future] | None = None
+        self._pending: dict[asyncio.Task[Any] | None, asyncio.Future[Any]] | None = None
         self.max_write_size = invocation.max_write_size
 
     def set_max_write_size(self, size: int) -> None:
         self.max_write_size = int(size)
 
-    def write(self, data: Any):
+    def write(self, data: Any) -> Awaitable[None]:
         payload = encode_payload(data)
         if len(payload) > self.max_write_size and len(payload.encode()) > self.max_write_size:
             raise StreamWriteError(f"stream write of {len(payload.encode())} bytes exceeds the limit of "
@@ -250,7 +257,7 @@ class StreamWriter:
         for pending in list(self._pending.values()) if self._pending else ():
             await pending
 
-    def _write_done(self, task: asyncio.Task | None, future: asyncio.Future) -> None:
+    def _write_done(self, task: asyncio.Task[Any] | None, future: asyncio.Future[Any]) -> None:
         if self._pending is not None and self._pending.get(task) is future:
             del self._pending[task]
 
@@ -269,7 +276,7 @@ def drain_generator(gen: Any, add_item: Callable[[Any], None]) -> Any:
             add_item(item)
 
 
-def _consume_outcome(task: asyncio.Task) -> None:
+def _consume_outcome(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
 

@@ -9,9 +9,10 @@ import importlib.util
 import itertools
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Any, cast
 
 from .errors import DeployError
 from .manifest import FunctionSpec
@@ -26,7 +27,8 @@ class LoadedCode:
 
     __slots__ = ("handler", "initializer", "pre_stop")
 
-    def __init__(self, handler: Callable, initializer: Callable | None, pre_stop: Callable | None) -> None:
+    def __init__(self, handler: Callable[..., Any], initializer: Callable[..., Any] | None,
+                 pre_stop: Callable[..., Any] | None) -> None:
         self.handler = handler
         self.initializer = initializer
         self.pre_stop = pre_stop
@@ -109,7 +111,7 @@ def load_code(spec: FunctionSpec, code_roots: list[Path]) -> LoadedCode:
     check_code_location(spec, code_roots)
     modules: dict[str, ModuleType] = {}
 
-    def resolve(field: str, ref: str | None) -> Callable | None:
+    def resolve(field: str, ref: str | None) -> Callable[..., Any] | None:
         if ref is None:
             return None
         module, _, attr = ref.rpartition(".")
@@ -118,14 +120,14 @@ def load_code(spec: FunctionSpec, code_roots: list[Path]) -> LoadedCode:
                 modules[module] = _import(spec, module)
         except FileNotFoundError as exc:
             raise DeployError(f"function {spec.name!r}: {field} {ref!r}: {exc}") from None
-        except BaseException as exc:  # noqa: BLE001 - any import-time failure of user code
+        except BaseException as exc:
             where = _where(exc, spec.codePath)
             raise DeployError(f"function {spec.name!r}: importing {module!r} failed: "
                               f"{type(exc).__name__}: {exc}{where}") from None
         func = getattr(modules[module], attr, None)
         if not callable(func):
             raise DeployError(f"function {spec.name!r}: {field} {ref!r}: module {module!r} has no callable {attr!r}")
-        return func
+        return cast("Callable[..., Any]", func)
 
     handler = resolve("handler", spec.handler)
     assert handler is not None

@@ -71,7 +71,7 @@ class FunctionSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _check_aliases(self) -> "FunctionSpec":
+    def _check_aliases(self) -> FunctionSpec:
         for alias, target in self.modelAliases.items():
             if not alias or not target:
                 raise ValueError("modelAliases: aliases and the models they name must be non-empty")
@@ -100,7 +100,7 @@ class FunctionSpec(BaseModel):
     def urn(self) -> str:
         return function_urn(self.tenant, self.namespace, self.name, self.version)
 
-    def public(self) -> dict:
+    def public(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")
         data["urn"] = self.urn
         return data

@@ -11,7 +11,8 @@ import asyncio
 import inspect
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .registry import Deployment
@@ -23,11 +24,11 @@ log = logging.getLogger("fnstream.runtime")
 MAX_PRE_STOP_SECONDS = 180.0
 
 
-def pre_stop_timeout(dep: "Deployment") -> float:
+def pre_stop_timeout(dep: Deployment) -> float:
     return min(float(dep.spec.timeout), MAX_PRE_STOP_SECONDS)
 
 
-def _in_daemon_thread(fn: Callable[[], Any]) -> "asyncio.Future[Any]":
+def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
     """Run `fn` in its own daemon thread: one that overruns its timeout cannot block the exit."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
@@ -39,7 +40,7 @@ def _in_daemon_thread(fn: Callable[[], Any]) -> "asyncio.Future[Any]":
     def target() -> None:
         try:
             result = fn()
-        except BaseException as exc:  # noqa: BLE001 - reported through the future
+        except BaseException as exc:
             outcome = (False, exc)
         else:
             outcome = (True, result)
@@ -52,7 +53,7 @@ def _in_daemon_thread(fn: Callable[[], Any]) -> "asyncio.Future[Any]":
     return future
 
 
-async def run_pre_stop(dep: "Deployment") -> None:
+async def run_pre_stop(dep: Deployment) -> None:
     """Run `dep`'s preStop once (later calls do nothing); log, never raise, what it does wrong."""
     if dep.code is None or dep.code.pre_stop is None or dep.pre_stop_started:
         return
@@ -71,7 +72,7 @@ async def run_pre_stop(dep: "Deployment") -> None:
         log.error("function %s: preStop did not finish within %g s; going on without it", dep.name, timeout)
     except asyncio.CancelledError:
         raise
-    except BaseException as exc:  # noqa: BLE001 - user code, including sys.exit
+    except BaseException as exc:
         log.error("function %s: preStop failed: %s: %s", dep.name, type(exc).__name__, exc, exc_info=exc)
     else:
         log.info("function %s: preStop ran (revision %d)", dep.name, dep.revision)

@@ -9,11 +9,13 @@ server: its first worker process imports it, and the deploy fails with that work
 from __future__ import annotations
 
 import asyncio
+import builtins
 import inspect
 import logging
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Literal
 
 from .errors import ConcurrencyLimitError, DeployError, FunctionNotFoundError, InitializerError
 from .loader import LoadedCode, check_code_location, load_code
@@ -27,10 +29,11 @@ log = logging.getLogger("fnstream.runtime")
 
 Kind = Literal["async", "sync", "gen", "asyncgen"]
 ExecutorName = Literal["async", "thread", "process"]
-_URN_RE = re.compile(r"^sn:cn:yrk:(?P<tenant>[^:]+):function:0@(?P<namespace>[^@]+)@(?P<name>[^:]+):(?P<version>[^:]+)$")
+_URN_RE = re.compile(
+    r"^sn:cn:yrk:(?P<tenant>[^:]+):function:0@(?P<namespace>[^@]+)@(?P<name>[^:]+):(?P<version>[^:]+)$")
 
 
-def handler_kind(func: Callable) -> Kind:
+def handler_kind(func: Callable[..., Any]) -> Kind:
     if inspect.isasyncgenfunction(func):
         return "asyncgen"
     if inspect.iscoroutinefunction(func):
@@ -125,6 +128,7 @@ class Deployment:
             async with self._init_lock:
                 if not self._initialized:
                     from .context import Context
+                    assert self.code is not None  # only in-process deployments run an initializer here
                     init = self.code.initializer
                     assert init is not None
                     ctx = Context(self)
@@ -133,14 +137,14 @@ class Deployment:
                             await asyncio.wait_for(init(ctx), self.spec.timeout)
                         else:
                             await asyncio.wait_for(run_sync(lambda: init(ctx)), self.spec.timeout)
-                    except Exception as exc:  # noqa: BLE001 - user code
+                    except Exception as exc:
                         self.init_error = f"initializer failed: {type(exc).__name__}: {exc}"
                         log.exception("function %s: initializer failed", self.name)
                     self._initialized = True
         if self.init_error is not None:
             raise InitializerError(self.init_error)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         data = self.spec.public()
         data["status"] = {"revision": self.revision, "kind": self.kind, "inflight": self.inflight,
                           "invocations": self.invocations, "failures": self.failures,
@@ -158,7 +162,7 @@ class Registry:
         self.stop_grace = stop_grace  # how long a replaced/deleted deployment's invocations may run on
         self._deployments: dict[str, Deployment] = {}
         self._revision = 0
-        self._stopping: dict[Deployment, "asyncio.Task[None]"] = {}  # replaced/deleted, preStop pending
+        self._stopping: dict[Deployment, asyncio.Task[None]] = {}  # replaced/deleted, preStop pending
         self.on_change: list[Callable[[str, Deployment | None], None]] = []
 
     def __contains__(self, name: str) -> bool:
@@ -171,34 +175,37 @@ class Registry:
         return sorted(self._deployments.values(), key=lambda d: d.name)
 
     # -- deploy --------------------------------------------------------------------------------
-    def deploy(self, specs: list[FunctionSpec], *, replace: bool = True) -> list[Deployment]:
+    def deploy(self, specs: builtins.list[FunctionSpec], *, replace: bool = True) -> builtins.list[Deployment]:
         """Deploy all of `specs` or none; waits on this thread for process workers to import.
 
         For start-up and other synchronous callers; request handlers use `adeploy`.
         """
-        staged = self._stage(specs, replace)
-        self._await_imports(staged)
-        return self._commit(staged, replace)
+        return self._commit(self._stage_and_import(specs, replace), replace)
 
-    async def adeploy(self, specs: list[FunctionSpec], *, replace: bool = True) -> list[Deployment]:
-        """`deploy` for the event loop: the wait for worker processes' imports runs in a thread."""
-        staged = self._stage(specs, replace)
-        waiting = asyncio.ensure_future(asyncio.to_thread(self._await_imports, staged))
+    async def adeploy(self, specs: builtins.list[FunctionSpec], *, replace: bool = True) -> builtins.list[Deployment]:
+        """`deploy` for the event loop: importing in-process code (file reads, the module's own
+        top-level code) and the wait for worker processes' imports run in a thread."""
+        waiting = asyncio.ensure_future(asyncio.to_thread(self._stage_and_import, specs, replace))
         try:
-            await asyncio.shield(waiting)
+            staged = await asyncio.shield(waiting)
         except asyncio.CancelledError:
             # The thread cannot be interrupted: once it is done, stop the workers nothing will use.
-            waiting.add_done_callback(lambda f: f.cancelled() or f.exception() or self._abort(staged))
+            waiting.add_done_callback(lambda f: f.cancelled() or f.exception() or self._abort(f.result()))
             raise
         return self._commit(staged, replace)
 
-    def _check_absent(self, specs: list[FunctionSpec]) -> None:
+    def _stage_and_import(self, specs: builtins.list[FunctionSpec], replace: bool) -> builtins.list[Deployment]:
+        staged = self._stage(specs, replace)
+        self._await_imports(staged)
+        return staged
+
+    def _check_absent(self, specs: builtins.list[FunctionSpec]) -> None:
         existing = [s.name for s in specs if s.name in self._deployments]
         if existing:
             raise DeployError(f"function(s) already deployed: {', '.join(existing)}; use PUT to redeploy",
                               code=200409, status=409)
 
-    def _stage(self, specs: list[FunctionSpec], replace: bool) -> list[Deployment]:
+    def _stage(self, specs: builtins.list[FunctionSpec], replace: bool) -> builtins.list[Deployment]:
         """Import in-process code here; start the first worker of each process function."""
         if not replace:
             self._check_absent(specs)
@@ -208,9 +215,9 @@ class Registry:
         for spec in specs:
             if spec.executor == "process":
                 check_code_location(spec, self.code_roots)
-        staged: list[Deployment] = []
+        staged: builtins.list[Deployment] = []
         try:
-            for spec, dep in zip(specs, loaded):
+            for spec, dep in zip(specs, loaded, strict=True):
                 if dep is None:
                     dep = Deployment(spec, None)
                     dep.pool = WorkerPool(dep, self.code_roots, instances=spec.instances)
@@ -221,7 +228,7 @@ class Registry:
             raise
         return staged
 
-    def _await_imports(self, staged: list[Deployment]) -> None:
+    def _await_imports(self, staged: builtins.list[Deployment]) -> None:
         """Wait for each process function's first worker to import its code (DeployError if not)."""
         try:
             for dep in staged:
@@ -232,12 +239,12 @@ class Registry:
             raise
 
     @staticmethod
-    def _abort(staged: list[Deployment]) -> None:
+    def _abort(staged: builtins.list[Deployment]) -> None:
         for dep in staged:
             if dep.pool is not None:
                 dep.pool.abort() if not dep.pool.validated else dep.pool.stop()
 
-    def _commit(self, staged: list[Deployment], replace: bool) -> list[Deployment]:
+    def _commit(self, staged: builtins.list[Deployment], replace: bool) -> builtins.list[Deployment]:
         if not replace:
             try:
                 self._check_absent([dep.spec for dep in staged])  # another deploy got there meanwhile

@@ -5,12 +5,16 @@
 """
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
 from runtime.errors import BadRequestError
 from runtime.manifest import FunctionSpec, parse_manifest
+from runtime.registry import Deployment
 
 from ..body import read_body
 from ..keys import REGISTRY
@@ -33,10 +37,11 @@ async def _specs_from_body(request: web.Request) -> list[FunctionSpec]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise BadRequestError("manifest body is not UTF-8") from None
-    return parse_manifest(text, "request body", _base_dir(request))
+    # Off the loop: YAML parsing and resolving code paths touch the file system and can be slow.
+    return await asyncio.to_thread(parse_manifest, text, "request body", _base_dir(request))
 
 
-def _deployed(deps) -> dict:
+def _deployed(deps: Iterable[Deployment]) -> dict[str, Any]:
     functions = [d.describe() for d in deps]
     return {"code": 0, "message": "SUCCESS", "function": functions[0], "functions": functions}
 

@@ -11,10 +11,11 @@ import itertools
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
+from runtime.cluster.queue import RemoteInvocation
 from runtime.errors import (
     ForbiddenError,
     FunctionNotFoundError,
@@ -23,7 +24,7 @@ from runtime.errors import (
     ResponseTooLargeError,
     ResultNotSerializableError,
 )
-from runtime.invocation import Invocation
+from runtime.invocation import Invocation, Mode
 from runtime.manifest import function_urn
 from runtime.registry import Deployment
 
@@ -34,6 +35,9 @@ from ..metrics import INVOCATION, counted
 from ..negotiation import parse_accept, quality
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 
+# What start_invocation hands back: run here, or queued for a cluster worker.
+AnyInvocation = Invocation | RemoteInvocation
+
 __all__ = ("routes", "negotiate_mode", "run_invocation", "start_invocation", "encode_result", "find_function")
 
 log = logging.getLogger("fnstream.frontend")
@@ -41,7 +45,7 @@ routes = web.RouteTableDef()
 
 
 @functools.lru_cache(maxsize=256)  # clients send a handful of distinct Accept headers
-def negotiate_mode(accept: str | None, enable_event: bool) -> str:
+def negotiate_mode(accept: str | None, enable_event: bool) -> Mode:
     """'sse' or 'json' from the Accept header.
 
     406 when only SSE is acceptable but disabled, or when JSON is refused outright (q=0) and SSE
@@ -81,8 +85,8 @@ def _check_tenant(request: web.Request, dep: Deployment) -> None:
         raise ForbiddenError(f"tenant {principal.tenant!r} may not invoke a function of tenant {dep.spec.tenant!r}")
 
 
-async def start_invocation(request: web.Request, dep: Deployment, event: Any, mode: str, *,
-                           inline: bool = False) -> Invocation:
+async def start_invocation(request: web.Request, dep: Deployment, event: Any, mode: Mode, *,
+                           inline: bool = False) -> AnyInvocation:
     """Start `dep` here (`inline`: see Executor.start), or in cluster mode queue it for a worker when
     this node should not run it; either way with the Invocation surface (`channel`, `outcome()`, `cancel()`)."""
     app = request.app
@@ -124,7 +128,7 @@ async def run_invocation(request: web.Request, dep: Deployment, event: Any) -> w
         return web.Response(status=499)
 
 
-async def _json_response(inv: Invocation) -> web.Response:
+async def _json_response(inv: AnyInvocation) -> web.Response:
     result = await inv.outcome()
     if inv.deployment.kind in ("gen", "asyncgen") and result is None:
         result = inv.aggregate
@@ -132,12 +136,12 @@ async def _json_response(inv: Invocation) -> web.Response:
     return web.Response(text=body, content_type="application/json", headers=_success_headers(inv))
 
 
-def _success_headers(inv: Invocation) -> dict[str, str]:
+def _success_headers(inv: AnyInvocation) -> dict[str, str]:
     billing_ms = int((time.monotonic() - inv.started) * 1000)
     return {"X-Inner-Code": "0", "X-Trace-Id": inv.trace_id, "X-Billing-Duration": str(billing_ms)}
 
 
-async def _stream_response(request: web.Request, inv: Invocation, heartbeat: float) -> web.StreamResponse:
+async def _stream_response(request: web.Request, inv: AnyInvocation, heartbeat: float) -> web.StreamResponse:
     stream = EventStream(request, headers={"X-Trace-Id": inv.trace_id})
     raw = inv.mode == "raw"
     ids = itertools.count(1)
@@ -171,7 +175,7 @@ def find_function(app: web.Application, ref: str) -> Deployment:
         cluster = app.get(CLUSTER)
         if cluster is None:
             raise
-        return cluster.lookup(ref)
+        return cast("Deployment", cluster.lookup(ref))  # a stand-in with what the queue reads
 
 
 @routes.post("/serverless/v1/functions/{ref}/invocations")

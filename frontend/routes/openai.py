@@ -21,9 +21,13 @@ from typing import Any
 
 from aiohttp import web
 
-from runtime.errors import (BadRequestError, ForbiddenError, FunctionNotFoundError, FunctionServiceError,
-                            ResponseTooLargeError)
-from runtime.invocation import Invocation
+from runtime.errors import (
+    BadRequestError,
+    ForbiddenError,
+    FunctionNotFoundError,
+    FunctionServiceError,
+    ResponseTooLargeError,
+)
 from runtime.registry import Deployment
 
 from ..body import read_json_body
@@ -31,7 +35,7 @@ from ..errors import openai_error_body
 from ..keys import CONFIG, PRINCIPAL
 from ..metrics import counted
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
-from .invoke import find_function, start_invocation
+from .invoke import AnyInvocation, find_function, start_invocation
 
 __all__ = ("routes", "CHAT_ROUTE", "COMPLETIONS_ROUTE")
 
@@ -94,7 +98,7 @@ def _error_event(exc: FunctionServiceError) -> bytes:
     return encode_event(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
 
 
-async def _stream(request: web.Request, inv: Invocation, heartbeat: float) -> web.StreamResponse:
+async def _stream(request: web.Request, inv: AnyInvocation, heartbeat: float) -> web.StreamResponse:
     """Each write is one `data:` event, sent as soon as it is read; then `data: [DONE]`."""
     stream = EventStream(request, headers={"X-Trace-Id": inv.trace_id})
     try:
@@ -109,7 +113,7 @@ async def _stream(request: web.Request, inv: Invocation, heartbeat: float) -> we
         return stream.response
 
 
-async def _relay(stream: EventStream, inv: Invocation, heartbeat: float) -> None:
+async def _relay(stream: EventStream, inv: AnyInvocation, heartbeat: float) -> None:
     # No `id:` lines on OpenAI routes: after an id, openai-python mis-parses comment heartbeats.
     await relay(stream, inv.channel, heartbeat, frame_raw if inv.mode == "raw" else _frame_chunks)
 
@@ -118,7 +122,7 @@ def _frame_chunks(batch: list[str]) -> bytes:
     return b"".join([encode_event(payload) for payload in batch])
 
 
-async def _finish(stream: EventStream, inv: Invocation) -> web.StreamResponse:
+async def _finish(stream: EventStream, inv: AnyInvocation) -> web.StreamResponse:
     """`data: [DONE]` after a clean end; after a failure, the error as a last event first."""
     try:
         await inv.outcome()
@@ -133,7 +137,7 @@ async def _finish(stream: EventStream, inv: Invocation) -> web.StreamResponse:
     return await stream.finish()
 
 
-async def _whole(inv: Invocation) -> web.Response:
+async def _whole(inv: AnyInvocation) -> web.Response:
     """The one object the function wrote (or returned) for `stream: false`, as the response."""
     parts: list[str] = []
     size = 0
@@ -155,7 +159,7 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
-def _single_object(inv: Invocation, parts: list[str], result: Any) -> dict:
+def _single_object(inv: AnyInvocation, parts: list[str], result: Any) -> dict[str, Any]:
     if not parts and isinstance(result, dict):
         return result
     try:
@@ -191,7 +195,7 @@ def _served_models(request: web.Request) -> dict[str, Any]:
     return models
 
 
-def _model_object(model: str, dep: Any) -> dict:
+def _model_object(model: str, dep: Any) -> dict[str, Any]:
     # `created` is when the model was made; fnstream does not know it, so 0.
     return {"id": model, "object": "model", "created": 0, "owned_by": dep.spec.tenant}
 

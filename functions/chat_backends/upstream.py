@@ -6,10 +6,9 @@ upstream connection is closed whenever this generator stops early (our client le
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 
@@ -146,7 +145,7 @@ async def relay(req: OpenAIRequest, settings: UpstreamSettings, *, trace_id: str
                 except ValueError:
                     raise UpstreamError("the upstream answer is not JSON") from None
                 yield answer
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise UpstreamError(f"the upstream at {url} sent nothing for {settings.timeout:g} s",
                             code=200504, status=504) from None
     except aiohttp.ClientPayloadError as exc:

@@ -17,7 +17,6 @@ from runtime.errors import FunctionNotFoundError
 from runtime.executor import Executor
 from runtime.lifecycle import wait_for_stop_signal
 from runtime.registry import Deployment, Registry, parse_function_ref
-
 from runtime.streams import BrokerSettings, bind_broker, unbind_broker
 
 from .queue import RemoteInvocation, WorkQueue
@@ -51,9 +50,9 @@ class ClusterNode:
                                   BrokerSettings.from_config(config.streams))
         self.queue = WorkQueue(self.redis, self.keys, ttl=cc.outputTtlSeconds, heartbeat=cc.workerHeartbeatSeconds)
         self.worker: Worker | None = None
-        self.workers: dict[str, dict] = {}        # live workers (refreshed every heartbeat)
+        self.workers: dict[str, dict[str, Any]] = {}        # live workers (refreshed every heartbeat)
         self.redis_reachable = False
-        self._watcher: asyncio.Task | None = None
+        self._watcher: asyncio.Task[Any] | None = None
         if self.role != "frontend":
             self.worker = Worker(self.redis, self.keys, registry, executor, self.id, concurrency=cc.workerConcurrency,
                                  heartbeat=cc.workerHeartbeatSeconds, claim_idle=cc.claimIdleSeconds,
@@ -132,7 +131,7 @@ class ClusterNode:
     def serving(self, name: str) -> bool:
         return any(name in w.get("functions", ()) for w in self.workers.values())
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         return {"node": self.id, "role": self.role, "redis": describe_url(self.url),
                 "redisReachable": self.redis_reachable, "registrySynced": self.sync.connected,
                 "workers": [{"id": k, **v} for k, v in sorted(self.workers.items())],

@@ -16,17 +16,18 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Coroutine
 from types import SimpleNamespace
 from typing import Any
 
-import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 
 from runtime.channel import OutputChannel
 from runtime.errors import FunctionServiceError, FunctionTimeoutError
-from runtime.invocation import new_trace_id
+from runtime.invocation import Mode, new_trace_id
 from runtime.manifest import FunctionSpec
 
-from .settings import REDIS_DOWN, ClusterUnavailableError, Keys, WorkerLostError
+from .settings import REDIS_DOWN, AnyRedis, ClusterUnavailableError, Keys, WorkerLostError
 
 __all__ = ("RemoteInvocation", "WorkQueue", "error_from_fields")
 
@@ -46,15 +47,16 @@ def error_from_fields(fields: dict[str, str]) -> FunctionServiceError:
 class WorkQueue:
     """Enqueues invocations for the cluster's workers."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, *, ttl: float, heartbeat: float) -> None:
+    def __init__(self, redis: AnyRedis, keys: Keys, *, ttl: float, heartbeat: float) -> None:
         self.redis, self.keys, self.ttl, self.heartbeat = redis, keys, ttl, heartbeat
-        self._cleanup: set[asyncio.Task] = set()
+        self._cleanup: set[asyncio.Task[Any]] = set()
 
-    async def submit(self, spec: FunctionSpec, event: Any, *, mode: str, buffer_events: int, max_write_size: int,
-                     max_response_size: int, trace_id: str | None) -> "RemoteInvocation":
+    async def submit(self, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int, max_write_size: int,
+                     max_response_size: int, trace_id: str | None) -> RemoteInvocation:
         inv = RemoteInvocation(self, spec, event, mode=mode, buffer_events=buffer_events,
                                max_response_size=max_response_size, trace_id=trace_id)
-        entry = {"id": inv.id, "function": spec.name, "event": json.dumps(event), "mode": inv.mode,
+        entry: dict[FieldT, EncodableT] = {
+                 "id": inv.id, "function": spec.name, "event": json.dumps(event), "mode": inv.mode,
                  "trace": inv.trace_id, "deadline": repr(time.time() + spec.timeout), "buffer": str(buffer_events),
                  "maxWrite": str(max_write_size), "maxResponse": str(max_response_size)}
         try:
@@ -77,7 +79,7 @@ class WorkQueue:
         except REDIS_DOWN as exc:
             log.warning("could not send the cancellation of %s (Redis unreachable: %s); its keys expire", inv_id, exc)
 
-    def background(self, coro) -> None:
+    def background(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.ensure_future(coro)
         self._cleanup.add(task)
         task.add_done_callback(self._cleanup.discard)
@@ -87,7 +89,7 @@ class RemoteInvocation:
     """An invocation running on some worker, seen through the same surface as a local Invocation:
     `channel` (bounded, `get_batch`), `task` (the result or a FunctionServiceError), `cancel()`."""
 
-    def __init__(self, queue: WorkQueue, spec: FunctionSpec, event: Any, *, mode: str, buffer_events: int,
+    def __init__(self, queue: WorkQueue, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int,
                  max_response_size: int, trace_id: str | None) -> None:
         self.queue = queue
         self.id = uuid.uuid4().hex
@@ -97,14 +99,14 @@ class RemoteInvocation:
         self.deployment = SimpleNamespace(kind="remote", spec=spec, name=spec.name)
         self.aggregate: list[Any] = []
         self.event = event
-        self.mode = "raw" if (mode == "sse" and spec.rawStream) else mode
+        self.mode: Mode = "raw" if (mode == "sse" and spec.rawStream) else mode
         self.loop = asyncio.get_running_loop()
         self.started = time.monotonic()
         self.deadline = self.started + spec.timeout
         self.buffer_events = buffer_events
         self.max_response_size = max_response_size
         self.channel: OutputChannel[str] = OutputChannel(self.loop, buffer_events)
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[Any] | None = None
         self.worker: str | None = None
         self.events = 0
         self.cancel_reason: str | None = None
@@ -146,7 +148,7 @@ class RemoteInvocation:
                     raise FunctionTimeoutError(f"function {self.spec.name!r} timed out after {self.spec.timeout:g} s "
                                                "(no answer from the cluster's workers)")
                 try:
-                    reply = await redis.xread({out: last}, count=self.buffer_events, block=_POLL_MS)
+                    reply: Any = await redis.xread({out: last}, count=self.buffer_events, block=_POLL_MS)
                 except REDIS_DOWN as exc:
                     raise ClusterUnavailableError(f"lost the connection to Redis while relaying {self.spec.name!r} "
                                                   f"from worker {self.worker}: {exc}") from None

@@ -26,9 +26,9 @@ class ProcessExecutor:
 
     def __init__(self, cancel_grace: float = 2.0) -> None:
         self.cancel_grace = cancel_grace
-        self._reapers: set[asyncio.Task] = set()
+        self._reapers: set[asyncio.Task[Any]] = set()
 
-    def start(self, inv: Invocation) -> "asyncio.Task[Any]":
+    def start(self, inv: Invocation) -> asyncio.Task[Any]:
         """Take a concurrency slot (429 when full) and run the invocation in its own task."""
         if inv.deployment.pool is None:
             raise RuntimeError(f"function {inv.deployment.name!r} has no worker pool")
@@ -38,7 +38,8 @@ class ProcessExecutor:
 
     async def _run(self, inv: Invocation) -> Any:
         dep = inv.deployment
-        pool: WorkerPool = dep.pool
+        pool = dep.pool
+        assert pool is not None  # a process deployment has its pool from deploy on
         worker: WorkerProcess | None = None
         job: Job | None = None
         handed_off = False  # the reaper task releases the worker and the slot

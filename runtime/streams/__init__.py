@@ -5,6 +5,8 @@ the frontend serves subscribe/publish over REST on the same broker.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .api import (
     Consumer,
     Producer,
@@ -39,6 +41,9 @@ from .errors import (
     SubscriptionEndedError,
 )
 from .memory import MemoryBroker, MemorySubscription
+
+if TYPE_CHECKING:
+    from runtime.config import StreamsConfig
 from .names import validate_stream_name
 from .terminators import YUANRONG_END_MARKER, terminator_forms, terminator_set, terminator_text
 
@@ -54,8 +59,8 @@ __all__ = (
     "AbstractBroker", "AbstractSubscription", "BrokerSettings", "Element", "StreamOptions", "StreamStats",
     "build_broker",
     # errors
-    "ElementTooLargeError", "InvalidElementError", "InvalidStreamIdError", "InvalidStreamNameError", "StreamBlockedError",
-    "StreamDeletedError", "StreamError", "StreamLimitError", "StreamNotFoundError",
+    "ElementTooLargeError", "InvalidElementError", "InvalidStreamIdError", "InvalidStreamNameError",
+    "StreamBlockedError", "StreamDeletedError", "StreamError", "StreamLimitError", "StreamNotFoundError",
     "SubscriptionCutError", "SubscriptionEndedError",
     # memory
     "MemoryBroker", "MemorySubscription",
@@ -67,6 +72,6 @@ __all__ = (
 _BROKERS = {"memory": MemoryBroker}
 
 
-def build_broker(cfg) -> AbstractBroker:
+def build_broker(cfg: StreamsConfig) -> AbstractBroker:
     """The broker named by `streams.broker` in a `runtime.config.StreamsConfig`."""
     return _BROKERS[cfg.broker](BrokerSettings.from_config(cfg))

@@ -1,6 +1,5 @@
 """Admin API, manifests and config validation."""
 import json
-from pathlib import Path
 
 import pytest
 import yaml
@@ -8,7 +7,7 @@ import yaml
 from runtime.config import load_config
 from runtime.errors import ConfigError, ManifestError
 from runtime.manifest import load_deploy_dir, parse_manifest
-from tests.support.servers import HANDLERS, ROOT, fn, test_config
+from tests.support.servers import HANDLERS, ROOT, test_config
 
 
 async def test_deploy_list_get_delete(client):
@@ -136,7 +135,7 @@ async def test_a_codepath_outside_the_code_roots_says_how_to_widen_them(tmp_path
                                                           "codePath": str(tmp_path)})
     assert resp.status == 400
     message = (await resp.json())["message"]
-    assert "runtime.codeRoots" in message and f"-s 'runtime.codeRoots=[" in message and str(tmp_path) in message
+    assert "runtime.codeRoots" in message and "-s 'runtime.codeRoots=[" in message and str(tmp_path) in message
     # Following the advice works.
     widened = message.split("-s '")[1].split("'")[0].partition("=")[2]
     client = await make_client(test_config(**{"runtime.codeRoots": yaml.safe_load(widened)}))

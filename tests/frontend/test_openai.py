@@ -5,8 +5,8 @@ import time
 import pytest
 from openai import APIError, AsyncOpenAI
 
-from tests.support.servers import fn, test_config
 from tests.support.openai_support import MODEL, chat_body, chat_fn, chunks_of, content_of, sse_events, write_deploy
+from tests.support.servers import fn, test_config
 
 CHAT = "/v1/chat/completions"
 

@@ -34,7 +34,7 @@ class ProjectServer:
     def __init__(self, project: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.TemporaryFile(mode="w+")
+        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by stop())
         self.proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", "serve", "--reload", "--port",
                                       str(self.port)], cwd=project, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True)

@@ -8,8 +8,8 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from tests.support.servers import ServerProcess, test_config
 from tests.support.openai_support import MODEL, chat_body, chat_fn, sse_events, wait_inflight_zero, write_deploy
+from tests.support.servers import ServerProcess, test_config
 
 KEY, DEV = "sk-up-user", "sk-up-dev"
 CHAT = "/v1/chat/completions"

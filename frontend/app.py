@@ -7,16 +7,19 @@ import logging
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
+from typing import AsyncIterator
+
 from runtime.config import Config
+from runtime.dispatch import Dispatcher, Limits
 from runtime.executor import Executor
-from runtime.lifecycle import wait_for_stop_signal
+from runtime.lifecycle import Lifecycle, wait_for_stop_signal
 from runtime.manifest import load_deploy_dir
 from runtime.registry import Registry
-from runtime.streams import AbstractBroker, bind_broker, build_broker, unbind_broker
+from runtime.streams import AbstractBroker, BrokerSettings, MemoryBroker, bind_broker, unbind_broker
 
 from .auth import auth_middleware
 from .errors import error_middleware
-from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY
+from .keys import BROKER, CONFIG, DISPATCHER, EXECUTOR, LIFECYCLE, REGISTRY
 from .routes import admin, health, invoke, openai, streams
 
 __all__ = ("build_app", "build_registry", "serve", "SERVER_KWARGS")
@@ -58,30 +61,31 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app[CONFIG] = config
     app[REGISTRY] = registry if registry is not None else build_registry(config)
     app[EXECUTOR] = executor if executor is not None else Executor(config.runtime.threadPoolSize)
-    app[BROKER] = broker if broker is not None else build_broker(config.streams)
+    app[DISPATCHER] = Dispatcher(app[REGISTRY], app[EXECUTOR], Limits.from_config(config))
+    app[LIFECYCLE] = Lifecycle(app[EXECUTOR], app[REGISTRY], config.frontend.args.shutdownGraceSeconds)
+    # Named streams live in this process, or in Redis in cluster mode (attach_cluster replaces it).
+    app[BROKER] = broker if broker is not None else MemoryBroker(BrokerSettings.from_config(config.streams))
     app.add_routes(health.routes)
     app.add_routes(invoke.routes)
     app.add_routes(admin.routes)
     app.add_routes(streams.routes)
     app.add_routes(openai.routes)
 
-    async def _shutdown_executor(app: web.Application):
-        yield
-        # Worker processes: cancelled handlers are reaped, then every pool runs preStop and exits.
-        await app[EXECUTOR].process.aclose()
-        await app[REGISTRY].stop_workers()
-        app[EXECUTOR].shutdown()
+    async def _run_lifecycle(app: web.Application) -> AsyncIterator[None]:
+        # Leaving it closes the process pools, runs every preStop and stops the thread pool.
+        async with app[LIFECYCLE]:
+            yield
 
-    app.cleanup_ctx.append(_shutdown_executor)
+    app.cleanup_ctx.append(_run_lifecycle)
 
     async def _drain_invocations(app: web.Application) -> None:
         # Runs after the listener stopped and before aiohttp waits for open responses: aborted
         # invocations end their SSE responses with an error event and [DONE].
-        await app[EXECUTOR].drain(app[CONFIG].frontend.args.shutdownGraceSeconds)
+        await app[LIFECYCLE].drain()
 
     app.on_shutdown.append(_drain_invocations)
 
-    async def _bind_broker(app: web.Application):
+    async def _bind_broker(app: web.Application) -> AsyncIterator[None]:
         # Handlers reach the broker through runtime.create_stream_producer() & co. (runtime/streams/api.py).
         broker = app[BROKER]
         bind_broker(broker, asyncio.get_running_loop())

@@ -10,11 +10,12 @@ import hmac
 from aiohttp import web
 
 from runtime.config import AuthToken
+from runtime.dispatch import Principal
 from runtime.errors import ForbiddenError, UnauthorizedError
 
 from .keys import CONFIG, PRINCIPAL
 
-__all__ = ("auth_middleware", "required_role", "PRINCIPAL")
+__all__ = ("auth_middleware", "required_role", "principal_of", "PRINCIPAL")
 
 _PUBLIC = ("/healthz",)
 
@@ -49,6 +50,14 @@ def _match(presented: str, tokens: list[AuthToken]) -> AuthToken | None:
         if hmac.compare_digest(given, candidate.token.encode()):
             found = candidate
     return found
+
+
+def principal_of(request: web.Request) -> Principal | None:
+    """Who sent `request`, for the runtime's tenant checks; None when auth is off (anyone may)."""
+    if not request.app[CONFIG].auth.tokens:
+        return None  # no token was checked (and request.get would raise and catch KeyError)
+    token = request.get(PRINCIPAL)
+    return None if token is None else Principal(token.tenant, token.role)
 
 
 @web.middleware

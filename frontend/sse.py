@@ -77,11 +77,6 @@ class EventStream:
         self.request = request
         self.response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **(headers or {})})
         self.prepared = False
-        self.bytes_sent = 0
-
-    @property
-    def status(self) -> int:
-        return self.response.status
 
     def set_status(self, status: int) -> None:
         if self.prepared:
@@ -93,7 +88,6 @@ class EventStream:
             await self.response.prepare(self.request)
             self.prepared = True
         await self.response.write(data)
-        self.bytes_sent += len(data)
 
     async def ping(self) -> None:
         await self.write(PING)

@@ -18,7 +18,8 @@ import redis.asyncio as aioredis
 
 from runtime.errors import FunctionServiceError
 from runtime.manifest import FunctionSpec
-from runtime.registry import Deployment, Registry
+from runtime.deployment import Deployment
+from runtime.registry import Registry
 
 from .settings import REDIS_DOWN, Backoff, ClusterUnavailableError, Keys
 

@@ -18,36 +18,21 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from runtime.errors import (
-    ConcurrencyLimitError,
-    FunctionServiceError,
-    FunctionTimeoutError,
-    ResponseTooLargeError,
-    ResultNotSerializableError,
-)
+from runtime.errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError
 from runtime.executor import Executor
 from runtime.invocation import Invocation
 from runtime.registry import Registry
 
 from .settings import REDIS_DOWN, Backoff, Keys, WorkerLostError, slot_of
 
-__all__ = ("Worker",)
+__all__ = ("QueueWorker",)
 
 log = logging.getLogger("fnstream.cluster")
 
 
-def _encode_result(value: Any, max_size: int) -> str:
-    try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise ResultNotSerializableError(f"the handler's result is not JSON-serializable: {exc}") from None
-    if len(text.encode()) > max_size:
-        raise ResponseTooLargeError(f"the handler's result exceeds {max_size} bytes")
-    return text
-
-
-class Worker:
-    """Runs queued invocations of the functions in `registry` on `executor`."""
+class QueueWorker:
+    """Runs queued invocations of the functions in `registry` on `executor` (not a worker process:
+    those are runtime/process; this is a cluster node's consumer of the work queue)."""
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, registry: Registry, executor: Executor, worker_id: str, *,
                  concurrency: int = 64, heartbeat: float = 1.0, claim_idle: float = 5.0, ttl: float = 60.0) -> None:
@@ -70,6 +55,15 @@ class Worker:
         for coro, name in ((self._supervise(), "queues"), (self._beat(), "heartbeat"),
                            (self._reclaim(), "reclaim"), (self._listen_cancel(), "cancel")):
             self._tasks.append(asyncio.create_task(coro, name=f"worker-{name}"))
+
+    async def stop_taking(self) -> None:
+        """Read no more entries (readers, queue supervision and reclaim stop); what runs goes on,
+        with its heartbeat and cancellations, until `stop`."""
+        intake = [t for t in self._tasks if t.get_name() in ("worker-queues", "worker-reclaim")]
+        intake += self._readers.values()
+        for task in intake:
+            task.cancel()
+        await asyncio.gather(*intake, return_exceptions=True)
 
     async def stop(self) -> None:
         for task in (*self._tasks, *self._readers.values()):
@@ -288,12 +282,8 @@ class Worker:
                     await asyncio.sleep(0.002)
             await self._write(out, [{"t": "data", "d": payload} for payload in batch])
             written += len(batch)
-        assert inv.task is not None
         try:
-            result = await inv.task
-            if inv.mode == "json" and dep.kind in ("gen", "asyncgen") and result is None:
-                result = inv.aggregate
-            terminal = {"t": "result", "d": "" if result is None else _encode_result(result, inv.max_response_size)}
+            terminal = {"t": "result", "d": await inv.encoded_result() or ""}
         except asyncio.CancelledError:
             if inv.cancel_reason is None:
                 raise

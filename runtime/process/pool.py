@@ -21,14 +21,14 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import DeployError, FunctionServiceError, StreamClosedError
+from ..errors import DeployError, FunctionServiceError, StreamClosedError, handler_failure_message
+from ..manifest import FunctionSpec
 from .errors import WorkerCrashedError, WorkerUnavailableError, error_from_wire
 from .protocol import DEFAULT_CREDITS, Connection, ConnectionClosed, ProtocolError
 from .streams_bridge import StreamBridge
 
 if TYPE_CHECKING:
     from ..invocation import Invocation
-    from ..registry import Deployment
 
 __all__ = ("WorkerPool", "WorkerProcess", "Job", "default_instances")
 
@@ -99,7 +99,7 @@ class WorkerProcess:
         self.job: Job | None = None
         self.exited = threading.Event()
         self.returncode: int | None = None
-        self.streams = StreamBridge(self)
+        self.streams = StreamBridge(self.send)
         self.conn.send({"t": "hello", "spec": pool.spec.model_dump(mode="json"),
                         "code_roots": [str(p) for p in pool.code_roots], "credits": pool.credits})
         self._reader = threading.Thread(target=self._read_loop, name=f"fnstream-worker-{self.pid}", daemon=True)
@@ -208,10 +208,9 @@ class WorkerProcess:
 class WorkerPool:
     """The workers of one deployment: start, hand out, take back, replace, stop."""
 
-    def __init__(self, deployment: "Deployment", code_roots: list[Path], *, instances: int | None = None,
+    def __init__(self, spec: FunctionSpec, code_roots: list[Path], *, instances: int | None = None,
                  credits: int = DEFAULT_CREDITS) -> None:
-        self.deployment = deployment
-        self.spec = deployment.spec
+        self.spec = spec
         self.code_roots = list(code_roots)
         self.size = instances or default_instances(self.spec.concurrency)
         self.credits = credits
@@ -341,7 +340,6 @@ class WorkerPool:
             worker.ready = True
             if init_error is not None and self.init_error is None:
                 self.init_error = init_error
-                self.deployment.init_error = init_error
             if worker.state != "starting":
                 return
             if self.stopping:
@@ -378,9 +376,8 @@ class WorkerPool:
                         replace = False
                         self._wake_waiters()
         if job is not None:
-            job.finish(("error", WorkerCrashedError(
-                f"Fail to run user call handler. err: the worker process (pid {worker.pid}) {how} "
-                f"during the invocation")))
+            job.finish(("error", WorkerCrashedError(handler_failure_message(
+                f"the worker process (pid {worker.pid}) {how} during the invocation"))))
         if was not in ("stopping", "retiring", "killed") and not self.stopping:
             log.error("function %s: worker %d %s", self.name, worker.pid, how)
         if replace:

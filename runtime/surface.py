@@ -12,10 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Awaitable, Literal, Protocol
 
 if TYPE_CHECKING:
+    import asyncio
+
     from .channel import OutputChannel
     from .manifest import FunctionSpec
 
-__all__ = ("Mode", "InvocationInfo", "HandlerStream", "HandlerInvocation", "InvocationSurface")
+__all__ = ("Mode", "InvocationInfo", "HandlerStream", "HandlerInvocation", "InvocationSurface", "PooledInvocation")
 
 # json: one JSON answer; sse: each write is one event; raw: the handler frames its own SSE.
 Mode = Literal["json", "sse", "raw"]
@@ -78,3 +80,19 @@ class InvocationSurface(InvocationInfo, Protocol):
         """The answer as JSON text, bounded by `max_response_size` (a generator's items for a plain
         JSON call); None when nothing follows the stream (a streaming call that returned None, or raw)."""
         ...
+
+
+class PooledInvocation(HandlerInvocation, Protocol):
+    """What a process pool needs of the local invocation it runs on a worker (runtime/process/pool.py):
+    the event to send, and where the worker's writes and generator items go (from its reader thread)."""
+
+    @property
+    def event(self) -> Any: ...
+    @property
+    def streaming(self) -> bool: ...
+    @property
+    def max_write_size(self) -> int: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def add_item_blocking(self, item: Any) -> None: ...

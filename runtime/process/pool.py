@@ -28,7 +28,7 @@ from .protocol import DEFAULT_CREDITS, Connection, ConnectionClosed, ProtocolErr
 from .streams_bridge import StreamBridge
 
 if TYPE_CHECKING:
-    from ..invocation import Invocation
+    from ..surface import PooledInvocation
 
 __all__ = ("WorkerPool", "WorkerProcess", "Job", "default_instances")
 
@@ -65,7 +65,7 @@ def _resolve(fut: "asyncio.Future[tuple[str, Any]]", outcome: tuple[str, Any]) -
 class Job:
     """One invocation running on one worker; `future` gets ("result", value) or ("error", exc)."""
 
-    def __init__(self, inv: "Invocation") -> None:
+    def __init__(self, inv: "PooledInvocation") -> None:
         self.inv = inv
         self.loop = inv.loop
         self.future: asyncio.Future[tuple[str, Any]] = inv.loop.create_future()
@@ -297,7 +297,7 @@ class WorkerPool:
                     if (loop, waiter) in self._waiters:
                         self._waiters.remove((loop, waiter))
 
-    def begin(self, worker: WorkerProcess, inv: "Invocation") -> tuple[Job, dict]:
+    def begin(self, worker: WorkerProcess, inv: "PooledInvocation") -> tuple[Job, dict]:
         job = Job(inv)
         worker.job = job
         worker.invocations += 1

@@ -25,7 +25,7 @@ from .errors import (
     StreamClosedError,
     StreamWriteError,
 )
-from .surface import Mode
+from .surface import Mode, resolve_mode
 
 if TYPE_CHECKING:
     from .deployment import Deployment
@@ -114,7 +114,7 @@ class Invocation:
         self.deployment = deployment
         self.spec = deployment.spec
         self.event = event
-        self.mode: Mode = "raw" if (mode == "sse" and self.spec.rawStream) else mode
+        self.mode: Mode = resolve_mode(mode, self.spec)
         self.loop = loop
         self.started = time.monotonic()
         self.deadline = self.started + self.spec.timeout

@@ -17,10 +17,15 @@ if TYPE_CHECKING:
     from .channel import OutputChannel
     from .manifest import FunctionSpec
 
-__all__ = ("Mode", "InvocationInfo", "HandlerStream", "HandlerInvocation", "InvocationSurface", "PooledInvocation")
+__all__ = ("Mode", "resolve_mode", "InvocationInfo", "HandlerStream", "HandlerInvocation", "InvocationSurface", "PooledInvocation")
 
 # json: one JSON answer; sse: each write is one event; raw: the handler frames its own SSE.
 Mode = Literal["json", "sse", "raw"]
+
+
+def resolve_mode(requested: Mode, spec: FunctionSpec) -> Mode:
+    """The mode an invocation runs in: SSE of a `rawStream` function is passed through raw."""
+    return "raw" if requested == "sse" and spec.rawStream else requested
 
 
 class InvocationInfo(Protocol):

@@ -24,7 +24,7 @@ from runtime.channel import OutputChannel
 from runtime.errors import FunctionServiceError, FunctionTimeoutError
 from runtime.invocation import new_trace_id
 from runtime.manifest import FunctionSpec
-from runtime.surface import Mode
+from runtime.surface import Mode, resolve_mode
 
 from .settings import REDIS_DOWN, ClusterUnavailableError, Keys, WorkerLostError
 
@@ -95,7 +95,7 @@ class RemoteInvocation:
         self.trace_id = trace_id or new_trace_id()
         self.spec = spec
         self.event = event
-        self.mode: Mode = "raw" if (mode == "sse" and spec.rawStream) else mode
+        self.mode: Mode = resolve_mode(mode, spec)
         self.loop = asyncio.get_running_loop()
         self.started = time.monotonic()
         self.deadline = self.started + spec.timeout

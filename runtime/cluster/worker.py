@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, get_args
 
 import redis.asyncio as aioredis
 
@@ -22,6 +22,7 @@ from runtime.errors import ConcurrencyLimitError, FunctionServiceError, Function
 from runtime.executor import Executor
 from runtime.invocation import Invocation
 from runtime.registry import Registry
+from runtime.surface import Mode
 
 from .settings import REDIS_DOWN, Backoff, Keys, WorkerLostError, slot_of
 
@@ -255,7 +256,8 @@ class QueueWorker:
             dep = self.registry.get(name)
             if time.time() > float(fields.get("deadline", "inf")):
                 raise FunctionTimeoutError(f"function {name!r} timed out before a worker could take it")
-            inv = Invocation(dep, json.loads(fields.get("event", "{}")), mode=fields.get("mode", "json"),
+            mode: Mode = next((m for m in get_args(Mode) if m == fields.get("mode")), "json")
+            inv = Invocation(dep, json.loads(fields.get("event", "{}")), mode=mode,
                              loop=asyncio.get_running_loop(), buffer_events=int(fields.get("buffer", 100)),
                              max_write_size=int(fields.get("maxWrite", 4 * 1024 * 1024)),
                              max_response_size=int(fields.get("maxResponse", 6 * 1024 * 1024)),

@@ -5,6 +5,8 @@ unreachable, and the change is stored in Redis before the response goes out.
 """
 from __future__ import annotations
 
+from typing import AsyncIterator
+
 from aiohttp import web
 
 from runtime.cluster import ClusterNode
@@ -49,7 +51,7 @@ def attach_cluster(app: web.Application) -> None:
     app[DISPATCHER].cluster = node   # functions found and run here or queued for the cluster's workers
     app[LIFECYCLE].stop_intake.append(node.stop_taking)
 
-    async def _node(app: web.Application):
+    async def _node(app: web.Application) -> AsyncIterator[None]:
         await node.start()
         yield
         await node.stop()

@@ -29,7 +29,8 @@ log = logging.getLogger("fnstream.runtime")
 
 Kind = Literal["async", "sync", "gen", "asyncgen"]
 ExecutorName = Literal["async", "thread", "process"]
-_URN_RE = re.compile(r"^sn:cn:yrk:(?P<tenant>[^:]+):function:0@(?P<namespace>[^@]+)@(?P<name>[^:]+):(?P<version>[^:]+)$")
+_URN_RE = re.compile(r"^sn:cn:yrk:(?P<tenant>[^:]+):function:0@(?P<namespace>[^@]+)@(?P<name>[^:]+)"
+                     r":(?P<version>[^:]+)$")
 
 
 def handler_kind(func: Callable[..., Any]) -> Kind:
@@ -156,7 +157,7 @@ class Deployment:
         self.pre_stop_started = True
         await run_pre_stop(self.spec, self.code.pre_stop, self.revision)
 
-    async def ensure_initialized(self, run_sync: Callable[[Callable[[], Any]], "asyncio.Future[Any]"]) -> None:
+    async def ensure_initialized(self, run_sync: Callable[[Callable[[], Any]], asyncio.Future[Any]]) -> None:
         """Run the initializer once; if it failed, every invocation fails with 4201."""
         if not self._initialized:
             async with self._init_lock:

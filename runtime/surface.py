@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from .channel import OutputChannel
     from .manifest import FunctionSpec
 
-__all__ = ("Mode", "resolve_mode", "InvocationInfo", "HandlerStream", "HandlerInvocation", "InvocationSurface", "PooledInvocation")
+__all__ = ("Mode", "resolve_mode", "InvocationInfo", "HandlerStream", "HandlerInvocation", "InvocationSurface",
+           "PooledInvocation")
 
 # json: one JSON answer; sse: each write is one event; raw: the handler frames its own SSE.
 Mode = Literal["json", "sse", "raw"]

@@ -7,9 +7,11 @@ functions; `PUT /admin/v1/functions` deploys or redeploys the functions of one. 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Iterable
 
 from aiohttp import web
 
+from runtime.deployment import Deployment
 from runtime.errors import BadRequestError
 from runtime.manifest import FunctionSpec, parse_manifest
 
@@ -37,7 +39,7 @@ async def _specs_from_body(request: web.Request) -> list[FunctionSpec]:
     return parse_manifest(text, "request body", _base_dir(request))
 
 
-def _deployed(deps) -> dict:
+def _deployed(deps: Iterable[Deployment]) -> dict[str, Any]:
     functions = [d.describe() for d in deps]
     return {"code": 0, "message": "SUCCESS", "function": functions[0], "functions": functions}
 

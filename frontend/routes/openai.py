@@ -80,7 +80,7 @@ def _error_event(exc: FunctionServiceError) -> bytes:
     return encode_event(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
 
 
-async def _stream(stream: EventStream, inv: InvocationSurfaceSurface, heartbeat: float) -> web.StreamResponse:
+async def _stream(stream: EventStream, inv: InvocationSurface, heartbeat: float) -> web.StreamResponse:
     """Each write is one `data:` event, sent as soon as it is read; then `data: [DONE]`."""
     # No `id:` lines on OpenAI routes: after an id, openai-python mis-parses comment heartbeats.
     await relay(stream, inv.channel, heartbeat, frame_raw if inv.mode == "raw" else _frame_chunks)

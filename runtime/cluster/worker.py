@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, get_args
+from typing import get_args
 
 import redis.asyncio as aioredis
 

@@ -32,8 +32,8 @@ from ..invocation import WRITTEN, Written, drain_generator, encode_json, encode_
 from ..loader import load_code
 from ..manifest import FunctionSpec
 from ..pre_stop import pre_stop_timeout
-from ..surface import Mode
 from ..streams import bind_broker
+from ..surface import Mode
 from .errors import MemoryLimitError
 from .protocol import Connection, ConnectionClosed, ProtocolError
 from .streams_bridge import ProxyBroker, stream_error

@@ -3,16 +3,14 @@ no more work, lets the invocation it runs finish within the grace, runs preStop 
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 from pathlib import Path
 
 import aiohttp
-
-from tests.support.servers import FUNCTIONS, PROCESS_FUNCTIONS
-from tests.support.cluster import CLUSTER_FUNCTIONS
-
 from test_cluster import deploy, frontend_args, status, wait_until, workers_serving
+
+from tests.support.cluster import CLUSTER_FUNCTIONS
+from tests.support.servers import FUNCTIONS, PROCESS_FUNCTIONS
 
 ROOTS = f"runtime.codeRoots=[{FUNCTIONS},{CLUSTER_FUNCTIONS},{PROCESS_FUNCTIONS}]"
 

@@ -69,7 +69,7 @@ class _Invocation:
         return max(0.0, self.deadline - time.monotonic())
 
     def cancel(self, reason: str) -> None:
-        self._worker.cancel(self.id, reason)
+        self._worker._cancel(self.id, reason)
 
 
 class WorkerStream:
@@ -215,13 +215,13 @@ class Worker:
                         self._credits += int(msg["n"])
                         self._cond.notify_all()
             elif kind == "cancel":
-                self.cancel(msg["id"], msg["reason"])
+                self._cancel(msg["id"], msg["reason"])
             elif kind == "stream_reply":
                 with self._cond:
                     self._stream_replies[msg["seq"]] = msg
                     self._cond.notify_all()
 
-    def cancel(self, inv_id: str, reason: str) -> None:
+    def _cancel(self, inv_id: str, reason: str) -> None:
         with self._cond:
             inv = self._inv
             if inv is None or inv.id != inv_id:

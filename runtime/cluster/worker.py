@@ -50,6 +50,7 @@ class QueueWorker:
         self._tasks: list[asyncio.Task] = []
         self._jobs: set[asyncio.Task] = set()
         self.completed = 0
+        self.taking = True  # False once shutting down: it serves no function, what it runs goes on
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -60,11 +61,16 @@ class QueueWorker:
     async def stop_taking(self) -> None:
         """Read no more entries (readers, queue supervision and reclaim stop); what runs goes on,
         with its heartbeat and cancellations, until `stop`."""
+        self.taking = False
         intake = [t for t in self._tasks if t.get_name() in ("worker-queues", "worker-reclaim")]
         intake += self._readers.values()
         for task in intake:
             task.cancel()
         await asyncio.gather(*intake, return_exceptions=True)
+        try:
+            await self._announce()  # frontends stop queueing for it now, not at the next heartbeat
+        except REDIS_DOWN:
+            pass
 
     async def stop(self) -> None:
         for task in (*self._tasks, *self._readers.values()):
@@ -311,13 +317,17 @@ class QueueWorker:
                 await asyncio.sleep(0.02)
 
     # -- liveness and cancellation -----------------------------------------------------------
+    async def _announce(self) -> None:
+        """Refresh this worker's key: alive, and which functions it takes (none while shutting down)."""
+        functions = [d.name for d in self.registry.list()] if self.taking else []
+        info = json.dumps({"running": len(self._running), "completed": self.completed, "functions": functions})
+        await self.redis.set(self.keys.worker(self.id), info, px=int(self.heartbeat * 3000))
+
     async def _beat(self) -> None:
         backoff = Backoff()
         while True:
             try:
-                info = json.dumps({"running": len(self._running), "completed": self.completed,
-                                   "functions": [d.name for d in self.registry.list()]})
-                await self.redis.set(self.keys.worker(self.id), info, px=int(self.heartbeat * 3000))
+                await self._announce()
                 by_queue: dict[str, list[str]] = {}
                 for key, entry_id in list(self._held.values()):
                     by_queue.setdefault(key, []).append(entry_id)

@@ -32,7 +32,7 @@ async def test_sigterm_on_a_worker_finishes_the_running_invocation_then_runs_pre
         url = f"{front.url}/serverless/v1/functions/stopper/invocations"
 
         async def invoke() -> tuple[int, dict]:
-            async with session.post(url, json={"seconds": 1.5}) as r:
+            async with session.post(url, json={"seconds": 3}) as r:
                 return r.status, await r.json()
 
         call = asyncio.ensure_future(invoke())
@@ -43,6 +43,14 @@ async def test_sigterm_on_a_worker_finishes_the_running_invocation_then_runs_pre
         await wait_until(running, "the worker to run the invocation")
         assert not marker.exists()  # still sleeping in the handler
         worker.proc.send_signal(signal.SIGTERM)
+
+        async def draining():  # alive (relaying what it runs) but serving nothing new, or gone
+            st = await status(session, front.url)
+            return not any(w["functions"] for w in st["workers"])
+        await wait_until(draining, "the worker to stop taking work")
+        async with session.post(url, json={}) as r:  # nothing takes new work: a clear 503, not a hang
+            refused = await r.json()
+            assert r.status == 503 and "no live worker serves function 'stopper'" in refused["message"], refused
 
         code, body = await call
         assert code == 200, body

@@ -10,7 +10,7 @@ import hmac
 from aiohttp import web
 
 from runtime.config import AuthToken
-from runtime.dispatch import Principal
+from runtime.principal import Principal
 from runtime.errors import ForbiddenError, UnauthorizedError
 
 from .keys import CONFIG, PRINCIPAL

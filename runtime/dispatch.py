@@ -4,10 +4,10 @@ A route resolves who asks (a `Principal`, or None when auth is off), reads the e
 `dispatch(principal, function, event, options)`. The dispatcher decides once where it runs: here
 (the executor picks async, thread or process) or, in cluster mode, queued for a worker. Either
 way the caller gets an InvocationSurface (runtime/surface.py) and only has to speak HTTP.
-The tenant check lives here too, so no route can forget it.
+The tenant check (runtime/principal.py) runs here too, so no route can forget it.
 
 Extension points: `InvokeOptions` grows fields for new kinds of invocation (e.g. a background
-job), and `Principal` is the value tenant scoping keys on.
+job), and `Principal` (runtime/principal.py) is the value tenant scoping keys on.
 """
 from __future__ import annotations
 
@@ -16,24 +16,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .deployment import Deployment, FunctionRef
-from .errors import ForbiddenError, FunctionNotFoundError
+from .errors import FunctionNotFoundError
 from .executor import Executor
 from .invocation import Invocation
+from .principal import Principal, check_tenant
 from .registry import Registry
 from .surface import InvocationSurface, Mode
 
 if TYPE_CHECKING:
     from .config import Config
 
-__all__ = ("Principal", "InvokeOptions", "Limits", "Dispatcher", "ClusterRoute", "check_tenant")
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who asks: resolved once per request (from a token) and handed to every runtime call."""
-
-    tenant: str
-    role: str
+__all__ = ("InvokeOptions", "Limits", "Dispatcher", "ClusterRoute")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +62,6 @@ class ClusterRoute(Protocol):
                      max_write_size: int, max_response_size: int, trace_id: str | None) -> InvocationSurface: ...
 
 
-def check_tenant(principal: Principal | None, function: FunctionRef) -> None:
-    """403 unless `principal` belongs to the function's tenant (None: auth is off, anyone may)."""
-    if principal is not None and principal.tenant != function.spec.tenant:
-        raise ForbiddenError(f"tenant {principal.tenant!r} may not use function {function.name!r} "
-                             f"of tenant {function.spec.tenant!r}")
-
-
 class Dispatcher:
     """Finds functions and runs invocations, here or on the cluster."""
 
@@ -95,7 +81,7 @@ class Dispatcher:
             if self.cluster is None:
                 raise
             function = self.cluster.lookup(ref)
-        check_tenant(principal, function)
+        check_tenant(principal, function.spec)
         return function
 
     async def dispatch(self, principal: Principal | None, function: FunctionRef | str, event: Any,
@@ -104,7 +90,7 @@ class Dispatcher:
         if isinstance(function, str):
             function = self.find(principal, function)
         else:
-            check_tenant(principal, function)
+            check_tenant(principal, function.spec)
         limits = self.limits
         cluster = self.cluster
         if cluster is not None and cluster.should_enqueue(function):

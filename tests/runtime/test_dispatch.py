@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from runtime.dispatch import Dispatcher, InvokeOptions, Principal
+from runtime.dispatch import Dispatcher, InvokeOptions
+from runtime.principal import Principal
 from runtime.errors import ForbiddenError, FunctionNotFoundError
 from runtime.executor import Executor
 from runtime.manifest import parse_manifest

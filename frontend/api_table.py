@@ -57,6 +57,8 @@ document(
     Op("POST", "/admin/v1/functions", "admin", "Deploy one function or a list (YAML or JSON manifest)",
        body=_MANIFEST,
        ok=Deployed, status=201, errors=(400, 409)),
+    Op("PUT", "/admin/v1/functions", "admin", "Deploy or redeploy every function of a manifest list, all or nothing",
+       body=_MANIFEST, ok=Deployed, errors=(400,)),
     Op("GET", "/admin/v1/functions", "admin", "List deployed functions with their status", ok=FunctionList),
     Op("GET", "/admin/v1/functions/{name}", "admin", "One function: manifest and status", ok=FunctionOne,
        errors=(404,)),

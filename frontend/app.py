@@ -10,18 +10,22 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from runtime.config import Config
+from runtime.dispatch import Dispatcher, Limits
 from runtime.eventloop import loop_name
 from runtime.executor import Executor
-from runtime.lifecycle import wait_for_stop_signal
+from runtime.lifecycle import Lifecycle, wait_for_stop_signal
 from runtime.manifest import load_deploy_dir
 from runtime.registry import Registry
-from runtime.streams import AbstractBroker, bind_broker, build_broker, unbind_broker
+from runtime.streams import AbstractBroker, BrokerSettings, MemoryBroker, bind_broker, unbind_broker
 
-from . import openapi
+from . import (
+    api_table,  # noqa: F401 - its rows describe the routes for /openapi.json
+    openapi,
+)
 from .auth import auth_middleware
 from .cors import cors_middleware, install_cors
 from .errors import error_middleware
-from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY, TRACE_ID
+from .keys import BROKER, CONFIG, DISPATCHER, EXECUTOR, LIFECYCLE, REGISTRY, TRACE_ID
 from .metrics import install_metrics
 from .routes import admin, console, health, invoke, openai, streams
 from .server import FnstreamRunner, raise_fd_limit, start_site
@@ -68,31 +72,32 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app[CONFIG] = config
     app[REGISTRY] = registry if registry is not None else build_registry(config)
     app[EXECUTOR] = executor if executor is not None else Executor(config.runtime.threadPoolSize)
-    app[BROKER] = broker if broker is not None else build_broker(config.streams)
+    app[DISPATCHER] = Dispatcher(app[REGISTRY], app[EXECUTOR], Limits.from_config(config))
+    app[LIFECYCLE] = Lifecycle(app[EXECUTOR], app[REGISTRY], config.frontend.args.shutdownGraceSeconds)
+    # Named streams live in this process, or in Redis in cluster mode (attach_cluster replaces it).
+    app[BROKER] = broker if broker is not None else MemoryBroker(BrokerSettings.from_config(config.streams))
     app.add_routes(health.routes)
     app.add_routes(invoke.routes)
     app.add_routes(admin.routes)
     app.add_routes(streams.routes)
     app.add_routes(openai.routes)
     app.add_routes(console.routes)
-    app.add_routes(openapi.routes)
+    app.add_routes(openapi.routes)  # described by the rows of api_table
     install_cors(app)
     app.on_response_prepare.append(add_trace_headers)  # X-Trace-Id, X-Request-Id, traceparent
     install_metrics(app)
 
-    async def _shutdown_executor(app: web.Application) -> AsyncIterator[None]:
-        yield
-        # Worker processes: cancelled handlers are reaped, then every pool runs preStop and exits.
-        await app[EXECUTOR].process.aclose()
-        await app[REGISTRY].stop_workers()
-        app[EXECUTOR].shutdown()
+    async def _run_lifecycle(app: web.Application) -> AsyncIterator[None]:
+        # Leaving it closes the process pools, runs every preStop and stops the thread pool.
+        async with app[LIFECYCLE]:
+            yield
 
-    app.cleanup_ctx.append(_shutdown_executor)
+    app.cleanup_ctx.append(_run_lifecycle)
 
     async def _drain_invocations(app: web.Application) -> None:
         # Runs after the listener stopped and before aiohttp waits for open responses: aborted
         # invocations end their SSE responses with an error event and [DONE].
-        await app[EXECUTOR].drain(app[CONFIG].frontend.args.shutdownGraceSeconds)
+        await app[LIFECYCLE].drain()
 
     app.on_shutdown.append(_drain_invocations)
 

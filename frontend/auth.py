@@ -12,10 +12,11 @@ from aiohttp.typedefs import Handler
 
 from runtime.config import AuthToken
 from runtime.errors import ForbiddenError, UnauthorizedError
+from runtime.principal import Principal
 
 from .keys import CONFIG, PRINCIPAL
 
-__all__ = ("auth_middleware", "required_role", "PRINCIPAL")
+__all__ = ("auth_middleware", "required_role", "principal_of", "PRINCIPAL")
 
 # The console's static files and the API description hold no secrets: the console asks for a
 # token and sends it with every API call it makes.
@@ -53,6 +54,14 @@ def _match(presented: str, tokens: list[AuthToken]) -> AuthToken | None:
         if hmac.compare_digest(given, candidate.token.encode()):
             found = candidate
     return found
+
+
+def principal_of(request: web.Request) -> Principal | None:
+    """Who sent `request`, for the runtime's tenant checks; None when auth is off (anyone may)."""
+    if not request.app[CONFIG].auth.tokens:
+        return None  # no token was checked (and request.get would raise and catch KeyError)
+    token = request.get(PRINCIPAL)
+    return None if token is None else Principal(token.tenant, token.role)
 
 
 @web.middleware

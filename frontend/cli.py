@@ -121,6 +121,7 @@ def _report(status: int, body: Any) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
+    """Every function of every file in one request: all are deployed (or redeployed), or none."""
     functions: list[dict[str, Any]] = []
     try:
         for file in args.files:
@@ -128,18 +129,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     except FunctionServiceError as exc:
         print(f"fnstream: {exc.message}", file=sys.stderr)
         return 2
-    client = _client(args)
-
-    async def run() -> int:
-        rc = 0
-        for fn in functions:
-            status, body = await client.call("POST", "/admin/v1/functions", json_body=fn)
-            if status == 409:
-                status, body = await client.call("PUT", f"/admin/v1/functions/{fn['name']}", json_body=fn)
-            rc |= _report(status, body)
-        return rc
-
-    return asyncio.run(run())
+    return _report(*asyncio.run(_client(args).call("PUT", "/admin/v1/functions", json_body=functions)))
 
 
 def cmd_functions(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from aiohttp.typedefs import Handler
 
 from runtime.cluster import ClusterNode
 
-from .keys import BROKER, EXECUTOR, REGISTRY
+from .keys import BROKER, DISPATCHER, EXECUTOR, LIFECYCLE, REGISTRY
 
 __all__ = ("CLUSTER", "attach_cluster", "cluster_middleware", "routes")
 
@@ -50,6 +50,8 @@ def attach_cluster(app: web.Application) -> None:
     node = ClusterNode(app[CONFIG], app[REGISTRY], app[EXECUTOR])
     app[CLUSTER] = node
     app[BROKER] = node.broker   # named streams in Redis: every node sees every stream
+    app[DISPATCHER].cluster = node   # functions found and run here or queued for the cluster's workers
+    app[LIFECYCLE].stop_intake.append(node.stop_taking)
 
     async def _node(app: web.Application) -> AsyncIterator[None]:
         await node.start()

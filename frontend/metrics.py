@@ -29,13 +29,15 @@ from runtime.streams import StreamStats
 from .keys import BROKER, CONFIG, REGISTRY
 from .sse import CURRENT_STREAM
 
-__all__ = ("InvocationStats", "METRICS", "INVOCATION", "counted", "install_metrics", "routes")
+__all__ = ("InvocationStats", "METRICS", "INVOCATION", "FUNCTION", "counted", "install_metrics", "routes")
 
 log = logging.getLogger("fnstream.frontend")
 routes = web.RouteTableDef()
 
 # The invocation a request started (set by the invoke routes' start_invocation).
 INVOCATION = web.RequestKey("invocation", object)
+# The function an invoke route is about to run: a call refused before it started (429) has no invocation.
+FUNCTION = web.RequestKey("function", str)
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 FIRST_EVENT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -165,6 +167,10 @@ def _maybe_record(request: web.Request, code: int | str, started: float) -> None
     inv = request.get(INVOCATION)
     if inv is not None:
         _record(request, inv, code, started)
+        return
+    name, stats = request.get(FUNCTION), request.app.get(METRICS)
+    if name is not None and stats is not None:
+        stats.record(name, code, monotonic() - started, None, 0)
 
 
 def _record(request: web.Request, inv: Any, code: int | str, started: float) -> None:
@@ -172,11 +178,7 @@ def _record(request: web.Request, inv: Any, code: int | str, started: float) -> 
     if stats is None:
         return  # metrics.enabled: false
     stream = request.get(CURRENT_STREAM) if inv.streaming else None
-    events = getattr(inv, "writes", None)
-    if events is None:
-        events = getattr(inv, "events", 0)  # a cluster RemoteInvocation counts what it relayed
-    assert isinstance(events, int)
-    stats.record(inv.spec.name, code, monotonic() - started, stream, events)
+    stats.record(inv.spec.name, code, monotonic() - started, stream, stream.events if stream is not None else 0)
 
 
 class _Snapshot(Collector):

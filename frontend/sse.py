@@ -74,6 +74,7 @@ async def relay(stream: EventStream, channel: OutputChannel[str], heartbeat: flo
             return
         if stream.first_event_at is None:
             stream.first_event_at = time.monotonic()
+        stream.events += len(batch)
         await stream.write(frame(batch))
 
 
@@ -84,15 +85,13 @@ class EventStream:
         self.request = request
         self.response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **(headers or {})})
         self.prepared = False
+        # Read by frontend/metrics.py: what this response carried.
+        self.events = 0
         self.bytes_sent = 0
         self.pings = 0
         self.opened_at = time.monotonic()
         self.first_event_at: float | None = None  # when relay() wrote the first event (metrics)
         request[CURRENT_STREAM] = self
-
-    @property
-    def status(self) -> int:
-        return self.response.status
 
     def set_status(self, status: int) -> None:
         if self.prepared:
@@ -103,8 +102,8 @@ class EventStream:
         if not self.prepared:
             await self.response.prepare(self.request)
             self.prepared = True
-        await self.response.write(data)
         self.bytes_sent += len(data)
+        await self.response.write(data)
 
     async def ping(self) -> None:
         self.pings += 1

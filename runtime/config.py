@@ -99,7 +99,6 @@ class AuthConfig(_Strict):
 class StreamsConfig(_Strict):
     """Named-stream settings (see runtime/streams; every key is documented in README.md)."""
 
-    broker: Literal["memory"] = "memory"
     subscriberBuffer: int = Field(1000, ge=1, description="elements buffered per subscription")
     slowConsumerPolicy: Literal["block", "cut"] = "cut"
     blockTimeoutMs: int = Field(5000, ge=0, description="how long 'block' makes a producer wait")

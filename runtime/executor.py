@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .context import Context
-from .errors import FunctionServiceError, FunctionTimeoutError, HandlerError, ServiceUnavailableError
+from .errors import FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError, handler_failure
 from .invocation import Invocation, drain_generator
 from .logs import set_log_context
 from .process.executor import ProcessExecutor
@@ -28,12 +28,6 @@ __all__ = ("Executor",)
 log = logging.getLogger("fnstream.runtime")
 
 DEADLINE_TICK = 0.05  # seconds between deadline checks
-
-
-def _handler_failure(exc: BaseException) -> HandlerError:
-    if isinstance(exc, SystemExit):
-        return HandlerError(f"Fail to run user call handler. err: the handler called sys.exit({exc.code!r})")
-    return HandlerError(f"Fail to run user call handler. err: {type(exc).__name__}: {exc}")
 
 
 class Executor:
@@ -130,7 +124,7 @@ class Executor:
         thread_future: asyncio.Future[Any] | None = None
         try:
             await dep.ensure_initialized(self.run_sync)
-            ctx = Context(dep, inv)
+            ctx = Context(dep.spec, inv)
             assert dep.code is not None  # in-process deployments have their code loaded
             handler = dep.code.handler
             if dep.kind == "async":
@@ -156,7 +150,7 @@ class Executor:
                 dep.failures += 1
                 log.error("function %s invocation %s raised:\n%s", dep.name, inv.id,
                           "".join(traceback.format_exception(exc)))
-                raise _handler_failure(exc) from None
+                raise handler_failure(exc) from None
             raise
         except FunctionServiceError:
             # Raised by fnstream itself (timeout, init failure, a refused write...): already clear.
@@ -166,7 +160,7 @@ class Executor:
             dep.failures += 1
             log.error("function %s invocation %s raised:\n%s", dep.name, inv.id,
                       "".join(traceback.format_exception(exc)))
-            raise _handler_failure(exc) from None
+            raise handler_failure(exc) from None
         finally:
             inv.channel.close()
             if thread_future is not None and not thread_future.done():

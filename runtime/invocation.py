@@ -15,25 +15,26 @@ import random
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from .channel import OutputChannel
 from .errors import (
     FunctionServiceError,
     ResponseTooLargeError,
+    ResultNotSerializableError,
     StreamBufferFullError,
     StreamClosedError,
     StreamWriteError,
 )
+from .surface import Mode, resolve_mode
 
 if TYPE_CHECKING:
-    from .registry import Deployment
+    from .deployment import Deployment
 
-__all__ = ("Invocation", "StreamWriter", "encode_payload", "new_trace_id", "drain_generator", "WRITTEN", "Written")
+__all__ = ("Invocation", "StreamWriter", "encode_payload", "encode_write", "encode_json", "encode_result",
+           "new_trace_id", "drain_generator", "WRITTEN", "Written")
 
 log = logging.getLogger("fnstream.runtime")
-
-Mode = Literal["json", "sse", "raw"]
 
 
 # The bits uuid4 fixes: version 4 and the RFC 4122 variant.
@@ -65,12 +66,37 @@ def encode_payload(data: Any) -> str:
         raise StreamWriteError(f"stream write: {type(data).__name__} is not JSON-serializable: {exc}") from None
 
 
+def encode_write(data: Any, max_write_size: int) -> str:
+    """`encode_payload`, refusing a write larger than `max_write_size` bytes (StreamWriteError)."""
+    payload = encode_payload(data)
+    if len(payload) > max_write_size and len(payload.encode()) > max_write_size:
+        raise StreamWriteError(f"stream write of {len(payload.encode())} bytes exceeds the limit of "
+                               f"{max_write_size} bytes")
+    return payload
+
+
+def encode_json(value: Any) -> str:
+    """A handler's result as compact JSON text (ResultNotSerializableError if it is not JSON)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ResultNotSerializableError(f"the handler's result is not JSON-serializable: {exc}") from None
+
+
+def encode_result(value: Any, max_size: int) -> str:
+    """`encode_json`, refusing a result larger than `max_size` bytes (ResponseTooLargeError)."""
+    text = encode_json(value)
+    if len(text) > max_size and len(text.encode()) > max_size:
+        raise ResponseTooLargeError(f"the handler's result exceeds {max_size} bytes")
+    return text
+
+
 class Written:
     """An already-finished awaitable: `await stream.write(x)` works whether or not it waited."""
 
     __slots__ = ()
 
-    def __await__(self) -> Generator[None, None, None]:
+    def __await__(self) -> Generator[Any, None, None]:
         return
         yield  # pragma: no cover - makes this a generator
 
@@ -79,7 +105,7 @@ WRITTEN = Written()
 
 
 class Invocation:
-    """A single call of a deployed function."""
+    """A single call of a deployed function, run here (satisfies InvocationSurface and HandlerInvocation)."""
 
     def __init__(self, deployment: Deployment, event: Any, *, mode: Mode, loop: asyncio.AbstractEventLoop,
                  buffer_events: int = 100, max_write_size: int = 4 * 1024 * 1024,
@@ -89,7 +115,7 @@ class Invocation:
         self.deployment = deployment
         self.spec = deployment.spec
         self.event = event
-        self.mode: Mode = "raw" if (mode == "sse" and self.spec.rawStream) else mode
+        self.mode: Mode = resolve_mode(mode, self.spec)
         self.loop = loop
         self.started = time.monotonic()
         self.deadline = self.started + self.spec.timeout
@@ -98,7 +124,6 @@ class Invocation:
         self.max_response_size = max_response_size
         self.aggregate: list[Any] = []
         self._aggregate_bytes = 0
-        self.writes = 0
         self.task: asyncio.Task[Any] | None = None
         self.cancel_reason: str | None = None
         self.abort_error: FunctionServiceError | None = None
@@ -169,6 +194,18 @@ class Invocation:
             self.cancel_reason = reason
         self.channel.cancel(reason, discard=False)
 
+    async def encoded_result(self) -> str | None:
+        """The outcome as JSON text (see InvocationSurface); generator items of a plain JSON call."""
+        result = await self.outcome()
+        if result is None:
+            if self.mode == "json" and self.deployment.kind in ("gen", "asyncgen"):
+                return encode_result(self.aggregate, self.max_response_size)
+            if self.streaming:
+                return None
+        if self.mode == "raw":
+            return None
+        return encode_result(result, self.max_response_size)
+
     # -- generator items ---------------------------------------------------------------------
     def add_item_blocking(self, item: Any) -> None:
         if self.streaming:
@@ -218,17 +255,13 @@ class StreamWriter:
         self.max_write_size = int(size)
 
     def write(self, data: Any) -> Awaitable[None]:
-        payload = encode_payload(data)
-        if len(payload) > self.max_write_size and len(payload.encode()) > self.max_write_size:
-            raise StreamWriteError(f"stream write of {len(payload.encode())} bytes exceeds the limit of "
-                                   f"{self.max_write_size} bytes")
+        payload = encode_write(data, self.max_write_size)
         channel = self._channel
         if not self._streaming:
             # The channel carries the invocation's cancel reason (cancel and expire set both).
             if channel.cancel_reason is not None:
                 raise StreamClosedError(f"stream closed: {channel.cancel_reason}")
             return WRITTEN  # a plain JSON request has no stream; writes are dropped as in openYuanrong
-        inv = self._inv()  # None only once the invocation ended: its channel is closed and refuses
         if _running_loop() is self._loop:
             task = asyncio.current_task()
             pending = self._pending.get(task) if self._pending else None
@@ -236,19 +269,14 @@ class StreamWriter:
                 raise StreamBufferFullError("stream buffer is full: use `await context.get_stream().write(...)` "
                                             "in async handlers so the writer waits for the client")
             if channel.try_put(payload):
-                if inv is not None:
-                    inv.writes += 1
                 return WRITTEN
             if self._pending is None:
                 self._pending = {}
             pending = self._pending[task] = asyncio.ensure_future(channel.put(payload))
             pending.add_done_callback(functools.partial(self._write_done, task))
-            if inv is not None:
-                inv.writes += 1
             return pending
+        inv = self._inv()  # None only once the invocation ended: its channel is closed and refuses
         channel.put_blocking(payload, timeout=max(inv.remaining(), 0.001) if inv is not None else 0.001)
-        if inv is not None:
-            inv.writes += 1
         return WRITTEN
 
     async def flush(self) -> None:

@@ -12,10 +12,9 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .registry import Deployment
+from .manifest import FunctionSpec
 
 __all__ = ("run_pre_stop", "pre_stop_timeout", "MAX_PRE_STOP_SECONDS")
 
@@ -24,8 +23,8 @@ log = logging.getLogger("fnstream.runtime")
 MAX_PRE_STOP_SECONDS = 180.0
 
 
-def pre_stop_timeout(dep: Deployment) -> float:
-    return min(float(dep.spec.timeout), MAX_PRE_STOP_SECONDS)
+def pre_stop_timeout(spec: FunctionSpec) -> float:
+    return min(float(spec.timeout), MAX_PRE_STOP_SECONDS)
 
 
 def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
@@ -53,26 +52,22 @@ def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
     return future
 
 
-async def run_pre_stop(dep: Deployment) -> None:
-    """Run `dep`'s preStop once (later calls do nothing); log, never raise, what it does wrong."""
-    if dep.code is None or dep.code.pre_stop is None or dep.pre_stop_started:
-        return
-    dep.pre_stop_started = True
+async def run_pre_stop(spec: FunctionSpec, pre_stop: Callable[..., Any], revision: int) -> None:
+    """Run the `pre_stop` hook of `spec` (the caller runs it once); log, never raise, what it does wrong."""
     from .context import Context
 
-    pre_stop = dep.code.pre_stop
-    ctx = Context(dep)
-    timeout = pre_stop_timeout(dep)
+    ctx = Context(spec)
+    timeout = pre_stop_timeout(spec)
     try:
         if inspect.iscoroutinefunction(pre_stop):
             await asyncio.wait_for(pre_stop(ctx), timeout)
         else:
             await asyncio.wait_for(_in_daemon_thread(lambda: pre_stop(ctx)), timeout)
     except TimeoutError:
-        log.error("function %s: preStop did not finish within %g s; going on without it", dep.name, timeout)
+        log.error("function %s: preStop did not finish within %g s; going on without it", spec.name, timeout)
     except asyncio.CancelledError:
         raise
     except BaseException as exc:
-        log.error("function %s: preStop failed: %s: %s", dep.name, type(exc).__name__, exc, exc_info=exc)
+        log.error("function %s: preStop failed: %s: %s", spec.name, type(exc).__name__, exc, exc_info=exc)
     else:
-        log.info("function %s: preStop ran (revision %d)", dep.name, dep.revision)
+        log.info("function %s: preStop ran (revision %d)", spec.name, revision)

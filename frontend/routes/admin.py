@@ -1,6 +1,7 @@
 """Admin API: deploy, redeploy, list, show and delete function services.
 
-`POST /admin/v1/functions` takes a manifest (YAML or JSON; one function or a list). Relative
+`POST /admin/v1/functions` takes a manifest (YAML or JSON; one function or a list) of new
+functions; `PUT /admin/v1/functions` deploys or redeploys the functions of one. Relative
 `codePath`s in a posted manifest are resolved against the first configured code root.
 """
 from __future__ import annotations
@@ -12,9 +13,9 @@ from typing import Any
 
 from aiohttp import web
 
+from runtime.deployment import Deployment
 from runtime.errors import BadRequestError
 from runtime.manifest import FunctionSpec, parse_manifest
-from runtime.registry import Deployment
 
 from ..body import read_body
 from ..keys import REGISTRY
@@ -51,6 +52,14 @@ async def create_functions(request: web.Request) -> web.Response:
     specs = await _specs_from_body(request)
     deps = await request.app[REGISTRY].adeploy(specs, replace=False)
     return web.json_response(_deployed(deps), status=201)
+
+
+@routes.put("/admin/v1/functions")
+async def deploy_functions(request: web.Request) -> web.Response:
+    """Deploy or redeploy every function of the manifest: all of them or none (`fnstream deploy`)."""
+    specs = await _specs_from_body(request)
+    deps = await request.app[REGISTRY].adeploy(specs)
+    return web.json_response(_deployed(deps), status=200)
 
 
 @routes.get("/admin/v1/functions")

@@ -17,15 +17,15 @@ import logging
 import time
 import uuid
 from collections.abc import Coroutine
-from types import SimpleNamespace
 from typing import Any
 
 from redis.typing import EncodableT, FieldT
 
 from runtime.channel import OutputChannel
 from runtime.errors import FunctionServiceError, FunctionTimeoutError
-from runtime.invocation import Mode, new_trace_id
+from runtime.invocation import new_trace_id
 from runtime.manifest import FunctionSpec
+from runtime.surface import Mode, resolve_mode
 
 from .settings import REDIS_DOWN, AnyRedis, ClusterUnavailableError, Keys, WorkerLostError
 
@@ -86,8 +86,9 @@ class WorkQueue:
 
 
 class RemoteInvocation:
-    """An invocation running on some worker, seen through the same surface as a local Invocation:
-    `channel` (bounded, `get_batch`), `task` (the result or a FunctionServiceError), `cancel()`."""
+    """An invocation running on some worker, seen through the InvocationSurface (runtime/surface.py):
+    `channel` (bounded, `get_batch`), `outcome()` / `encoded_result()` (the worker's answer or its
+    FunctionServiceError), `cancel()`. The worker already encoded the answer (generator items folded in)."""
 
     def __init__(self, queue: WorkQueue, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int,
                  max_response_size: int, trace_id: str | None) -> None:
@@ -95,18 +96,15 @@ class RemoteInvocation:
         self.id = uuid.uuid4().hex
         self.trace_id = trace_id or new_trace_id()
         self.spec = spec
-        # The worker already folded generator items into the result: nothing to aggregate here.
-        self.deployment = SimpleNamespace(kind="remote", spec=spec, name=spec.name)
-        self.aggregate: list[Any] = []
         self.event = event
-        self.mode: Mode = "raw" if (mode == "sse" and spec.rawStream) else mode
+        self.mode: Mode = resolve_mode(mode, spec)
         self.loop = asyncio.get_running_loop()
         self.started = time.monotonic()
         self.deadline = self.started + spec.timeout
         self.buffer_events = buffer_events
         self.max_response_size = max_response_size
         self.channel: OutputChannel[str] = OutputChannel(self.loop, buffer_events)
-        self.task: asyncio.Task[Any] | None = None
+        self.task: asyncio.Task[str | None] | None = None
         self.worker: str | None = None
         self.events = 0
         self.cancel_reason: str | None = None
@@ -116,13 +114,21 @@ class RemoteInvocation:
     def streaming(self) -> bool:
         return self.mode != "json"
 
+    def remaining(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
     def start(self) -> None:
         self.task = self.loop.create_task(self._pump(), name=f"remote-invocation-{self.id}")
 
-    async def outcome(self) -> Any:
-        """The result relayed from the worker, or its error (same contract as Invocation.outcome)."""
+    async def encoded_result(self) -> str | None:
+        """The answer as the worker encoded it, or its error (same contract as Invocation's)."""
         assert self.task is not None
         return await self.task
+
+    async def outcome(self) -> Any:
+        """The result relayed from the worker, or its error (same contract as Invocation.outcome)."""
+        text = await self.encoded_result()
+        return json.loads(text) if text else None
 
     def cancel(self, reason: str) -> None:
         if self.cancel_reason is not None:
@@ -137,7 +143,7 @@ class RemoteInvocation:
             log.info("remote invocation %s of %s cancelled: %s", self.id, self.spec.name, reason)
             self.queue.background(self.queue.cancel(self.id, reason))
 
-    async def _pump(self) -> Any:
+    async def _pump(self) -> str | None:
         keys, redis = self.queue.keys, self.queue.redis
         out = keys.output(self.id)
         last = "0-0"
@@ -166,8 +172,7 @@ class RemoteInvocation:
                         self.events += 1
                     elif kind == "result":
                         self._finished = True
-                        text = fields.get("d")
-                        return json.loads(text) if text else None
+                        return fields.get("d") or None
                     elif kind == "error":
                         self._finished = True
                         raise error_from_fields(fields)

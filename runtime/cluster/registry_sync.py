@@ -14,9 +14,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from runtime.deployment import Deployment
 from runtime.errors import FunctionServiceError
 from runtime.manifest import FunctionSpec
-from runtime.registry import Deployment, Registry
+from runtime.registry import Registry
 
 from .settings import REDIS_DOWN, AnyRedis, Backoff, ClusterUnavailableError, Keys
 

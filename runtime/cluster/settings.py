@@ -22,7 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from runtime.errors import FunctionServiceError
+from runtime.errors import FunctionServiceError, ServiceUnavailableError
 
 __all__ = ("Keys", "connect", "node_id", "ClusterUnavailableError", "WorkerLostError", "REDIS_DOWN", "Backoff",
            "describe_url", "is_cluster_url", "slot_of")
@@ -34,10 +34,8 @@ REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError, ClusterError, Re
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
-class ClusterUnavailableError(FunctionServiceError):
-    """Work that needs Redis was asked for while Redis is unreachable."""
-
-    code, status = 200503, 503
+class ClusterUnavailableError(ServiceUnavailableError):
+    """Work that needs Redis was asked for while Redis is unreachable (503, inner code 200503)."""
 
 
 class WorkerLostError(FunctionServiceError):

@@ -14,41 +14,27 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT, StreamIdT
 
-from runtime.errors import (
-    ConcurrencyLimitError,
-    FunctionServiceError,
-    FunctionTimeoutError,
-    ResponseTooLargeError,
-    ResultNotSerializableError,
-)
+from runtime.errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError
 from runtime.executor import Executor
-from runtime.invocation import Invocation, Mode
+from runtime.invocation import Invocation
 from runtime.registry import Registry
+from runtime.surface import Mode
 
 from .settings import REDIS_DOWN, AnyRedis, Backoff, Keys, WorkerLostError, slot_of
 
-__all__ = ("Worker",)
+__all__ = ("QueueWorker",)
 
 log = logging.getLogger("fnstream.cluster")
 
 
-def _encode_result(value: Any, max_size: int) -> str:
-    try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise ResultNotSerializableError(f"the handler's result is not JSON-serializable: {exc}") from None
-    if len(text.encode()) > max_size:
-        raise ResponseTooLargeError(f"the handler's result exceeds {max_size} bytes")
-    return text
-
-
-class Worker:
-    """Runs queued invocations of the functions in `registry` on `executor`."""
+class QueueWorker:
+    """Runs queued invocations of the functions in `registry` on `executor` (not a worker process:
+    those are runtime/process; this is a cluster node's consumer of the work queue)."""
 
     def __init__(self, redis: AnyRedis, keys: Keys, registry: Registry, executor: Executor, worker_id: str, *,
                  concurrency: int = 64, heartbeat: float = 1.0, claim_idle: float = 5.0, ttl: float = 60.0) -> None:
@@ -65,12 +51,27 @@ class Worker:
         self._tasks: list[asyncio.Task[Any]] = []
         self._jobs: set[asyncio.Task[Any]] = set()
         self.completed = 0
+        self.taking = True  # False once shutting down: it serves no function, what it runs goes on
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         for coro, name in ((self._supervise(), "queues"), (self._beat(), "heartbeat"),
                            (self._reclaim(), "reclaim"), (self._listen_cancel(), "cancel")):
             self._tasks.append(asyncio.create_task(coro, name=f"worker-{name}"))
+
+    async def stop_taking(self) -> None:
+        """Read no more entries (readers, queue supervision and reclaim stop); what runs goes on,
+        with its heartbeat and cancellations, until `stop`."""
+        self.taking = False
+        intake = [t for t in self._tasks if t.get_name() in ("worker-queues", "worker-reclaim")]
+        intake += self._readers.values()
+        for task in intake:
+            task.cancel()
+        await asyncio.gather(*intake, return_exceptions=True)
+        try:
+            await self._announce()  # frontends stop queueing for it now, not at the next heartbeat
+        except REDIS_DOWN:
+            pass
 
     async def stop(self) -> None:
         for task in (*self._tasks, *self._readers.values()):
@@ -262,7 +263,8 @@ class Worker:
             dep = self.registry.get(name)
             if time.time() > float(fields.get("deadline", "inf")):
                 raise FunctionTimeoutError(f"function {name!r} timed out before a worker could take it")
-            inv = Invocation(dep, json.loads(fields.get("event", "{}")), mode=cast("Mode", fields.get("mode", "json")),
+            mode: Mode = next((m for m in get_args(Mode) if m == fields.get("mode")), "json")
+            inv = Invocation(dep, json.loads(fields.get("event", "{}")), mode=mode,
                              loop=asyncio.get_running_loop(), buffer_events=int(fields.get("buffer", 100)),
                              max_write_size=int(fields.get("maxWrite", 4 * 1024 * 1024)),
                              max_response_size=int(fields.get("maxResponse", 6 * 1024 * 1024)),
@@ -289,12 +291,8 @@ class Worker:
                     await asyncio.sleep(0.002)
             await self._write(out, [{"t": "data", "d": payload} for payload in batch])
             written += len(batch)
-        assert inv.task is not None
         try:
-            result = await inv.task
-            if inv.mode == "json" and dep.kind in ("gen", "asyncgen") and result is None:
-                result = inv.aggregate
-            terminal = {"t": "result", "d": "" if result is None else _encode_result(result, inv.max_response_size)}
+            terminal = {"t": "result", "d": await inv.encoded_result() or ""}
         except asyncio.CancelledError:
             if inv.cancel_reason is None:
                 raise
@@ -320,13 +318,17 @@ class Worker:
                 await asyncio.sleep(0.02)
 
     # -- liveness and cancellation -----------------------------------------------------------
+    async def _announce(self) -> None:
+        """Refresh this worker's key: alive, and which functions it takes (none while shutting down)."""
+        functions = [d.name for d in self.registry.list()] if self.taking else []
+        info = json.dumps({"running": len(self._running), "completed": self.completed, "functions": functions})
+        await self.redis.set(self.keys.worker(self.id), info, px=int(self.heartbeat * 3000))
+
     async def _beat(self) -> None:
         backoff = Backoff()
         while True:
             try:
-                info = json.dumps({"running": len(self._running), "completed": self.completed,
-                                   "functions": [d.name for d in self.registry.list()]})
-                await self.redis.set(self.keys.worker(self.id), info, px=int(self.heartbeat * 3000))
+                await self._announce()
                 by_queue: dict[str, list[StreamIdT]] = {}
                 for key, entry_id in list(self._held.values()):
                     by_queue.setdefault(key, []).append(entry_id)

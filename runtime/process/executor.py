@@ -12,6 +12,7 @@ import asyncio
 import logging
 from typing import Any
 
+from ..deployment import Deployment
 from ..errors import FunctionServiceError, FunctionTimeoutError, InitializerError
 from ..invocation import Invocation
 from .pool import Job, WorkerPool, WorkerProcess
@@ -68,7 +69,7 @@ class ProcessExecutor:
         except asyncio.CancelledError:
             if worker is not None and job is not None and not job.future.done():
                 worker.cancel(inv.id, inv.cancel_reason or "cancelled")
-                task = asyncio.get_running_loop().create_task(self._reap(pool, worker, job))
+                task = asyncio.get_running_loop().create_task(self._reap(dep, pool, worker, job))
                 self._reapers.add(task)
                 task.add_done_callback(self._reapers.discard)
                 handed_off = True
@@ -83,9 +84,8 @@ class ProcessExecutor:
                     pool.release(worker)
                 dep.release()
 
-    async def _reap(self, pool: WorkerPool, worker: WorkerProcess, job: Job) -> None:
+    async def _reap(self, dep: Deployment, pool: WorkerPool, worker: WorkerProcess, job: Job) -> None:
         """Wait for a cancelled handler to stop; kill its worker if it will not."""
-        dep = job.inv.deployment
         try:
             try:
                 await asyncio.wait_for(asyncio.shield(job.future), self.cancel_grace)

@@ -21,7 +21,8 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import DeployError, FunctionServiceError, StreamClosedError
+from ..errors import DeployError, FunctionServiceError, StreamClosedError, handler_failure_message
+from ..manifest import FunctionSpec
 from .errors import WorkerCrashedError, WorkerUnavailableError, error_from_wire
 from .protocol import (
     DEFAULT_CREDITS,
@@ -37,8 +38,7 @@ from .protocol import (
 from .streams_bridge import StreamBridge
 
 if TYPE_CHECKING:
-    from ..invocation import Invocation
-    from ..registry import Deployment
+    from ..surface import PooledInvocation
 
 __all__ = ("WorkerPool", "WorkerProcess", "Job", "default_instances")
 
@@ -75,7 +75,7 @@ def _resolve(fut: asyncio.Future[tuple[str, Any]], outcome: tuple[str, Any]) -> 
 class Job:
     """One invocation running on one worker; `future` gets ("result", value) or ("error", exc)."""
 
-    def __init__(self, inv: Invocation) -> None:
+    def __init__(self, inv: PooledInvocation) -> None:
         self.inv = inv
         self.loop = inv.loop
         self.future: asyncio.Future[tuple[str, Any]] = inv.loop.create_future()
@@ -109,7 +109,7 @@ class WorkerProcess:
         self.job: Job | None = None
         self.exited = threading.Event()
         self.returncode: int | None = None
-        self.streams = StreamBridge(self)
+        self.streams = StreamBridge(self.send)
         self.conn.send({"t": "hello", "spec": pool.spec.model_dump(mode="json"),
                         "code_roots": [str(p) for p in pool.code_roots], "credits": pool.credits})
         self._reader = threading.Thread(target=self._read_loop, name=f"fnstream-worker-{self.pid}", daemon=True)
@@ -217,10 +217,9 @@ class WorkerProcess:
 class WorkerPool:
     """The workers of one deployment: start, hand out, take back, replace, stop."""
 
-    def __init__(self, deployment: Deployment, code_roots: list[Path], *, instances: int | None = None,
+    def __init__(self, spec: FunctionSpec, code_roots: list[Path], *, instances: int | None = None,
                  credits: int = DEFAULT_CREDITS) -> None:
-        self.deployment = deployment
-        self.spec = deployment.spec
+        self.spec = spec
         self.code_roots = list(code_roots)
         self.size = instances or default_instances(self.spec.concurrency)
         self.credits = credits
@@ -307,7 +306,7 @@ class WorkerPool:
                     if (loop, waiter) in self._waiters:
                         self._waiters.remove((loop, waiter))
 
-    def begin(self, worker: WorkerProcess, inv: Invocation) -> tuple[Job, Invoke]:
+    def begin(self, worker: WorkerProcess, inv: PooledInvocation) -> tuple[Job, dict]:
         job = Job(inv)
         worker.job = job
         worker.invocations += 1
@@ -350,7 +349,6 @@ class WorkerPool:
             worker.ready = True
             if init_error is not None and self.init_error is None:
                 self.init_error = init_error
-                self.deployment.init_error = init_error
             if worker.state != "starting":
                 return
             if self.stopping:
@@ -387,9 +385,8 @@ class WorkerPool:
                         replace = False
                         self._wake_waiters()
         if job is not None:
-            job.finish(("error", WorkerCrashedError(
-                f"Fail to run user call handler. err: the worker process (pid {worker.pid}) {how} "
-                f"during the invocation")))
+            job.finish(("error", WorkerCrashedError(handler_failure_message(
+                f"the worker process (pid {worker.pid}) {how} during the invocation"))))
         if was not in ("stopping", "retiring", "killed") and not self.stopping:
             log.error("function %s: worker %d %s", self.name, worker.pid, how)
         if replace:

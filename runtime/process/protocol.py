@@ -72,7 +72,7 @@ class StreamReply(TypedDict, total=False):
 # -- worker -> frontend ------------------------------------------------------------------------
 class Loaded(TypedDict):
     t: Literal["loaded"]   # the code is imported (or not); the initializer runs next
-    kind: str | None       # the handler's kind (runtime.registry.handler_kind), None on error
+    kind: str | None       # the handler's kind (runtime.deployment.handler_kind), None on error
     error: str | None      # why the import failed: the deploy is refused with this message
 
 

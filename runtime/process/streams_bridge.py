@@ -12,7 +12,7 @@ import builtins
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import errors as core_errors
 from ..errors import FunctionServiceError, HandlerError
@@ -20,14 +20,12 @@ from ..streams import errors as stream_errors
 from ..streams.broker import AbstractBroker, AbstractSubscription, BrokerSettings, Element, StreamOptions, StreamStats
 from .protocol import StreamCall, StreamReply
 
-if TYPE_CHECKING:
-    from .pool import WorkerProcess
-
 __all__ = ("ProxyBroker", "ProxySubscription", "StreamBridge", "stream_error")
 
 log = logging.getLogger("fnstream.process")
 
 Call = Callable[..., Any]  # the worker's blocking `stream_call(op, *args)`
+Send = Callable[[dict[str, Any]], object]  # sends one frame to the worker (any thread)
 
 
 def stream_error(name: str, message: str) -> BaseException:
@@ -113,8 +111,8 @@ class ProxyBroker(AbstractBroker):
 class StreamBridge:
     """Runs one worker's stream calls on the frontend's broker; `release` undoes what it left."""
 
-    def __init__(self, worker: WorkerProcess) -> None:
-        self._worker = worker
+    def __init__(self, send: Send) -> None:
+        self._send = send
         self._subs: dict[int, AbstractSubscription] = {}
         self._next_sub = 0
         self._producers: list[str] = []
@@ -126,7 +124,7 @@ class StreamBridge:
         try:
             self._target = broker, loop = current_broker()
         except RuntimeError as exc:
-            self._worker.send({"t": "stream_reply", "seq": msg["seq"], "error": "RuntimeError", "message": str(exc)})
+            self._send({"t": "stream_reply", "seq": msg["seq"], "error": "RuntimeError", "message": str(exc)})
             return
         asyncio.run_coroutine_threadsafe(self._answer(broker, msg), loop)
 
@@ -137,7 +135,7 @@ class StreamBridge:
         except Exception as exc:
             reply["error"], reply["message"] = type(exc).__name__, str(getattr(exc, "message", exc))
         # A batch of elements can be large: never block the loop on the worker's socket.
-        await asyncio.to_thread(self._worker.send, reply)
+        await asyncio.to_thread(self._send, reply)
 
     async def _run(self, broker: AbstractBroker, op: str, *args: Any) -> Any:
         if op == "max_element_size":

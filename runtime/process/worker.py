@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from ..context import Context
-from ..errors import FunctionServiceError, ResultNotSerializableError, StreamClosedError, StreamWriteError
-from ..invocation import WRITTEN, Written, drain_generator, encode_payload
+from ..deployment import handler_kind
+from ..errors import FunctionServiceError, StreamClosedError, handler_failure
+from ..invocation import WRITTEN, Written, drain_generator, encode_json, encode_payload, encode_write
 from ..loader import load_code
 from ..manifest import FunctionSpec
 from ..pre_stop import pre_stop_timeout
-from ..registry import handler_kind
 from ..streams import bind_broker
+from ..surface import Mode
 from .errors import MemoryLimitError
 from .protocol import (
     Connection,
@@ -59,21 +60,16 @@ class _Cancelled(BaseException):
 
 
 
-class _Deployment:
-    """What `Context` needs of a deployment, inside the worker."""
-
-    def __init__(self, spec: FunctionSpec) -> None:
-        self.spec = spec
-
-
 class _Invocation:
-    """What `Context` needs of an invocation, inside the worker."""
+    """The invocation inside the worker: what `Context` needs (satisfies HandlerInvocation)."""
 
-    def __init__(self, msg: Invoke, worker: Worker) -> None:
+    def __init__(self, msg: dict[str, Any], worker: Worker) -> None:
         self.id: str = msg["id"]
         self.trace_id: str = msg["trace_id"]
         self.event = msg["event"]
         self.streaming: bool = msg["streaming"]
+        self.mode: Mode = "sse" if self.streaming else "json"  # raw framing is the frontend's concern
+        self._worker = worker
         self.started = time.monotonic()
         self.deadline = self.started + float(msg["timeout"])
         self.max_write_size: int = msg["max_write_size"]
@@ -82,6 +78,9 @@ class _Invocation:
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
+
+    def cancel(self, reason: str) -> None:
+        self._worker._cancel(self.id, reason)
 
 
 class WorkerStream:
@@ -102,10 +101,7 @@ class WorkerStream:
         self.max_write_size = int(size)
 
     def write(self, data: Any) -> Written:
-        payload = encode_payload(data)
-        if len(payload) > self.max_write_size and len(payload.encode()) > self.max_write_size:
-            raise StreamWriteError(f"stream write of {len(payload.encode())} bytes exceeds the limit of "
-                                   f"{self.max_write_size} bytes")
+        payload = encode_write(data, self.max_write_size)
         if not self._inv.streaming:
             if self._inv.cancel_reason is not None:
                 raise StreamClosedError(f"stream closed: {self._inv.cancel_reason}")
@@ -137,7 +133,6 @@ class Worker:
         self.spec = spec
         self.code_roots = code_roots
         self.max_credits = credits
-        self._dep = _Deployment(spec)
         self._code: Any = None
         self._inbox: queue.Queue[Invoke | Stop] = queue.Queue()
         self._cond = threading.Condition()
@@ -191,7 +186,7 @@ class Worker:
         if init is None:
             return None
         try:
-            result = init(Context(self._dep))  # type: ignore[arg-type]  # a stand-in with what Context reads
+            result = init(Context(self.spec))
             if inspect.iscoroutine(result):
                 asyncio.run(result)
         except Exception as exc:
@@ -313,13 +308,10 @@ class Worker:
                 self._cancellable = True
                 if inv.cancel_reason is not None:
                     raise _Cancelled(inv.cancel_reason)
-                result = self._call(inv, Context(self._dep, inv))  # type: ignore[arg-type]  # stand-ins with what Context reads
+                result = self._call(inv, Context(self.spec, inv))
             finally:
                 self._cancellable = False
-            try:
-                text = json.dumps(result, ensure_ascii=False, separators=(",", ":"))
-            except (TypeError, ValueError) as exc:
-                raise ResultNotSerializableError(f"the handler's result is not JSON-serializable: {exc}") from None
+            text = encode_json(result)
             self.post({"t": "result", "id": inv.id, "json": text})
             return True
         except _Cancelled as exc:
@@ -331,10 +323,10 @@ class Worker:
             outcome, retire = (MemoryLimitError.__name__,
                                f"function {self.spec.name!r} exceeded its memory limit of {self.spec.memory} MB"), True
         except SystemExit as exc:
-            outcome = ("HandlerError", f"Fail to run user call handler. err: the handler called sys.exit({exc.code!r})")
+            outcome = ("HandlerError", handler_failure(exc).message)
         except BaseException as exc:
             log.error("invocation %s raised:\n%s", inv.id, "".join(traceback.format_exception(exc)))
-            outcome = ("HandlerError", f"Fail to run user call handler. err: {type(exc).__name__}: {exc}")
+            outcome = ("HandlerError", handler_failure(exc).message)
         finally:
             with self._cond:
                 self._inv = None
@@ -372,12 +364,12 @@ class Worker:
 
         It runs in a daemon thread, so one that hangs is left behind when the worker exits.
         """
-        timeout = pre_stop_timeout(self._dep)  # type: ignore[arg-type]
+        timeout = pre_stop_timeout(self.spec)
         errors: list[str | None] = []
 
         def run() -> None:
             try:
-                result = pre_stop(Context(self._dep))  # type: ignore[arg-type]  # a stand-in with what Context reads
+                result = pre_stop(Context(self.spec))
                 if inspect.iscoroutine(result):
                     asyncio.run(result)
             except BaseException as exc:

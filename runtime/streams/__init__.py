@@ -5,8 +5,6 @@ the frontend serves subscribe/publish over REST on the same broker.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .api import (
     Consumer,
     Producer,
@@ -41,9 +39,6 @@ from .errors import (
     SubscriptionEndedError,
 )
 from .memory import MemoryBroker, MemorySubscription
-
-if TYPE_CHECKING:
-    from runtime.config import StreamsConfig
 from .names import validate_stream_name
 from .terminators import YUANRONG_END_MARKER, terminator_forms, terminator_set, terminator_text
 
@@ -57,7 +52,6 @@ __all__ = (
     "query_global_consumers_num", "query_global_producers_num",
     # broker
     "AbstractBroker", "AbstractSubscription", "BrokerSettings", "Element", "StreamOptions", "StreamStats",
-    "build_broker",
     # errors
     "ElementTooLargeError", "InvalidElementError", "InvalidStreamIdError", "InvalidStreamNameError",
     "StreamBlockedError", "StreamDeletedError", "StreamError", "StreamLimitError", "StreamNotFoundError",
@@ -68,10 +62,3 @@ __all__ = (
     "validate_stream_name",
     "YUANRONG_END_MARKER", "terminator_forms", "terminator_set", "terminator_text",
 )
-
-_BROKERS = {"memory": MemoryBroker}
-
-
-def build_broker(cfg: StreamsConfig) -> AbstractBroker:
-    """The broker named by `streams.broker` in a `runtime.config.StreamsConfig`."""
-    return _BROKERS[cfg.broker](BrokerSettings.from_config(cfg))

@@ -25,9 +25,9 @@ __all__ = ("routes",)
 routes = web.RouteTableDef()
 
 
-def _base_dir(request: web.Request) -> Path:
-    roots = request.app[REGISTRY].code_roots
-    return roots[0] if roots else Path.cwd()
+def _parse(text: str, code_roots: list[Path]) -> list[FunctionSpec]:
+    """Parse a posted manifest against the first code root, else the working directory (a system call)."""
+    return parse_manifest(text, "request body", code_roots[0] if code_roots else Path.cwd())
 
 
 async def _specs_from_body(request: web.Request) -> list[FunctionSpec]:
@@ -38,8 +38,8 @@ async def _specs_from_body(request: web.Request) -> list[FunctionSpec]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise BadRequestError("manifest body is not UTF-8") from None
-    # Off the loop: YAML parsing and resolving code paths touch the file system and can be slow.
-    return await asyncio.to_thread(parse_manifest, text, "request body", _base_dir(request))
+    # Off the loop: YAML parsing, the working directory and resolving code paths touch the file system.
+    return await asyncio.to_thread(_parse, text, list(request.app[REGISTRY].code_roots))
 
 
 def _deployed(deps: Iterable[Deployment]) -> dict[str, Any]:

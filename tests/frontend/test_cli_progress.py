@@ -14,26 +14,34 @@ from tests.support.servers import ROOT
 def run_on_pty(*args: str) -> str:
     """Run the CLI with stdout on a pseudo-terminal (stderr to a pipe) and return what it drew."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", *args], cwd=ROOT, stdout=slave,
-                            stderr=subprocess.PIPE)
-    os.close(slave)
     out = b""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 0.5)
-        if ready:
+    try:
+        # The with block closes the stderr pipe and reaps the child (killed if it outlives the test).
+        with subprocess.Popen([sys.executable, "-m", "frontend.cli", *args], cwd=ROOT, stdout=slave,
+                              stderr=subprocess.PIPE) as proc:
+            os.close(slave)
             try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the child closed the terminal
-                break
-            if not chunk:
-                break
-            out += chunk
-        elif proc.poll() is not None:
-            break
-    proc.wait(10)
-    os.close(master)
-    assert proc.returncode == 0, proc.stderr.read()
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    ready, _, _ = select.select([master], [], [], 0.5)
+                    if ready:
+                        try:
+                            chunk = os.read(master, 65536)
+                        except OSError:  # the child closed the terminal
+                            break
+                        if not chunk:
+                            break
+                        out += chunk
+                    elif proc.poll() is not None:
+                        break
+                proc.wait(10)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+            errors = proc.stderr.read()
+    finally:
+        os.close(master)
+    assert proc.returncode == 0, errors
     return out.decode()
 
 

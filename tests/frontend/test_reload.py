@@ -38,7 +38,11 @@ class ProjectServer:
         self.proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", "serve", "--reload", "--port",
                                       str(self.port)], cwd=project, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True)
-        wait_for(lambda: self.proc.poll() is None and self._healthy(), "server ready", self.output)
+        try:
+            wait_for(lambda: self.proc.poll() is None and self._healthy(), "server ready", self.output)
+        except BaseException:
+            self.stop()
+            raise
 
     def _healthy(self) -> bool:
         try:
@@ -58,8 +62,15 @@ class ProjectServer:
             return json.loads(r.read())
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+        try:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        finally:
+            self.log.close()
 
 
 def wait_for(check, what: str, details=lambda: "", timeout: float = 15):

@@ -51,9 +51,16 @@ def test_init_examples_copies_every_bundled_function(tmp_path):
     assert (tmp_path / "functions/chat_backends/standin.py").is_file()
 
 
-async def test_the_init_project_serves_the_streaming_example_and_its_own_test_passes(tmp_path, make_client):
+@pytest.fixture
+def init_config(tmp_path):
+    """An init project's loaded config, written before the loop runs (the CLI never writes on a loop)."""
     init_project(tmp_path)
-    client = await make_client(config=load_config(tmp_path / "config/default.yaml"))
+    return load_config(tmp_path / "config/default.yaml")
+
+
+async def test_the_init_project_serves_the_streaming_example_and_its_own_test_passes(tmp_path, init_config,
+                                                                                     make_client):
+    client = await make_client(config=init_config)
     resp = await client.post("/serverless/v1/functions/hello/invocations", json={}, headers=SSE)
     assert [ev["data"] for _, ev in await read_events(resp)] == ['{"event": "this is a stream"}', '"ok"', "[DONE]"]
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=tmp_path,
@@ -114,13 +121,18 @@ def test_new_refuses_to_overwrite_and_prints_the_next_command(tmp_path):
 
 
 @pytest.fixture
-async def project(tmp_path, make_client):
-    """An init project with one function of every template, served over a loopback socket."""
+def templates_config(tmp_path):
+    """An init project with one function of every template, written before the loop runs."""
     init_project(tmp_path)
     for template in TEMPLATES:
         new_function(tmp_path, f"t-{template}", template)
-    return await make_client(config=load_config(tmp_path / "config/default.yaml",
-                                                ["openai.chatFunction=t-openai"]))
+    return load_config(tmp_path / "config/default.yaml", ["openai.chatFunction=t-openai"])
+
+
+@pytest.fixture
+async def project(templates_config, make_client):
+    """That project served over a loopback socket."""
+    return await make_client(config=templates_config)
 
 
 def test_every_template_is_tested_below():

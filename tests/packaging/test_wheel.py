@@ -76,8 +76,16 @@ class Served:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = cwd / f"serve-{self.port}.log"
-        self.proc = subprocess.Popen([fnstream, "serve", "--port", str(self.port)], cwd=cwd, env=env,
-                                     stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+        with self.log.open("w") as out:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen([fnstream, "serve", "--port", str(self.port)], cwd=cwd, env=env,
+                                         stdout=out, stderr=subprocess.STDOUT)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> None:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.read_text()
@@ -90,7 +98,11 @@ class Served:
 
     def stop(self) -> str:
         self.proc.terminate()
-        self.proc.wait(15)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         return self.log.read_text()
 
 
@@ -108,9 +120,11 @@ def test_installed_wheel_serves_and_scaffolds_outside_the_tree(wheel, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     server = Served(fnstream, empty, env)
-    with urllib.request.urlopen(server.url + "/admin/v1/functions") as r:
-        assert r.read() == b'{"functions": []}'
-    log = server.stop()
+    try:
+        with urllib.request.urlopen(server.url + "/admin/v1/functions") as r:
+            assert r.read() == b'{"functions": []}'
+    finally:
+        log = server.stop()
     assert "no functions deployed" in log and "fnstream new" in log
 
     out = run(fnstream, "init", "proj", cwd=tmp_path, env=env)

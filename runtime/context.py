@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from . import streams
 
 if TYPE_CHECKING:
-    from .invocation import Invocation, StreamWriter
-    from .registry import Deployment
+    from .manifest import FunctionSpec
+    from .surface import HandlerInvocation, HandlerStream
 
 __all__ = ("Context",)
 
@@ -17,9 +17,8 @@ __all__ = ("Context",)
 class Context:
     """What a handler (or initializer, with no invocation) can know and use."""
 
-    def __init__(self, deployment: "Deployment", invocation: "Invocation | None" = None) -> None:
-        self._deployment = deployment
-        self._spec = deployment.spec
+    def __init__(self, spec: FunctionSpec, invocation: HandlerInvocation | None = None) -> None:
+        self._spec = spec
         self._invocation = invocation
         self._started = invocation.started if invocation else time.monotonic()
         self._logger: logging.Logger | None = None  # made on first use: most handlers never log
@@ -63,7 +62,7 @@ class Context:
             self._logger = logging.getLogger(f"fnstream.function.{self._spec.name}")
         return self._logger
 
-    def get_stream(self) -> "StreamWriter":
+    def get_stream(self) -> HandlerStream:
         if self._invocation is None:
             raise RuntimeError("get_stream() is only available inside an invocation, not in the initializer")
         return self._invocation.stream
@@ -78,16 +77,12 @@ class Context:
     @property
     def session_id(self) -> str | None:
         """The invocation's session (X-Instance-Session sessionID), or None."""
-        inv = self._invocation
-        if inv is None:
-            return None
-        session = getattr(inv, "session", None)
-        return session.id if session is not None else getattr(inv, "session_id", None)
+        return self._invocation.session_id if self._invocation else None
 
     @property
     def session_restarted(self) -> bool:
         """True when the session's earlier instance died: in-memory state of earlier turns is gone."""
-        return bool(getattr(self._invocation, "session_restarted", False))
+        return self._invocation.session_restarted if self._invocation else False
 
     # -- named streams (runtime/streams): sync forms for thread handlers, `a...` forms to await --
     create_stream_producer = staticmethod(streams.create_stream_producer)

@@ -15,17 +15,15 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import (
     BadRequestError,
     ConcurrencyLimitError,
     FunctionNotFoundError,
+    FunctionServiceError,
     HandlerError,
 )
-
-if TYPE_CHECKING:
-    from .invocation import Invocation
 
 __all__ = (
     "DEFAULT_SESSION_TTL",
@@ -36,6 +34,7 @@ __all__ = (
     "SessionInterruptedError",
     "SessionRequest",
     "SessionTable",
+    "Turn",
     "parse_session_header",
 )
 
@@ -43,6 +42,13 @@ MAX_SESSION_ID = 63           # openYuanrong's limit
 MAX_SESSION_TTL = 86_400.0    # a day: a session is a conversation, not a database
 DEFAULT_SESSION_TTL = 600.0
 MAX_SESSIONS = 10_000         # per function: the table is bounded like every other queue
+
+
+class Turn(Protocol):
+    """What a session needs of an invocation it runs (runtime/invocation.py Invocation): a way to stop
+    it. A Protocol, so that this leaf imports nothing of the invocation (deployments hold sessions)."""
+
+    def abort(self, error: FunctionServiceError) -> None: ...
 
 
 class SessionInterruptedError(HandlerError):
@@ -100,7 +106,7 @@ class Session:
         self.created = time.time()
         self.last_used = time.monotonic()
         self.turns = 0
-        self.running: set[Invocation] = set()
+        self.running: set[Turn] = set()
         self._waiters: list[asyncio.Future[None]] = []
         self.worker: Any = None        # the WorkerProcess it is pinned to (executor: process)
         self.restarted = False         # its worker died: the next turn is told (context.session_restarted)
@@ -113,7 +119,7 @@ class Session:
         """Monotonic time after which the session ends if unused."""
         return self.last_used + self.ttl
 
-    async def enter(self, inv: Invocation) -> None:
+    async def enter(self, inv: Turn) -> None:
         """Wait for a turn (at most `concurrency` running), then count `inv` as running."""
         limit = self.concurrency if self.concurrency > 0 else math.inf
         while len(self.running) >= limit:
@@ -128,7 +134,7 @@ class Session:
         self.turns += 1
         self.last_used = time.monotonic()
 
-    def leave(self, inv: Invocation) -> None:
+    def leave(self, inv: Turn) -> None:
         self.running.discard(inv)
         self.last_used = time.monotonic()
         if self._waiters:

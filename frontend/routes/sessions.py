@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from runtime.deployment import Deployment
 from runtime.errors import FunctionNotFoundError
 from runtime.sessions import SessionTable
 
-from .invoke import _check_tenant, find_function
+from ..auth import principal_of
+from ..keys import DISPATCHER
 
 __all__ = ("routes",)
 
@@ -19,13 +21,12 @@ routes = web.RouteTableDef()
 
 
 def _table(request: web.Request) -> tuple[SessionTable, str]:
+    """The session table of the function the path names (404/403 as invoking it), and the session id."""
     ref, session_id = request.match_info["ref"], request.match_info["session_id"]
-    dep = find_function(request.app, ref)
-    _check_tenant(request, dep)
-    table = getattr(dep, "sessions", None)
-    if table is None:  # known to the cluster but not deployed on this node: its sessions live elsewhere
+    function = request.app[DISPATCHER].find(principal_of(request), ref)
+    if not isinstance(function, Deployment):  # known to the cluster, not deployed here: its sessions live elsewhere
         raise FunctionNotFoundError(f"session {session_id!r} not found on this node", code=200404)
-    return table, session_id
+    return function.sessions, session_id
 
 
 @routes.post("/serverless/v1/functions/{ref}/sessions/{session_id}/interrupt")

@@ -16,6 +16,7 @@ import asyncio
 import logging
 from typing import Any
 
+from ..deployment import Deployment
 from ..errors import FunctionServiceError, FunctionTimeoutError, InitializerError
 from ..invocation import Invocation
 from .pool import Job, WorkerPool, WorkerProcess
@@ -43,7 +44,7 @@ class ProcessExecutor:
     async def _run(self, inv: Invocation) -> Any:
         dep = inv.deployment
         pool = dep.pool
-        assert pool is not None  # `start` checked
+        assert pool is not None  # a process deployment has its pool from deploy on
         session = inv.session
         worker: WorkerProcess | None = None
         job: Job | None = None
@@ -59,7 +60,7 @@ class ProcessExecutor:
                     worker, inv.session_restarted = await pool.acquire(session)
                     if pool.init_error is not None:
                         raise InitializerError(pool.init_error)
-                    job, frame = pool.begin(worker, inv, inv.session_restarted)
+                    job, frame = pool.begin(worker, inv, session, inv.session_restarted)
                     if not worker.send_on_loop(frame):
                         # A large event: never block the loop on the socket.
                         await asyncio.to_thread(worker.send, frame)
@@ -70,7 +71,7 @@ class ProcessExecutor:
                 reason = f"function {dep.name!r} timed out after {dep.spec.timeout:g} s"
                 inv.expire(reason)
                 if worker is not None and job is not None and not job.future.done():
-                    handed_off = self._stop_timed_out(pool, worker, job, reason)
+                    handed_off = self._stop_timed_out(dep, pool, worker, job, reason)
                 raise FunctionTimeoutError(reason) from None
             if kind == "error":
                 raise value
@@ -78,7 +79,7 @@ class ProcessExecutor:
         except asyncio.CancelledError:
             if worker is not None and job is not None and not job.future.done():
                 worker.cancel(inv.id, inv.cancel_reason or "cancelled")
-                self._reap_later(pool, worker, job, "of being cancelled")
+                self._reap_later(dep, pool, worker, job, "of being cancelled")
                 handed_off = True
             raise
         except FunctionServiceError:
@@ -93,23 +94,23 @@ class ProcessExecutor:
                     pool.release(worker, job)
                 dep.release()
 
-    def _stop_timed_out(self, pool: WorkerPool, worker: WorkerProcess, job: Job, reason: str) -> bool:
+    def _stop_timed_out(self, dep: Deployment, pool: WorkerPool, worker: WorkerProcess, job: Job,
+                        reason: str) -> bool:
         """Stop an invocation past its deadline; True when a reaper now owns its slots."""
         if pool.kind in ("sync", "gen") and pool.only_job(worker, job):
             worker.kill(reason)  # a thread cannot be stopped, but a process can: nobody else is on it
             return False
         worker.cancel(job.inv.id, reason)
-        self._reap_later(pool, worker, job, "of timing out")
+        self._reap_later(dep, pool, worker, job, "of timing out")
         return True
 
-    def _reap_later(self, pool: WorkerPool, worker: WorkerProcess, job: Job, why: str) -> None:
-        task = asyncio.get_running_loop().create_task(self._reap(pool, worker, job, why))
+    def _reap_later(self, dep: Deployment, pool: WorkerPool, worker: WorkerProcess, job: Job, why: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._reap(dep, pool, worker, job, why))
         self._reapers.add(task)
         task.add_done_callback(self._reapers.discard)
 
-    async def _reap(self, pool: WorkerPool, worker: WorkerProcess, job: Job, why: str) -> None:
+    async def _reap(self, dep: Deployment, pool: WorkerPool, worker: WorkerProcess, job: Job, why: str) -> None:
         """Wait for a cancelled handler to stop; kill its worker if it will not."""
-        dep = job.inv.deployment
         try:
             try:
                 await asyncio.wait_for(asyncio.shield(job.future), self.cancel_grace)

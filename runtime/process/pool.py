@@ -26,25 +26,31 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import DeployError, FunctionServiceError, StreamClosedError
+from ..errors import DeployError, FunctionServiceError, StreamClosedError, handler_failure_message
 from ..manifest import FunctionSpec
 from .errors import WorkerCrashedError, WorkerUnavailableError, error_from_wire
-from .protocol import DEFAULT_CREDITS, TRY_SEND_MAX, Connection, ConnectionClosed, ProtocolError
+from .instances import instance_bounds, instance_slots
+from .protocol import (
+    DEFAULT_CREDITS,
+    TRY_SEND_MAX,
+    Connection,
+    ConnectionClosed,
+    Error,
+    Invoke,
+    Item,
+    ProtocolError,
+    Result,
+    ToFrontend,
+    ToWorker,
+    Write,
+)
 from .streams_bridge import StreamBridge
 
 if TYPE_CHECKING:
-    from ..invocation import Invocation
     from ..sessions import Session
+    from ..surface import PooledInvocation
 
-__all__ = (
-    "DEFAULT_ASYNC_SLOTS",
-    "DEFAULT_SYNC_SLOTS",
-    "Job",
-    "WorkerPool",
-    "WorkerProcess",
-    "instance_bounds",
-    "instance_slots",
-)
+__all__ = ("Job", "WorkerPool", "WorkerProcess")
 
 log = logging.getLogger("fnstream.process")
 
@@ -54,24 +60,6 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 MAX_START_FAILURES = 3
 # A deploy waits at most this long (or the function's timeout, if shorter) for the code's import.
 MAX_LOAD_SECONDS = 120.0
-DEFAULT_ASYNC_SLOTS = 100  # async handlers wait on sockets: one worker serves many
-DEFAULT_SYNC_SLOTS = 1     # a def handler holds a thread (and the GIL): one at a time unless raised
-
-
-def instance_slots(spec: FunctionSpec, kind: str) -> int:
-    """Invocations one worker runs at once: `instanceConcurrency`, or the default for the kind."""
-    if spec.instanceConcurrency is not None:
-        return spec.instanceConcurrency
-    return DEFAULT_ASYNC_SLOTS if kind in ("async", "asyncgen") else DEFAULT_SYNC_SLOTS
-
-
-def instance_bounds(spec: FunctionSpec) -> tuple[int, int]:
-    """(minInstances, maxInstances): `instances` fixes both; max defaults to min(concurrency, CPUs)."""
-    if spec.instances is not None:
-        return spec.instances, spec.instances
-    low = 1 if spec.minInstances is None else spec.minInstances
-    high = spec.maxInstances or max(1, min(spec.concurrency, os.cpu_count() or 1))
-    return low, max(low, high, 1)
 
 
 def _describe_exit(returncode: int | None) -> str:
@@ -93,7 +81,7 @@ def _resolve(fut: asyncio.Future[tuple[str, Any]], outcome: tuple[str, Any]) -> 
 class Job:
     """One invocation running on one worker; `future` gets ("result", value) or ("error", exc)."""
 
-    def __init__(self, inv: Invocation) -> None:
+    def __init__(self, inv: PooledInvocation) -> None:
         self.inv = inv
         self.loop = inv.loop
         self.future: asyncio.Future[tuple[str, Any]] = inv.loop.create_future()
@@ -124,7 +112,7 @@ class WorkerProcess:
         finally:
             child_sock.close()
         self.pid = self.proc.pid
-        self.conn = Connection(parent_sock)
+        self.conn: Connection[ToWorker, ToFrontend] = Connection(parent_sock)
         self.state: State = "starting"
         self.ready = False
         self.invocations = 0
@@ -139,7 +127,7 @@ class WorkerProcess:
         self.returncode: int | None = None
         self.streams = StreamBridge(self.send)
         self._batch: list[bytes] = []  # frames queued on the loop this turn (send_on_loop)
-        self._inbox: list[tuple[Job, dict[str, Any]]] = []  # invocation frames for the loop
+        self._inbox: list[tuple[Job, Write | Item | Result | Error]] = []  # invocation frames for the loop
         self._inbox_lock = threading.Lock()
         self.conn.send({"t": "hello", "spec": pool.spec.model_dump(mode="json"),
                         "code_roots": [str(p) for p in pool.code_roots], "credits": pool.credits})
@@ -168,21 +156,21 @@ class WorkerProcess:
                 "sessions": self.live_sessions(now)}
 
     # -- commands (any thread) -----------------------------------------------------------------
-    def send(self, frame: dict[str, Any]) -> bool:
+    def send(self, frame: ToWorker) -> bool:
         try:
             self.conn.send(frame)
             return True
         except (ConnectionClosed, ProtocolError):
             return False  # the worker is dead or dying; the reader thread handles that
 
-    def send_soon(self, frame: dict[str, Any]) -> bool | None:
+    def send_soon(self, frame: ToWorker) -> bool | None:
         """Send without blocking the caller (the event loop); None when it must go from a thread."""
         try:
             return self.conn.try_send(frame)
         except (ConnectionClosed, ProtocolError):
             return False
 
-    def send_on_loop(self, frame: dict[str, Any]) -> bool:
+    def send_on_loop(self, frame: ToWorker) -> bool:
         """On the event loop: queue a small frame to go out with the others queued in this loop
         turn, in one system call (many invocations start per turn under load). False when the
         frame is large: the caller sends it from a thread."""
@@ -211,7 +199,7 @@ class WorkerProcess:
 
     def cancel(self, inv_id: str, reason: str) -> None:
         """Ask the worker to stop one invocation; never blocks the caller (often the event loop)."""
-        frame = {"t": "cancel", "id": inv_id, "reason": reason}
+        frame: ToWorker = {"t": "cancel", "id": inv_id, "reason": reason}
         if self.send_soon(frame) is None:
             threading.Thread(target=self.send, args=(frame,), daemon=True).start()
 
@@ -243,7 +231,7 @@ class WorkerProcess:
                 self._handle(self.conn.recv())
         except ConnectionClosed:
             pass
-        except Exception as exc:  # noqa: BLE001 - a broken worker must never leave a stuck reader behind
+        except Exception as exc:
             log.error("function %s: worker %d: %s: %s; killing it", self.pool.name, self.pid, type(exc).__name__, exc)
             self.proc.kill()
         finally:
@@ -253,10 +241,9 @@ class WorkerProcess:
             self.exited.set()
             self.pool._on_exit(self)
 
-    def _handle(self, msg: dict[str, Any]) -> None:
-        kind = msg["t"]
-        if kind in ("write", "item", "result", "error"):
-            if kind == "error" and msg.get("retire"):
+    def _handle(self, msg: ToFrontend) -> None:
+        if msg["t"] == "write" or msg["t"] == "item" or msg["t"] == "result" or msg["t"] == "error":
+            if msg["t"] == "error" and msg.get("retire"):
                 with self.pool.lock:
                     if self.state == "ready":
                         self.state = "retiring"  # it exits once its invocations end: no new ones
@@ -270,16 +257,16 @@ class WorkerProcess:
                 first = len(self._inbox) == 1
             if first:
                 _call_soon(job.loop, self._take_inbox)
-        elif kind == "loaded":
+        elif msg["t"] == "loaded":
             self.pool._on_loaded(msg.get("kind"), msg.get("error"))
-        elif kind == "ready":
+        elif msg["t"] == "ready":
             self.pool._on_ready(self, msg.get("init_error"))
-        elif kind == "log":
+        elif msg["t"] == "log":
             logging.getLogger(str(msg["name"])).log(int(msg["level"]), "[worker %d] %s", self.pid, msg["msg"])
-        elif kind == "stopped":
+        elif msg["t"] == "stopped":
             if msg.get("error"):
                 log.error("function %s: worker %d: %s", self.pool.name, self.pid, msg["error"])
-        elif kind == "stream_call":
+        elif msg["t"] == "stream_call":
             self.streams.handle(msg)
 
     def _take_inbox(self) -> None:
@@ -287,12 +274,11 @@ class WorkerProcess:
         with self._inbox_lock:
             frames, self._inbox = self._inbox, []
         for job, msg in frames:
-            kind = msg["t"]
-            if kind == "write":
+            if msg["t"] == "write":
                 self._deliver(job, msg["p"])
-            elif kind == "item":
+            elif msg["t"] == "item":
                 self._aggregate(job, msg["v"])
-            elif kind == "result":
+            elif msg["t"] == "result":
                 self._finish(job, ("result", json.loads(msg["json"])))
             else:
                 self._finish(job, ("error", job.error or error_from_wire(msg["error"], msg["message"])))
@@ -325,7 +311,6 @@ class WorkerProcess:
                 job.loop.create_task(self._drain(job), name=f"backlog-{inv.id}")
                 payloads = payloads[:i]
                 break
-            inv.writes += 1
         if payloads:
             self._credit(job, len(payloads))
 
@@ -340,7 +325,6 @@ class WorkerProcess:
                 self.cancel(inv.id, exc.message)  # the client left: what is left here is discarded
                 job.backlog.clear()
                 break
-            inv.writes += 1
             self._credit(job, 1)
         job.backlog = None
         outcome, job.deferred = job.deferred, None
@@ -593,14 +577,16 @@ class WorkerPool:
             _call_soon(waiter.loop, _fail, waiter.future, error)
         self._waiters.clear()
 
-    def begin(self, worker: WorkerProcess, inv: Invocation, restarted: bool = False) -> tuple[Job, dict[str, Any]]:
+    def begin(self, worker: WorkerProcess, inv: PooledInvocation, session: Session | None = None,
+              restarted: bool = False) -> tuple[Job, Invoke]:
+        """The job of `inv` on the slot it holds on `worker`, and the frame that starts it there."""
         job = Job(inv)
         worker.jobs[inv.id] = job
         worker.invocations += 1
-        session = getattr(inv, "session", None)
-        frame = {"t": "invoke", "id": inv.id, "trace_id": inv.trace_id, "event": inv.event,
-                 "streaming": inv.streaming, "timeout": inv.remaining(), "max_write_size": inv.max_write_size,
-                 "session_id": session.id if session is not None else None, "session_restarted": restarted}
+        frame: Invoke = {"t": "invoke", "id": inv.id, "trace_id": inv.trace_id, "event": inv.event,
+                         "streaming": inv.streaming, "timeout": inv.remaining(),
+                         "max_write_size": inv.max_write_size,
+                         "session_id": session.id if session is not None else None, "session_restarted": restarted}
         return job, frame
 
     def release(self, worker: WorkerProcess, job: Job | None) -> None:
@@ -676,14 +662,10 @@ class WorkerPool:
                 if self.broken is None:
                     live = len(self._live()) + self._spawning
                     replace = live < self.min_instances or (bool(self._waiters) and live < self.max_instances)
-        if worker.kill_reason is not None:
-            why = f"was killed ({worker.kill_reason})"
-        else:
-            why = how
+        why = how if worker.kill_reason is None else f"was killed ({worker.kill_reason})"
         for job in jobs:
-            job.finish(("error", WorkerCrashedError(
-                f"Fail to run user call handler. err: the worker process (pid {worker.pid}) {why} "
-                f"during the invocation")))
+            job.finish(("error", WorkerCrashedError(handler_failure_message(
+                f"the worker process (pid {worker.pid}) {why} during the invocation"))))
         if unplanned and was != "killed":
             log.error("function %s: worker %d %s", self.name, worker.pid, how)
         if replace:

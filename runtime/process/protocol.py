@@ -13,18 +13,20 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from typing import Any, Literal, TypedDict
+from typing import Any, Generic, Literal, TypedDict, TypeVar, cast, get_args, get_type_hints
 
 import msgpack
 
 __all__ = (
     "DEFAULT_CREDITS",
     "MAX_FRAME",
+    "TAGS",
     "Cancel",
     "Connection",
     "ConnectionClosed",
     "Credit",
     "Error",
+    "Frame",
     "Hello",
     "Invoke",
     "Item",
@@ -37,6 +39,8 @@ __all__ = (
     "Stopped",
     "StreamCall",
     "StreamReply",
+    "ToFrontend",
+    "ToWorker",
     "Write",
 )
 
@@ -95,7 +99,7 @@ class StreamReply(TypedDict, total=False):
 # -- worker -> frontend ------------------------------------------------------------------------
 class Loaded(TypedDict):
     t: Literal["loaded"]   # the code is imported (or not); the initializer runs next
-    kind: str | None       # the handler's kind (runtime.registry.handler_kind), None on error
+    kind: str | None       # the handler's kind (runtime.deployment.handler_kind), None on error
     error: str | None      # why the import failed: the deploy is refused with this message
 
 
@@ -150,6 +154,16 @@ class StreamCall(TypedDict):
     args: list[Any]
 
 
+ToWorker = Hello | Invoke | Credit | Cancel | Stop | StreamReply
+ToFrontend = Loaded | Ready | Write | Item | Result | Error | Log | Stopped | StreamCall
+Frame = ToWorker | ToFrontend
+#: every `t` the protocol knows; `recv` refuses any other frame.
+TAGS = frozenset(get_args(get_type_hints(message)["t"])[0] for message in get_args(Frame))
+
+SendT = TypeVar("SendT", ToWorker, ToFrontend)
+RecvT = TypeVar("RecvT", ToWorker, ToFrontend)
+
+
 class ConnectionClosed(EOFError):
     """The other end closed the socket (or died)."""
 
@@ -158,8 +172,10 @@ class ProtocolError(ValueError):
     """A frame that is not what the protocol allows (too large, not a msgpack map)."""
 
 
-class Connection:
-    """Frames over a blocking stream socket. `send` may be called from any thread."""
+class Connection(Generic[SendT, RecvT]):
+    """Frames over a blocking stream socket. `send` may be called from any thread.
+
+    The frontend holds a `Connection[ToWorker, ToFrontend]`, the worker the reverse."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -167,7 +183,7 @@ class Connection:
         self._rbuf = bytearray()  # received, not yet parsed (only the one reader thread touches it)
         self._rpos = 0
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: SendT) -> None:
         data = msgpack.packb(msg, use_bin_type=True)
         if len(data) > MAX_FRAME:
             raise ProtocolError(f"frame of {len(data)} bytes exceeds {MAX_FRAME}")
@@ -177,7 +193,7 @@ class Connection:
             except OSError as exc:
                 raise ConnectionClosed(str(exc)) from exc
 
-    def send_many(self, msgs: list[dict[str, Any]]) -> None:
+    def send_many(self, msgs: list[SendT]) -> None:
         """Several frames in one `sendall` (what queued while the socket was busy)."""
         parts: list[bytes] = []
         for msg in msgs:
@@ -193,14 +209,14 @@ class Connection:
                 raise ConnectionClosed(str(exc)) from exc
 
     @staticmethod
-    def pack(msg: dict[str, Any]) -> bytes:
+    def pack(msg: Frame) -> bytes:
         """One frame, header included (for callers that batch frames themselves)."""
         data = msgpack.packb(msg, use_bin_type=True)
         if len(data) > MAX_FRAME:
             raise ProtocolError(f"frame of {len(data)} bytes exceeds {MAX_FRAME}")
         return _HEADER.pack(len(data)) + data
 
-    def try_send(self, msg: dict[str, Any]) -> bool | None:
+    def try_send(self, msg: SendT) -> bool | None:
         """Send a small frame without blocking: True when it went (or is going) out, None when the
         caller must use `send` from a thread (a large frame, or another sender holds the socket)."""
         frame = self.pack(msg)
@@ -240,14 +256,14 @@ class Connection:
         finally:
             self._send_lock.release()
 
-    def recv(self) -> dict[str, Any]:
+    def recv(self) -> RecvT:
         (size,) = _HEADER.unpack(self._read(_HEADER.size))
         if size > MAX_FRAME:
             raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME}")
         msg = msgpack.unpackb(self._read(size), raw=False)
-        if not isinstance(msg, dict) or "t" not in msg:
-            raise ProtocolError("a frame must be a msgpack map with a 't' field")
-        return msg
+        if not isinstance(msg, dict) or msg.get("t") not in TAGS:
+            raise ProtocolError("a frame must be a msgpack map whose 't' field names a message of the protocol")
+        return cast(RecvT, msg)
 
     def _read(self, n: int) -> bytes:
         """Exactly `n` bytes. Reads in large chunks into a buffer, so the frames that arrived

@@ -17,14 +17,8 @@ from typing import Any
 from .. import errors as core_errors
 from ..errors import FunctionServiceError, HandlerError
 from ..streams import errors as stream_errors
-from ..streams.broker import (
-    AbstractBroker,
-    AbstractSubscription,
-    BrokerSettings,
-    Element,
-    StreamOptions,
-    StreamStats,
-)
+from ..streams.broker import AbstractBroker, AbstractSubscription, BrokerSettings, Element, StreamOptions, StreamStats
+from .protocol import StreamCall, StreamReply
 
 __all__ = ("ProxyBroker", "ProxySubscription", "StreamBridge", "stream_error")
 
@@ -32,7 +26,7 @@ log = logging.getLogger("fnstream.process")
 
 Call = Callable[..., Any]  # the worker's blocking `stream_call(op, *args)` (any thread but its reader)
 ACall = Callable[..., Awaitable[Any]]  # the same call awaited on the worker's event loop
-Send = Callable[[dict[str, Any]], bool]  # sends one frame to the worker; False if it is gone
+Send = Callable[[StreamReply], bool]  # sends a reply frame to the worker; False if it is gone
 
 
 def stream_error(name: str, message: str) -> BaseException:
@@ -129,7 +123,7 @@ class StreamBridge:
         self._producers: list[str] = []
         self._target: tuple[AbstractBroker, asyncio.AbstractEventLoop] | None = None
 
-    def handle(self, msg: dict[str, Any]) -> None:
+    def handle(self, msg: StreamCall) -> None:
         """Called on the worker's reader thread: run the call on the broker's loop, reply from there."""
         from ..streams import current_broker
         try:
@@ -139,11 +133,11 @@ class StreamBridge:
             return
         asyncio.run_coroutine_threadsafe(self._answer(broker, msg), loop)
 
-    async def _answer(self, broker: AbstractBroker, msg: dict[str, Any]) -> None:
-        reply: dict[str, Any] = {"t": "stream_reply", "seq": msg["seq"]}
+    async def _answer(self, broker: AbstractBroker, msg: StreamCall) -> None:
+        reply: StreamReply = {"t": "stream_reply", "seq": msg["seq"]}
         try:
             reply["value"] = await self._run(broker, msg["op"], *msg["args"])
-        except Exception as exc:  # noqa: BLE001 - every failure goes back to the handler that asked
+        except Exception as exc:
             reply["error"], reply["message"] = type(exc).__name__, str(getattr(exc, "message", exc))
         # A batch of elements can be large: never block the loop on the worker's socket.
         await asyncio.to_thread(self._send, reply)
@@ -164,7 +158,7 @@ class StreamBridge:
         if op == "sub_ack":
             return self._subs[args[0]].ack(args[1])
         if op == "sub_close":
-            closing = self._subs.pop(args[0]) if args[0] in self._subs else None
+            closing = self._subs.pop(args[0], None)
             return None if closing is None else await closing.close()
         if op in ("configure", "attach_producer"):
             options = None if args[1] is None else StreamOptions(**args[1])

@@ -36,22 +36,37 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..context import Context
+from ..deployment import Kind, handler_kind
 from ..errors import (
     FunctionServiceError,
     ResultNotSerializableError,
     StreamBufferFullError,
     StreamClosedError,
-    StreamWriteError,
+    handler_failure,
 )
-from ..invocation import WRITTEN, Written, drain_generator, encode_payload
+from ..invocation import WRITTEN, Written, drain_generator, encode_json, encode_payload, encode_write
 from ..loader import LoadedCode, load_code
 from ..manifest import FunctionSpec
 from ..pre_stop import pre_stop_timeout
-from ..registry import handler_kind
 from ..streams import bind_broker
+from ..surface import Mode
 from .errors import MemoryLimitError
-from .pool import instance_slots
-from .protocol import Connection, ConnectionClosed, ProtocolError
+from .instances import instance_slots
+from .protocol import (
+    Cancel,
+    Connection,
+    ConnectionClosed,
+    Error,
+    Invoke,
+    Item,
+    ProtocolError,
+    Result,
+    Stop,
+    StreamReply,
+    ToFrontend,
+    ToWorker,
+    Write,
+)
 from .streams_bridge import ProxyBroker, stream_error
 
 __all__ = ("Worker", "main")
@@ -70,26 +85,22 @@ class _Cancelled(BaseException):
     """Raised inside the handler when the frontend cancels the invocation."""
 
 
-class _Deployment:
-    """What `Context` needs of a deployment, inside the worker."""
-
-    def __init__(self, spec: FunctionSpec) -> None:
-        self.spec = spec
-
-
 class _Invocation:
-    """What `Context` needs of an invocation, inside the worker, plus its credits and cancel state."""
+    """The invocation inside the worker: what `Context` needs (satisfies HandlerInvocation), plus its
+    credits and cancel state."""
 
-    def __init__(self, msg: dict[str, Any], worker: Worker) -> None:
+    def __init__(self, msg: Invoke, worker: Worker) -> None:
         self.id: str = msg["id"]
         self.trace_id: str = msg["trace_id"]
         self.event = msg["event"]
         self.streaming: bool = msg["streaming"]
+        self.mode: Mode = "sse" if self.streaming else "json"  # raw framing is the frontend's concern
+        self._worker = worker
         self.started = time.monotonic()
         self.deadline = self.started + float(msg["timeout"])
         self.max_write_size: int = msg["max_write_size"]
-        self.session_id: str | None = msg.get("session_id")
-        self.session_restarted: bool = bool(msg.get("session_restarted"))
+        self.session_id: str | None = msg["session_id"]
+        self.session_restarted: bool = msg["session_restarted"]
         self.cancel_reason: str | None = None
         self.credits = worker.max_credits
         self.unacked: deque[int] = deque()  # sizes of the writes sent and not yet credited back
@@ -104,6 +115,9 @@ class _Invocation:
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
+
+    def cancel(self, reason: str) -> None:
+        self._worker._cancel(self.id, reason)
 
     def take_credit(self, size: int) -> bool:
         """Called with the worker's lock held: room for one more write of `size` in flight?
@@ -142,10 +156,7 @@ class WorkerStream:
         self.max_write_size = int(size)
 
     def write(self, data: Any) -> Written | asyncio.Task[None]:
-        payload = encode_payload(data)
-        if len(payload) > self.max_write_size and len(payload.encode()) > self.max_write_size:
-            raise StreamWriteError(f"stream write of {len(payload.encode())} bytes exceeds the limit of "
-                                   f"{self.max_write_size} bytes")
+        payload = encode_write(data, self.max_write_size)
         inv = self._inv
         if not inv.streaming:
             if inv.cancel_reason is not None:
@@ -169,7 +180,7 @@ class _FrameLogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self._worker.post({"t": "log", "name": record.name, "level": record.levelno, "msg": self.format(record)})
-        except Exception:  # noqa: BLE001 - logging must never fail the handler
+        except Exception:  # logging must never fail the handler
             self.handleError(record)
 
 
@@ -181,14 +192,14 @@ def _raise_in_thread(ident: int, exc: type[BaseException] | None) -> None:
 class Worker:
     """The worker's state: the loaded code, its running invocations, the outbox."""
 
-    def __init__(self, conn: Connection, spec: FunctionSpec, code_roots: list[Path], credits: int) -> None:
+    def __init__(self, conn: Connection[ToFrontend, ToWorker], spec: FunctionSpec, code_roots: list[Path],
+                 credits: int) -> None:
         self.conn = conn
         self.spec = spec
         self.code_roots = code_roots
         self.max_credits = credits
-        self._dep = _Deployment(spec)
         self._code: LoadedCode | None = None
-        self.kind = "sync"
+        self.kind: Kind = "sync"
         self.slots = 1
         self._cond = threading.Condition()
         self._invs: dict[str, _Invocation] = {}
@@ -196,20 +207,20 @@ class Worker:
         self._threads: ThreadPoolExecutor | None = None
         self._retiring = False
         self._stop_requested = False
-        self._stream_replies: dict[int, dict[str, Any]] = {}
-        self._stream_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._stream_replies: dict[int, StreamReply] = {}
+        self._stream_waiters: dict[int, asyncio.Future[StreamReply]] = {}
         self._stream_seq = 0
-        self._outbox: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=OUTBOX_FRAMES)
+        self._outbox: queue.Queue[ToFrontend] = queue.Queue(maxsize=OUTBOX_FRAMES)
         self.loop = asyncio.new_event_loop()
         self._done = asyncio.Event()
         # Named streams: every broker call goes to the frontend; the API runs on this worker's loop.
         self.streams = ProxyBroker(self.stream_call, self.astream_call, self.stream_post)
 
     # -- outbox --------------------------------------------------------------------------------
-    def post(self, frame: dict[str, Any]) -> None:
+    def post(self, frame: ToFrontend) -> None:
         self._outbox.put(frame)
 
-    def _post_outcome(self, frame: dict[str, Any]) -> None:
+    def _post_outcome(self, frame: Result | Error) -> None:
         """A result goes straight out when nothing is queued before it (no hop to the writer thread).
 
         Safe here: the handler has returned, so no cancel can be raised in this thread any more,
@@ -239,7 +250,8 @@ class Worker:
                 except queue.Empty:
                     break
                 frames.append(frame)
-                size += sum(len(p) for p in frame.get("p", ()))
+                if frame["t"] == "write":
+                    size += sum(len(p) for p in frame["p"])
             try:
                 self.conn.send_many(_coalesce(frames))
             except ConnectionClosed:
@@ -251,7 +263,7 @@ class Worker:
                     with contextlib.suppress(ValueError):  # a put cut short by a cancel in a handler thread
                         self._outbox.task_done()
 
-    def _send_one_by_one(self, frames: list[dict[str, Any]], exc: Exception) -> None:
+    def _send_one_by_one(self, frames: list[ToFrontend], exc: Exception) -> None:
         """A frame could not be encoded: send the others, report the bad one."""
         for frame in frames:
             try:
@@ -259,12 +271,13 @@ class Worker:
             except ConnectionClosed:
                 _hard_exit(0)
             except (ProtocolError, TypeError, ValueError) as err:
-                sys.stderr.write(f"fnstream worker: dropped a {frame.get('t')!r} frame: {err}\n")
+                sys.stderr.write(f"fnstream worker: dropped a {frame['t']!r} frame: {err}\n")
 
     # -- output of invocations -----------------------------------------------------------------
     def output(self, inv: _Invocation, kind: str, value: Any) -> Written | asyncio.Task[None]:
         """Send one write or item once its invocation has a credit (backpressure from the client)."""
-        frame = {"t": kind, "id": inv.id, ("p" if kind == "write" else "v"): [value]}
+        frame: Write | Item = ({"t": "write", "id": inv.id, "p": [value]} if kind == "write"
+                               else {"t": "item", "id": inv.id, "v": [value]})
         size = len(value) if isinstance(value, str) else len(encode_payload(value))
         if _on_loop(self.loop):
             if inv.pending is not None and not inv.pending.done():
@@ -292,7 +305,7 @@ class Worker:
         if inv.cancel_reason is not None:
             raise StreamClosedError(f"stream closed: {inv.cancel_reason}")
 
-    async def _output_when_credited(self, inv: _Invocation, frame: dict[str, Any], size: int) -> None:
+    async def _output_when_credited(self, inv: _Invocation, frame: Write | Item, size: int) -> None:
         while True:
             with self._cond:
                 self._check_open(inv)
@@ -354,12 +367,12 @@ class Worker:
             return None
         try:
             if inspect.iscoroutinefunction(init):
-                await init(Context(self._dep))  # type: ignore[arg-type]
+                await init(Context(self.spec))
             else:
-                result = await asyncio.to_thread(init, Context(self._dep))  # type: ignore[arg-type]
+                result = await asyncio.to_thread(init, Context(self.spec))
                 if inspect.iscoroutine(result):
                     await result
-        except Exception as exc:  # noqa: BLE001 - user code
+        except Exception as exc:  # user code
             log.error("initializer failed:\n%s", traceback.format_exc())
             return f"initializer failed: {type(exc).__name__}: {exc}"
         return None
@@ -385,21 +398,21 @@ class Worker:
                 msg = self.conn.recv()
             except (ConnectionClosed, ProtocolError):
                 _hard_exit(0)  # the frontend is gone: nobody can use this worker any more
-            kind = msg["t"]
-            if kind == "credit":
+            if msg["t"] == "credit":
                 self._on_credit(msg["id"], int(msg["n"]))
-            elif kind == "stream_reply":
+            elif msg["t"] == "stream_reply":
                 self._on_stream_reply(msg)
-            elif kind != "stop" and self._threads is not None:
+            elif msg["t"] == "hello":
+                continue  # only the first frame is a hello (main reads it)
+            elif msg["t"] != "stop" and self._threads is not None:
                 self._on_command(msg)  # def handlers: straight to the thread pool, no hop through the loop
-            elif kind in ("invoke", "cancel", "stop"):
+            else:
                 self.loop.call_soon_threadsafe(self._on_command, msg)
 
-    def _on_command(self, msg: dict[str, Any]) -> None:
-        kind = msg["t"]
-        if kind == "invoke":
+    def _on_command(self, msg: Invoke | Cancel | Stop) -> None:
+        if msg["t"] == "invoke":
             self._start(msg)
-        elif kind == "cancel":
+        elif msg["t"] == "cancel":
             self._cancel(msg["id"], msg["reason"])
         else:
             self._stop_requested = True
@@ -424,7 +437,7 @@ class Worker:
             inv.task.cancel(reason)
 
     # -- invocations ---------------------------------------------------------------------------
-    def _start(self, msg: dict[str, Any]) -> None:
+    def _start(self, msg: Invoke) -> None:
         inv = _Invocation(msg, self)
         with self._cond:
             self._invs[inv.id] = inv
@@ -440,7 +453,7 @@ class Worker:
         try:
             if inv.cancel_reason is not None:
                 raise _Cancelled(inv.cancel_reason)
-            ctx = Context(self._dep, inv)  # type: ignore[arg-type]
+            ctx = Context(self.spec, inv)
             if self.kind == "asyncgen":
                 async with contextlib.aclosing(handler(inv.event, ctx)) as items:
                     async for item in items:
@@ -457,7 +470,7 @@ class Worker:
                 self._report(inv, None, _Cancelled(inv.cancel_reason))
             else:  # the handler's own code let a CancelledError escape: a handler failure
                 self._report(inv, None, exc)
-        except BaseException as exc:  # noqa: BLE001 - classified in _report
+        except BaseException as exc:  # classified in _report
             self._report(inv, None, exc)
         else:
             self._report(inv, result, None)
@@ -474,7 +487,7 @@ class Worker:
                     inv.cancellable = True
                     if inv.cancel_reason is not None:
                         raise _Cancelled(inv.cancel_reason)
-                ctx = Context(self._dep, inv)  # type: ignore[arg-type]
+                ctx = Context(self.spec, inv)
                 result = handler(inv.event, ctx)
                 if inspect.isgenerator(result):
                     result = drain_generator(result, lambda item: self._item_blocking(inv, item))
@@ -483,7 +496,7 @@ class Worker:
                     inv.cancellable = False
                     if inv.interrupted:
                         _raise_in_thread(threading.get_ident(), None)  # not raised yet: withdraw it
-        except BaseException as exc:  # noqa: BLE001 - classified in _report, including our _Cancelled
+        except BaseException as exc:  # classified in _report, including our _Cancelled
             error = exc
         self._report(inv, result, error)
 
@@ -492,9 +505,9 @@ class Worker:
         retire = False
         if exc is None:
             try:
-                text = json.dumps(result, ensure_ascii=False, separators=(",", ":"))
-            except (TypeError, ValueError) as err:
-                exc = ResultNotSerializableError(f"the handler's result is not JSON-serializable: {err}")
+                text = encode_json(result)
+            except ResultNotSerializableError as err:
+                exc = err
             else:
                 self._post_outcome({"t": "result", "id": inv.id, "json": text})
         if exc is not None:
@@ -517,10 +530,9 @@ class Worker:
             # The heap may be in any state now: report, let the others finish, then make way for a fresh worker.
             return (MemoryLimitError.__name__,
                     f"function {self.spec.name!r} exceeded its memory limit of {self.spec.memory} MB", True)
-        if isinstance(exc, SystemExit):
-            return "HandlerError", f"Fail to run user call handler. err: the handler called sys.exit({exc.code!r})", False
-        log.error("invocation %s raised:\n%s", inv.id, "".join(traceback.format_exception(exc)))
-        return "HandlerError", f"Fail to run user call handler. err: {type(exc).__name__}: {exc}", False
+        if not isinstance(exc, SystemExit):
+            log.error("invocation %s raised:\n%s", inv.id, "".join(traceback.format_exception(exc)))
+        return "HandlerError", handler_failure(exc).message, False
 
     # -- named streams -------------------------------------------------------------------------
     def _next_seq(self) -> int:
@@ -541,7 +553,7 @@ class Worker:
     async def astream_call(self, op: str, *args: Any) -> Any:
         """`stream_call` awaited on the worker's loop (no thread held while the frontend answers)."""
         seq = self._next_seq()
-        waiter: asyncio.Future[dict[str, Any]] = self.loop.create_future()
+        waiter: asyncio.Future[StreamReply] = self.loop.create_future()
         with self._cond:
             self._stream_waiters[seq] = waiter
         self.post({"t": "stream_call", "seq": seq, "op": op, "args": list(args)})
@@ -556,7 +568,7 @@ class Worker:
         """A stream operation whose answer nobody waits for (seq 0 replies are dropped)."""
         self.post({"t": "stream_call", "seq": 0, "op": op, "args": list(args)})
 
-    def _on_stream_reply(self, msg: dict[str, Any]) -> None:
+    def _on_stream_reply(self, msg: StreamReply) -> None:
         seq = msg["seq"]
         with self._cond:
             waiter = self._stream_waiters.pop(seq, None)
@@ -579,15 +591,15 @@ class Worker:
 
         It runs in a daemon thread, so one that hangs is left behind when the worker exits.
         """
-        timeout = pre_stop_timeout(self._dep)  # type: ignore[arg-type]
+        timeout = pre_stop_timeout(self.spec)
         errors: list[str | None] = []
 
         def run() -> None:
             try:
-                result = pre_stop(Context(self._dep))  # type: ignore[arg-type]
+                result = pre_stop(Context(self.spec))
                 if inspect.iscoroutine(result):
                     asyncio.run_coroutine_threadsafe(result, self.loop).result()
-            except BaseException as exc:  # noqa: BLE001 - user code, including sys.exit
+            except BaseException as exc:  # user code, including sys.exit
                 log.error("preStop failed:\n%s", traceback.format_exc())
                 errors.append(f"preStop failed: {type(exc).__name__}: {exc}")
             else:
@@ -601,32 +613,37 @@ class Worker:
         return errors[0]
 
 
-def _coalesce(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _coalesce(frames: list[ToFrontend]) -> list[ToFrontend]:
     """Merge the stream writes (and items) of one invocation queued together into its first frame.
 
     Order per invocation is kept: a write only moves earlier, never past its own result.
     """
     if len(frames) == 1:
         return frames
-    out: list[dict[str, Any]] = []
-    open_frames: dict[tuple[str, str], dict[str, Any]] = {}
+    out: list[ToFrontend] = []
+    writes: dict[str, Write] = {}
+    items: dict[str, Item] = {}
     for frame in frames:
-        kind = frame["t"]
-        if kind == "write" or kind == "item":
-            key = (kind, frame["id"])
-            first = open_frames.get(key)
-            if first is not None:
-                first["p" if kind == "write" else "v"].extend(frame["p" if kind == "write" else "v"])
+        if frame["t"] == "write":
+            first_write = writes.get(frame["id"])
+            if first_write is not None:
+                first_write["p"].extend(frame["p"])
                 continue
-            open_frames[key] = frame
-        elif kind == "result" or kind == "error":
-            open_frames.pop(("write", frame["id"]), None)
-            open_frames.pop(("item", frame["id"]), None)
+            writes[frame["id"]] = frame
+        elif frame["t"] == "item":
+            first_item = items.get(frame["id"])
+            if first_item is not None:
+                first_item["v"].extend(frame["v"])
+                continue
+            items[frame["id"]] = frame
+        elif frame["t"] == "result" or frame["t"] == "error":
+            writes.pop(frame["id"], None)
+            items.pop(frame["id"], None)
         out.append(frame)
     return out
 
 
-def _stream_value(reply: dict[str, Any]) -> Any:
+def _stream_value(reply: StreamReply) -> Any:
     if "error" in reply:
         raise stream_error(reply["error"], reply["message"])
     return reply.get("value")
@@ -656,8 +673,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
     args = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the frontend decides
     faulthandler.enable()  # a segfault prints the Python stack to the server's stderr
-    conn = Connection(socket.socket(fileno=int(args[0])))
+    conn: Connection[ToFrontend, ToWorker] = Connection(socket.socket(fileno=int(args[0])))
     hello = conn.recv()
+    if hello["t"] != "hello":
+        raise ProtocolError(f"the first frame must be 'hello', not {hello['t']!r}")
     spec = FunctionSpec.model_validate(hello["spec"])
     _limit_memory(spec.memory)
     worker = Worker(conn, spec, [Path(p) for p in hello["code_roots"]], int(hello["credits"]))

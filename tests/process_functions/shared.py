@@ -44,7 +44,7 @@ def stubborn_or_sleep(event, context):
     while True:
         try:
             time.sleep(60)
-        except BaseException:  # noqa: BLE001 - the point of this handler
+        except BaseException:  # the point of this handler
             pass
 
 

@@ -183,10 +183,12 @@ async def test_slow_rest_subscriber_is_cut_with_a_resume_id(make_client):
 async def test_slow_rest_subscriber_blocks_the_producer_with_a_clear_error(make_client):
     client = await make_client(**{"streams.subscriberBuffer": 4, "streams.slowConsumerPolicy": "block"})
     subs = spy_subscriptions(client.app)
-    slow = await client.get(f"{STREAMS}/blocked?expect_num=1000")
+    # As above: publish until the producer is blocked, however much the kernel buffers first; the
+    # idle timeout turns a lost element into a failure instead of a hang.
+    slow = await client.get(f"{STREAMS}/blocked?expect_num=100000&timeout_ms=30000")
     big = "x" * 65536
     blocked, last = None, 0
-    for _ in range(40):
+    for _ in range(400):
         r = await client.post(f"{STREAMS}/blocked?timeout_ms=50", json=[big] * 10)
         assert subs[0].buffered <= 4
         if r.status != 200:
@@ -198,8 +200,10 @@ async def test_slow_rest_subscriber_blocks_the_producer_with_a_clear_error(make_
     assert subs[0].max_buffered <= 4
     published = (await (await client.get(f"{STREAMS}?stream=blocked")).json())["streams"][0]["last_id"]
     assert blocked["published"] == list(range(last + 1, published + 1))  # the rest of that batch was refused
-    await client.post(f"{STREAMS}/blocked", json=["[DONE]"])  # the reader drains, so this one goes through
-    events = await collect(slow)
+    reading = asyncio.ensure_future(collect(slow))  # the reader drains, so the end marker goes through
+    done = await client.post(f"{STREAMS}/blocked", json=["[DONE]"])
+    assert done.status == 200, await done.text()
+    events = await reading
     assert [int(e["id"]) for e in events] == list(range(1, published + 2))  # nothing lost, in order
 
 

@@ -3,8 +3,10 @@ client's and the server's CPU use over the scenario so a client bottleneck shows
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,6 +170,26 @@ async def publish_latency(target: Target, server: ServerProc, scale: float) -> d
             "errors": errors}
 
 
+async def cold_start(target: Target, server: ServerProc, scale: float) -> dict:
+    """Time to first event of the first invocation after `bench-cold-process` scaled to zero."""
+    cold = dataclasses.replace(target, stream_path="/serverless/v1/functions/bench-cold-process/invocations")
+    admin = f"http://{target.host}:{target.port}/admin/v1/functions/bench-cold-process"
+
+    def instances() -> int:
+        with urllib.request.urlopen(admin, timeout=10) as r:
+            return int(json.loads(r.read())["function"]["status"]["pool"]["instances"])
+    ttfes, errors = [], 0
+    for _ in range(3):
+        deadline = time.monotonic() + 30
+        while await asyncio.to_thread(instances) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        (result,) = await run_streams(cold, {"count": 1}, 1)
+        errors += _check([result], 2)
+        if result.ttfe is not None:
+            ttfes.append(result.ttfe * 1000)
+    return {"value": percentile(ttfes, 50), "max_ms": max(ttfes, default=0), "errors": errors}
+
+
 SCENARIOS: list[Scenario] = [
     Scenario("idle_memory", "memory per idle open stream", "KB", False, idle_memory,
              targets=("aiohttp", "fastapi", "fnstream-async"), rounds=False,
@@ -179,7 +201,6 @@ SCENARIOS: list[Scenario] = [
     Scenario("streams_100", "100 concurrent streams × 100 events", "events/s", True, streams_100,
              short="100 streams\n× 100"),
     Scenario("streams_1000", "1000 concurrent streams × 100 events", "events/s", True, streams_1000,
-             targets=("aiohttp", "fastapi", "fnstream-async", "fnstream-thread"),  # 2 worker processes: a queue test
              short="1000 streams\n× 100"),
     Scenario("streams_1000_burst", "1000 streams opened at once × 100 events", "events/s", True,
              streams_1000_burst, targets=("aiohttp", "fastapi", "fnstream-async", "fnstream-thread",
@@ -187,6 +208,8 @@ SCENARIOS: list[Scenario] = [
              short="1000 opened\nat once × 100"),
     Scenario("invoke", "JSON invoke of echo, 64 concurrent", "req/s", True, invoke,
              short="JSON invoke\nc=64"),
+    Scenario("cold_start", "cold start: first event after scale-to-zero, p50 of 3", "ms", False, cold_start,
+             targets=("fnstream-process",), rounds=False, short="cold\nstart"),
     Scenario("fanout", "named stream fan-out, 1 producer → 100 subscribers", "elements/s", True, fanout,
              targets=("fnstream-async",),
              short="fan-out\n1→100"),

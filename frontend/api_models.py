@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from runtime.streams import StreamStats
 
 __all__ = ("ErrorBody", "OpenAIError", "OpenAIErrorBody", "Health", "FunctionStatus", "FunctionInfo", "FunctionList",
-           "FunctionOne", "Deployed", "Deleted", "PublishResult", "StreamList", "StreamDeleted",
+           "FunctionOne", "Deployed", "Deleted", "PublishResult", "StreamList", "StreamDeleted", "SessionInfo",
+           "SessionInterrupted", "SessionEnded",
            "ChatCompletionRequest", "CompletionRequest", "ModelList", "Model", "ClusterStatus")
 
 
@@ -53,6 +54,33 @@ class FunctionStatus(BaseModel):
     initError: str | None = None
     executor: str
     pool: dict[str, Any] | None = Field(None, description="executor: process — worker processes")
+    sessions: list[SessionInfo] = Field(default_factory=list, description="live X-Instance-Sessions")
+
+
+class SessionInfo(BaseModel):
+    """One live X-Instance-Session (runtime/sessions.py Session.describe)."""
+
+    sessionID: str
+    sessionTTL: float
+    concurrency: int = Field(description="turns at once; -1 = exclusive use of the instance")
+    running: int
+    turns: int
+    pid: int | None = Field(description="the worker it is pinned to (executor: process), else None")
+    idleSeconds: float
+
+
+class SessionInterrupted(BaseModel):
+    code: int = 0
+    message: str = "SUCCESS"
+    sessionID: str
+    interrupted: int = Field(description="how many running invocations of the session were stopped")
+
+
+class SessionEnded(BaseModel):
+    code: int = 0
+    message: str = "SUCCESS"
+    sessionID: str
+    running: int = Field(description="invocations of the session still running (they finish)")
 
 
 class FunctionInfo(BaseModel):

@@ -19,6 +19,8 @@ from .api_models import (
     Model,
     ModelList,
     PublishResult,
+    SessionEnded,
+    SessionInterrupted,
     StreamDeleted,
     StreamList,
 )
@@ -28,6 +30,8 @@ _ACCEPT = Param("Accept", "header", "`text/event-stream` for live Server-Sent Ev
                 "else JSON")
 _TRACE = (Param("traceparent", "header", "W3C trace context: its trace id becomes the invocation's"),
           Param("X-Trace-Id", "header", "a trace id of your own (when no traceparent is sent)"))
+_SESSION = Param("X-Instance-Session", "header", 'keep this turn on one instance: {"sessionID": "...", '
+                 '"sessionTTL": seconds, "concurrency": n (-1 exclusive)}')
 _MANIFEST = {"model": FunctionSpec, "types": ("application/yaml", "application/json"),
              "description": "a manifest: one function, or a list of them"}
 _EVENT = {"description": "the event handed to the handler: any JSON value"}
@@ -48,11 +52,20 @@ document(
     # -- invoke
     Op("POST", "/serverless/v1/functions/{ref}/invocations", "invoke", "Invoke a function (JSON or SSE)",
        description=_INVOKE_DOC + " `{ref}` is the function's name or URN.", body=_EVENT, ok=SSE | {"json": _EVENT},
-       params=(_ACCEPT, *_TRACE), errors=(400, 404, 406, 413, 429, 500, 503, 504), role="user"),
+       params=(_ACCEPT, _SESSION, *_TRACE), errors=(400, 404, 406, 413, 429, 500, 503, 504), role="user"),
     Op("POST", "/invocations/{tenant}/{namespace}/{function}/", "invoke",
        "Invoke by tenant, namespace, function[:version]",
-       description=_INVOKE_DOC, body=_EVENT, ok=SSE | {"json": _EVENT}, params=(_ACCEPT, *_TRACE),
+       description=_INVOKE_DOC, body=_EVENT, ok=SSE | {"json": _EVENT}, params=(_ACCEPT, _SESSION, *_TRACE),
        errors=(400, 404, 406, 413, 429, 500, 503, 504), role="user"),
+    # -- instance sessions (runtime/sessions.py)
+    Op("POST", "/serverless/v1/functions/{ref}/sessions/{session_id}/interrupt", "sessions",
+       "Interrupt a session's running invocations",
+       description="Each running invocation of the X-Instance-Session ends with 4001 (a streaming client gets "
+                   "the error event, then `[DONE]`); the session stays open for its next turn.",
+       ok=SessionInterrupted, errors=(403, 404), role="user"),
+    Op("DELETE", "/serverless/v1/functions/{ref}/sessions/{session_id}", "sessions", "End a session",
+       description="The session ends (its instance is free again); invocations still running finish.",
+       ok=SessionEnded, errors=(403, 404), role="user"),
     # -- admin
     Op("POST", "/admin/v1/functions", "admin", "Deploy one function or a list (YAML or JSON manifest)",
        body=_MANIFEST,

@@ -27,7 +27,7 @@ from .cors import cors_middleware, install_cors
 from .errors import error_middleware
 from .keys import BROKER, CONFIG, DISPATCHER, EXECUTOR, LIFECYCLE, REGISTRY, TRACE_ID
 from .metrics import install_metrics
-from .routes import admin, console, health, invoke, openai, streams
+from .routes import admin, console, health, invoke, openai, sessions, streams
 from .server import FnstreamRunner, raise_fd_limit, start_site
 from .tracing import add_trace_headers
 
@@ -78,6 +78,7 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app[BROKER] = broker if broker is not None else MemoryBroker(BrokerSettings.from_config(config.streams))
     app.add_routes(health.routes)
     app.add_routes(invoke.routes)
+    app.add_routes(sessions.routes)
     app.add_routes(admin.routes)
     app.add_routes(streams.routes)
     app.add_routes(openai.routes)

@@ -1,7 +1,7 @@
 """Bearer-token auth: `Authorization: Bearer <token>`, `X-Auth`, or `?token=` on GET; roles `user` and `developer`.
 
-Off when no tokens are configured. Invoke routes need either role; everything else but
-`/healthz` needs `developer`. Tokens are compared in constant time.
+Off when no tokens are configured. Invoke and session routes need either role; everything else
+but `/healthz` needs `developer`. Tokens are compared in constant time.
 """
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ def required_role(path: str) -> str | None:
         return None
     if path.startswith("/invocations/") or path.startswith("/v1/"):
         return "user"
-    if path.startswith("/serverless/v1/functions/") and path.rstrip("/").endswith("/invocations"):
-        return "user"
+    if path.startswith("/serverless/v1/functions/") and (path.rstrip("/").endswith("/invocations")
+                                                         or "/sessions/" in path):
+        return "user"  # invoking, and interrupting or ending one's own X-Instance-Session
     return "developer"
 
 

@@ -73,6 +73,17 @@ class Context:
     def get_invoke_id(self) -> str:
         return self._invocation.id if self._invocation else ""
 
+    # -- instance sessions (X-Instance-Session) ------------------------------------------------
+    @property
+    def session_id(self) -> str | None:
+        """The invocation's session (X-Instance-Session sessionID), or None."""
+        return self._invocation.session_id if self._invocation else None
+
+    @property
+    def session_restarted(self) -> bool:
+        """True when the session's earlier instance died: in-memory state of earlier turns is gone."""
+        return self._invocation.session_restarted if self._invocation else False
+
     # -- named streams (runtime/streams): sync forms for thread handlers, `a...` forms to await --
     create_stream_producer = staticmethod(streams.create_stream_producer)
     create_stream_consumer = staticmethod(streams.create_stream_consumer)

@@ -19,6 +19,7 @@ from .errors import ConcurrencyLimitError, DeployError, FunctionNotFoundError, I
 from .loader import LoadedCode
 from .manifest import FunctionSpec
 from .pre_stop import run_pre_stop
+from .sessions import SessionTable
 
 if TYPE_CHECKING:
     from .process.pool import WorkerPool
@@ -100,6 +101,7 @@ class Deployment:
         self.kind: Kind = handler_kind(code.handler) if code is not None else "sync"
         self.executor: ExecutorName = "process" if code is None else executor_for(spec, self.kind)
         self.pool: WorkerPool | None = None  # executor: process - started by Registry.deploy
+        self.sessions = SessionTable()  # X-Instance-Session sessions of this deployment
         self.revision = revision
         self.inflight = 0
         self.invocations = 0
@@ -185,7 +187,8 @@ class Deployment:
         data = self.spec.public()
         data["status"] = {"revision": self.revision, "kind": self.kind, "inflight": self.inflight,
                           "invocations": self.invocations, "failures": self.failures,
-                          "initError": self.init_error, "executor": self.executor}
+                          "initError": self.init_error, "executor": self.executor,
+                          "sessions": self.sessions.describe()}
         if self.pool is not None:
             data["status"]["pool"] = self.pool.describe()
         return data

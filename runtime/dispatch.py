@@ -7,7 +7,8 @@ way the caller gets an InvocationSurface (runtime/surface.py) and only has to sp
 The tenant check (runtime/principal.py) runs here too, so no route can forget it.
 
 Extension points: `InvokeOptions` grows fields for new kinds of invocation (e.g. a background
-job), and `Principal` (runtime/principal.py) is the value tenant scoping keys on.
+job, or `session`: an X-Instance-Session turn, runtime/sessions.py), and `Principal`
+(runtime/principal.py) is the value tenant scoping keys on.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from .executor import Executor
 from .invocation import Invocation
 from .principal import Principal, check_tenant
 from .registry import Registry
+from .sessions import SessionRequest
 from .surface import InvocationSurface, Mode
 
 if TYPE_CHECKING:
@@ -37,6 +39,9 @@ class InvokeOptions:
     trace_id: str | None = None
     # A plain JSON call of an `async def` handler may run in the caller's own task (Executor.start).
     inline: bool = False
+    # An X-Instance-Session turn: run within the function's session of that id (opened if new). Only
+    # an invocation run here has one; one queued for another cluster node is not pinned.
+    session: SessionRequest | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,5 +106,7 @@ class Dispatcher:
         inv = Invocation(function, event, mode=options.mode, loop=asyncio.get_running_loop(),
                          buffer_events=limits.buffer_events, max_write_size=limits.max_write_size,
                          max_response_size=limits.max_response_size, trace_id=options.trace_id)
+        if options.session is not None:
+            inv.session = function.sessions.open(options.session)  # 429 when the table is full
         self.executor.start(inv, inline=options.inline)
         return inv

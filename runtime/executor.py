@@ -51,7 +51,8 @@ class Executor:
         less per request; nothing reads its output concurrently anyway).
         """
         dep = inv.deployment
-        if inline and not inv.streaming and dep.kind in ("async", "asyncgen") and dep.executor != "process":
+        if inline and inv.session is None and not inv.streaming and dep.kind in ("async", "asyncgen") \
+                and dep.executor != "process":
             dep.acquire()
             inv.defer(self._run_inline)
             return None
@@ -60,7 +61,8 @@ class Executor:
             task.add_done_callback(lambda _t: self.active.discard(inv))
         else:
             dep.acquire()
-            task = inv.task = inv.loop.create_task(self._run(inv), name=f"invocation-{inv.id}")
+            run = self._run(inv) if inv.session is None else self._run_in_session(inv)
+            task = inv.task = inv.loop.create_task(run, name=f"invocation-{inv.id}")
             task.add_done_callback(lambda _t: self._ended(inv))
         self.active.add(inv)
         self._watch_deadlines()
@@ -99,6 +101,25 @@ class Executor:
             return await self._run(inv)
         finally:
             self.active.discard(inv)
+
+    async def _run_in_session(self, inv: Invocation) -> Any:
+        """One turn of an X-Instance-Session: wait until the session has room, then run.
+
+        In process there is one instance, so nothing is pinned; the turn limit and interrupt apply.
+        """
+        session = inv.session
+        assert session is not None
+        try:
+            await session.enter(inv)
+        except asyncio.CancelledError:
+            if inv.timed_out is not None:
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                raise FunctionTimeoutError(inv.timed_out) from None
+            raise
+        try:
+            return await self._run(inv)
+        finally:
+            session.leave(inv)
 
     async def drain(self, grace: float) -> int:
         """Let in-flight invocations finish for `grace` seconds, then abort the rest (shutdown)."""

@@ -30,6 +30,7 @@ from .surface import Mode, resolve_mode
 
 if TYPE_CHECKING:
     from .deployment import Deployment
+    from .sessions import Session
 
 __all__ = ("Invocation", "StreamWriter", "encode_payload", "encode_write", "encode_json", "encode_result",
            "new_trace_id", "drain_generator", "WRITTEN", "Written")
@@ -130,11 +131,17 @@ class Invocation:
         self.timed_out: str | None = None
         self.entered = False  # the executor's run of it began (its cleanup will run)
         self._deferred: Callable[[Invocation], Awaitable[Any]] | None = None
+        self.session: Session | None = None  # X-Instance-Session (runtime/sessions.py)
+        self.session_restarted = False        # the session's earlier instance died before this turn
         self.stream = StreamWriter(self)
 
     @property
     def streaming(self) -> bool:
         return self.mode != "json"
+
+    @property
+    def session_id(self) -> str | None:
+        return self.session.id if self.session is not None else None
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())

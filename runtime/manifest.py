@@ -47,7 +47,18 @@ class FunctionSpec(BaseModel):
     executor: Literal["async", "thread", "process"] | None = Field(
         None, description="where handlers run; default: async for async handlers, thread for plain def")
     instances: int | None = Field(None, ge=1, le=256,
-                                  description="worker processes (executor: process); default min(concurrency, CPUs)")
+                                  description="executor: process: a fixed number of workers (minInstances = "
+                                              "maxInstances = instances); not together with those two")
+    instanceConcurrency: int | None = Field(
+        None, ge=1, le=10_000,
+        description="executor: process: invocations one worker runs at once; default 100 for async handlers, "
+                    "1 for plain def / generator handlers")
+    minInstances: int | None = Field(
+        None, ge=0, le=256, description="executor: process: workers kept running; default 1, 0 = scale to zero")
+    maxInstances: int | None = Field(
+        None, ge=1, le=256, description="executor: process: most workers; default min(concurrency, CPUs)")
+    scaleDownIdleSeconds: float = Field(
+        60, gt=0, le=86_400, description="executor: process: a worker idle this long above minInstances exits")
 
     @field_validator("name")
     @classmethod
@@ -95,6 +106,14 @@ class FunctionSpec(BaseModel):
         if isinstance(v, dict):
             return {str(k): ("" if val is None else str(val)) for k, val in v.items()}
         return v
+
+    @model_validator(mode="after")
+    def _check_instances(self) -> FunctionSpec:
+        if self.instances is not None and (self.minInstances is not None or self.maxInstances is not None):
+            raise ValueError("field 'instances' is a fixed count: give it, or minInstances/maxInstances, not both")
+        if self.minInstances is not None and self.maxInstances is not None and self.minInstances > self.maxInstances:
+            raise ValueError("field 'minInstances' must not exceed 'maxInstances'")
+        return self
 
     @property
     def urn(self) -> str:

@@ -91,7 +91,7 @@ class Registry:
             for spec, dep in zip(specs, loaded, strict=True):
                 if dep is None:
                     dep = Deployment(spec, None)
-                    dep.pool = WorkerPool(spec, self.code_roots, instances=spec.instances)
+                    dep.pool = WorkerPool(spec, self.code_roots)
                     dep.pool.start()
                 staged.append(dep)
         except BaseException:
@@ -128,6 +128,7 @@ class Registry:
             old = self._deployments.get(dep.name)
             self._deployments[dep.name] = dep
             if old is not None:
+                dep.sessions.adopt(old.sessions)  # sessions go on with the new code, told they restarted
                 self._retire(old)
             log.info("deployed %s (%s, %s handler, %s executor, revision %d)",
                      dep.name, dep.spec.urn, dep.kind, dep.executor, dep.revision)

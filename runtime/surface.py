@@ -61,10 +61,14 @@ class HandlerStream(Protocol):
 
 
 class HandlerInvocation(InvocationInfo, Protocol):
-    """What `Context` gives a handler: the invocation and its output stream."""
+    """What `Context` gives a handler: the invocation, its output stream and its X-Instance-Session."""
 
     @property
     def stream(self) -> HandlerStream: ...
+    @property
+    def session_id(self) -> str | None: ...  # the X-Instance-Session's sessionID, if any
+    @property
+    def session_restarted(self) -> bool: ...  # the session's earlier instance died before this turn
 
 
 class InvocationSurface(InvocationInfo, Protocol):
@@ -91,10 +95,13 @@ class InvocationSurface(InvocationInfo, Protocol):
 
 class PooledInvocation(HandlerInvocation, Protocol):
     """What a process pool needs of the local invocation it runs on a worker (runtime/process/pool.py):
-    the event to send, and where the worker's writes and generator items go (from its reader thread)."""
+    the event to send, and where the worker's writes (its output channel, filled on the loop) and
+    generator items go."""
 
     @property
     def event(self) -> Any: ...
+    @property
+    def channel(self) -> OutputChannel[str]: ...
     @property
     def streaming(self) -> bool: ...
     @property

@@ -62,6 +62,9 @@ def blockbuster(request: pytest.FixtureRequest) -> Iterator[None]:
             # Known and accepted: cancel/stop control frames (a few bytes) go to a process worker
             # from the loop on its blocking socket, which the worker's reader thread always drains.
             function.can_block_in("runtime/process/pool.py", {"cancel", "stop"})
+            # Frames sent from the loop to a process worker use send(MSG_DONTWAIT), which never waits:
+            # what does not fit goes from a thread (runtime/process/protocol.py try_send_bytes).
+            function.can_block_in("runtime/process/protocol.py", "try_send_bytes")
         yield
 
 

@@ -19,6 +19,7 @@ from runtime.dispatch import InvokeOptions
 from runtime.errors import FunctionServiceError, NotAcceptableError
 from runtime.manifest import function_urn
 from runtime.principal import Principal
+from runtime.sessions import SessionRequest, parse_session_header
 from runtime.surface import InvocationSurface, Mode
 
 from ..auth import principal_of
@@ -64,15 +65,21 @@ async def _invoke(request: web.Request, ref: str) -> web.StreamResponse:
     function = request.app[DISPATCHER].find(principal, ref)  # 404/403 before the body is read
     event = await read_json_body(request)
     mode = negotiate_mode(request.headers.get("Accept"), request.app[CONFIG].frontend.args.enableEvent)
-    return await _run(request, principal, function, event, mode)
+    return await _run(request, principal, function, event, mode, _session_of(request))
+
+
+def _session_of(request: web.Request) -> SessionRequest | None:
+    """The X-Instance-Session the request names (400 if malformed), or None."""
+    value = request.headers.get("X-Instance-Session")
+    return None if value is None else parse_session_header(value)
 
 
 @counted  # frontend/metrics.py: one count per invocation, by function and outcome
 async def _run(request: web.Request, principal: Principal | None, function: FunctionRef, event: Any,
-               mode: Mode) -> web.StreamResponse:
+               mode: Mode, session: SessionRequest | None) -> web.StreamResponse:
     request[FUNCTION] = function.spec.name
-    inv = await request.app[DISPATCHER].dispatch(principal, function, event,
-                                                 InvokeOptions(mode=mode, trace_id=request.get(TRACE_ID), inline=True))
+    options = InvokeOptions(mode=mode, trace_id=request.get(TRACE_ID), inline=True, session=session)
+    inv = await request.app[DISPATCHER].dispatch(principal, function, event, options)
     request[INVOCATION] = inv
     if inv.streaming:
         heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds

@@ -8,7 +8,7 @@ from __future__ import annotations
 from .. import errors as _core
 from ..errors import FunctionServiceError, HandlerError
 
-__all__ = ("WorkerCrashedError", "MemoryLimitError", "WorkerUnavailableError", "error_from_wire")
+__all__ = ("MemoryLimitError", "WorkerCrashedError", "WorkerUnavailableError", "error_from_wire")
 
 
 class WorkerCrashedError(HandlerError):

@@ -2,9 +2,13 @@
 
 Same contract as the in-process executor: `start` takes the concurrency slot and sets
 `inv.task`; writes arrive in `inv.channel`; the task returns the result or raises a
-FunctionServiceError. What a process adds: a timeout kills and replaces the worker, a cancel
-interrupts the handler and kills the worker if it does not stop within `cancel_grace` seconds,
-and a crash of the handler's process fails only that invocation.
+FunctionServiceError. What a process adds, per invocation even when a worker runs many:
+- a timeout cancels that invocation; a `def` handler alone on its worker is killed at once (no
+  handler outlives its timeout), any other handler that does not stop within `cancel_grace`
+  seconds is killed with its worker, and the other invocations on it fail naming why;
+- a cancel (client gone, session interrupted) interrupts the handler and kills the worker if it
+  does not stop within `cancel_grace` seconds;
+- a crash of the worker fails the invocations on it, and nothing else.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ class ProcessExecutor:
 
     def __init__(self, cancel_grace: float = 2.0) -> None:
         self.cancel_grace = cancel_grace
-        self._reapers: set[asyncio.Task[Any]] = set()
+        self._reapers: set[asyncio.Task[None]] = set()
 
     def start(self, inv: Invocation) -> asyncio.Task[Any]:
         """Take a concurrency slot (429 when full) and run the invocation in its own task."""
@@ -41,27 +45,33 @@ class ProcessExecutor:
         dep = inv.deployment
         pool = dep.pool
         assert pool is not None  # a process deployment has its pool from deploy on
+        session = inv.session
         worker: WorkerProcess | None = None
         job: Job | None = None
-        handed_off = False  # the reaper task releases the worker and the slot
+        in_session = False
+        handed_off = False  # a reaper task releases the worker slot and the concurrency slot
         try:
             timeout = asyncio.timeout(inv.remaining())
             try:
                 async with timeout:
-                    worker = await pool.acquire()
+                    if session is not None:
+                        await session.enter(inv)
+                        in_session = True
+                    worker, inv.session_restarted = await pool.acquire(session)
                     if pool.init_error is not None:
                         raise InitializerError(pool.init_error)
-                    job, frame = pool.begin(worker, inv)
-                    # An event can be megabytes: never block the loop on the socket.
-                    await asyncio.to_thread(worker.send, frame)
+                    job, frame = pool.begin(worker, inv, session, inv.session_restarted)
+                    if not worker.send_on_loop(frame):
+                        # A large event: never block the loop on the socket.
+                        await asyncio.to_thread(worker.send, frame)
                     kind, value = await asyncio.shield(job.future)
             except TimeoutError:
                 if not timeout.expired():
                     raise
                 reason = f"function {dep.name!r} timed out after {dep.spec.timeout:g} s"
                 inv.expire(reason)
-                if worker is not None and job is not None:
-                    worker.kill(reason)  # a process can be killed: no handler outlives its timeout
+                if worker is not None and job is not None and not job.future.done():
+                    handed_off = self._stop_timed_out(dep, pool, worker, job, reason)
                 raise FunctionTimeoutError(reason) from None
             if kind == "error":
                 raise value
@@ -69,31 +79,46 @@ class ProcessExecutor:
         except asyncio.CancelledError:
             if worker is not None and job is not None and not job.future.done():
                 worker.cancel(inv.id, inv.cancel_reason or "cancelled")
-                task = asyncio.get_running_loop().create_task(self._reap(dep, pool, worker, job))
-                self._reapers.add(task)
-                task.add_done_callback(self._reapers.discard)
+                self._reap_later(dep, pool, worker, job, "of being cancelled")
                 handed_off = True
             raise
         except FunctionServiceError:
             dep.failures += 1
             raise
         finally:
+            if in_session and session is not None:
+                session.leave(inv)
             inv.channel.close()
             if not handed_off:
                 if worker is not None:
-                    pool.release(worker)
+                    pool.release(worker, job)
                 dep.release()
 
-    async def _reap(self, dep: Deployment, pool: WorkerPool, worker: WorkerProcess, job: Job) -> None:
+    def _stop_timed_out(self, dep: Deployment, pool: WorkerPool, worker: WorkerProcess, job: Job,
+                        reason: str) -> bool:
+        """Stop an invocation past its deadline; True when a reaper now owns its slots."""
+        if pool.kind in ("sync", "gen") and pool.only_job(worker, job):
+            worker.kill(reason)  # a thread cannot be stopped, but a process can: nobody else is on it
+            return False
+        worker.cancel(job.inv.id, reason)
+        self._reap_later(dep, pool, worker, job, "of timing out")
+        return True
+
+    def _reap_later(self, dep: Deployment, pool: WorkerPool, worker: WorkerProcess, job: Job, why: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._reap(dep, pool, worker, job, why))
+        self._reapers.add(task)
+        task.add_done_callback(self._reapers.discard)
+
+    async def _reap(self, dep: Deployment, pool: WorkerPool, worker: WorkerProcess, job: Job, why: str) -> None:
         """Wait for a cancelled handler to stop; kill its worker if it will not."""
         try:
             try:
                 await asyncio.wait_for(asyncio.shield(job.future), self.cancel_grace)
             except TimeoutError:
-                worker.kill(f"the handler did not stop within {self.cancel_grace:g} s of being cancelled")
+                worker.kill(f"invocation {job.inv.id} did not stop within {self.cancel_grace:g} s {why}")
                 await job.future  # resolved when the reader thread sees the worker die
         finally:
-            pool.release(worker)
+            pool.release(worker, job)
             dep.release()
 
     async def aclose(self) -> None:

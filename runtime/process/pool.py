@@ -1,9 +1,14 @@
-"""The per-function pool of worker processes and its supervision.
+"""The per-function pool of worker processes: slots, scaling, sessions and supervision.
 
 Each worker is a fresh interpreter (`python -m runtime.process.worker`), never a fork of the
-event-loop process. The frontend reads each worker from a dedicated thread, so a pool can be
-started by a synchronous deploy before any event loop runs, and a dead worker is noticed (EOF on
-its socket) and replaced at once, whether or not an invocation was running on it.
+event-loop process, and runs up to `slots` invocations at once (manifest `instanceConcurrency`).
+The frontend reads each worker from a dedicated thread, so a pool can be started by a synchronous
+deploy before any event loop runs, and a dead worker is noticed (EOF on its socket) at once.
+
+Scaling: the pool keeps `minInstances` workers, starts one more (up to `maxInstances`) whenever an
+invocation waits for a free slot, and a supervisor thread stops workers idle for
+`scaleDownIdleSeconds` above the minimum. A freed slot is handed straight to the oldest waiter
+that can use it (a session waits for its own worker), so nothing is woken for nothing.
 """
 from __future__ import annotations
 
@@ -24,13 +29,17 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import DeployError, FunctionServiceError, StreamClosedError, handler_failure_message
 from ..manifest import FunctionSpec
 from .errors import WorkerCrashedError, WorkerUnavailableError, error_from_wire
+from .instances import instance_bounds, instance_slots
 from .protocol import (
     DEFAULT_CREDITS,
+    TRY_SEND_MAX,
     Connection,
     ConnectionClosed,
+    Error,
     Invoke,
     Item,
     ProtocolError,
+    Result,
     ToFrontend,
     ToWorker,
     Write,
@@ -38,22 +47,19 @@ from .protocol import (
 from .streams_bridge import StreamBridge
 
 if TYPE_CHECKING:
+    from ..sessions import Session
     from ..surface import PooledInvocation
 
-__all__ = ("WorkerPool", "WorkerProcess", "Job", "default_instances")
+__all__ = ("Job", "WorkerPool", "WorkerProcess")
 
 log = logging.getLogger("fnstream.process")
 
-State = Literal["starting", "idle", "busy", "killed", "retiring", "stopping", "dead"]
+State = Literal["starting", "ready", "retiring", "killed", "stopping", "dead"]
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 # Workers that die before they are ready this many times in a row mark the pool broken.
 MAX_START_FAILURES = 3
 # A deploy waits at most this long (or the function's timeout, if shorter) for the code's import.
 MAX_LOAD_SECONDS = 120.0
-
-
-def default_instances(concurrency: int) -> int:
-    return max(1, min(concurrency, os.cpu_count() or 1))
 
 
 def _describe_exit(returncode: int | None) -> str:
@@ -80,6 +86,11 @@ class Job:
         self.loop = inv.loop
         self.future: asyncio.Future[tuple[str, Any]] = inv.loop.create_future()
         self.error: FunctionServiceError | None = None  # set when the frontend refused a write
+        # Writes that found the channel full (its client is slow). They wait here, on the loop,
+        # instead of blocking the worker's reader thread (and so every other invocation on the
+        # worker); credits are held back meanwhile, so this holds at most `credits` writes.
+        self.backlog: deque[str] | None = None
+        self.deferred: tuple[str, Any] | None = None  # the outcome, held until the backlog is in
 
     def finish(self, outcome: tuple[str, Any]) -> None:
         """Resolve from any thread; the first outcome wins."""
@@ -87,7 +98,7 @@ class Job:
 
 
 class WorkerProcess:
-    """One worker: its process, its socket and the thread that reads it."""
+    """One worker: its process, its socket, its slots and the thread that reads it."""
 
     def __init__(self, pool: WorkerPool) -> None:
         self.pool = pool
@@ -106,18 +117,43 @@ class WorkerProcess:
         self.ready = False
         self.invocations = 0
         self.started = time.time()
-        self.job: Job | None = None
+        self.jobs: dict[str, Job] = {}
+        self.busy = 0                      # slots taken (an acquired slot may not have its job yet)
+        self.idle_since = time.monotonic()
+        self.sessions: dict[str, Session] = {}  # sessions pinned here (a worker with live ones stays up)
+        self.exclusive: Session | None = None    # a session with concurrency -1 owns this worker
+        self.kill_reason: str | None = None
         self.exited = threading.Event()
         self.returncode: int | None = None
         self.streams = StreamBridge(self.send)
+        self._batch: list[bytes] = []  # frames queued on the loop this turn (send_on_loop)
+        self._inbox: list[tuple[Job, Write | Item | Result | Error]] = []  # invocation frames for the loop
+        self._inbox_lock = threading.Lock()
         self.conn.send({"t": "hello", "spec": pool.spec.model_dump(mode="json"),
                         "code_roots": [str(p) for p in pool.code_roots], "credits": pool.credits})
         self._reader = threading.Thread(target=self._read_loop, name=f"fnstream-worker-{self.pid}", daemon=True)
         self._reader.start()
 
+    @property
+    def slots(self) -> int:
+        return self.pool.slots
+
+    def free(self) -> int:
+        return self.slots - self.busy if self.state == "ready" else 0
+
+    def live_sessions(self, now: float) -> int:
+        """Pinned sessions not yet expired (expired ones are forgotten here)."""
+        for sid in [sid for sid, s in self.sessions.items() if s.expired(now)]:
+            if self.exclusive is self.sessions.pop(sid):
+                self.exclusive = None
+        return len(self.sessions)
+
     def describe(self) -> dict[str, Any]:
-        return {"pid": self.pid, "state": self.state, "invocations": self.invocations,
-                "startedAt": round(self.started, 3)}
+        state = ("busy" if self.busy else "idle") if self.state == "ready" else self.state
+        now = time.monotonic()
+        return {"pid": self.pid, "state": state, "busySlots": self.busy, "slots": self.slots,
+                "invocations": self.invocations, "startedAt": round(self.started, 3),
+                "sessions": self.live_sessions(now)}
 
     # -- commands (any thread) -----------------------------------------------------------------
     def send(self, frame: ToWorker) -> bool:
@@ -127,15 +163,53 @@ class WorkerProcess:
         except (ConnectionClosed, ProtocolError):
             return False  # the worker is dead or dying; the reader thread handles that
 
+    def send_soon(self, frame: ToWorker) -> bool | None:
+        """Send without blocking the caller (the event loop); None when it must go from a thread."""
+        try:
+            return self.conn.try_send(frame)
+        except (ConnectionClosed, ProtocolError):
+            return False
+
+    def send_on_loop(self, frame: ToWorker) -> bool:
+        """On the event loop: queue a small frame to go out with the others queued in this loop
+        turn, in one system call (many invocations start per turn under load). False when the
+        frame is large: the caller sends it from a thread."""
+        data = self.conn.pack(frame)
+        if len(data) > TRY_SEND_MAX:
+            return False
+        self._batch.append(data)
+        if len(self._batch) == 1:
+            asyncio.get_running_loop().call_soon(self._flush_batch)
+        return True
+
+    def _flush_batch(self) -> None:
+        data = b"".join(self._batch)
+        self._batch.clear()
+        try:
+            if self.conn.try_send_bytes(data) is None:  # another sender holds the socket: wait in a thread
+                asyncio.get_running_loop().run_in_executor(None, self._send_bytes, data)
+        except ConnectionClosed:
+            pass  # the worker is dead or dying; the reader thread handles that
+
+    def _send_bytes(self, data: bytes) -> None:
+        try:
+            self.conn.send_bytes(data)
+        except ConnectionClosed:
+            pass
+
     def cancel(self, inv_id: str, reason: str) -> None:
-        self.send({"t": "cancel", "id": inv_id, "reason": reason})
+        """Ask the worker to stop one invocation; never blocks the caller (often the event loop)."""
+        frame: ToWorker = {"t": "cancel", "id": inv_id, "reason": reason}
+        if self.send_soon(frame) is None:
+            threading.Thread(target=self.send, args=(frame,), daemon=True).start()
 
     def kill(self, reason: str) -> None:
-        """Kill the worker now (timeout, ignored cancel); the pool starts a replacement."""
+        """Kill the worker now (timeout, ignored cancel); every invocation on it fails naming `reason`."""
         with self.pool.lock:
             if self.state in ("dead", "killed"):
                 return
             self.state = "killed"
+            self.kill_reason = reason
         log.warning("function %s: killing worker %d: %s", self.pool.name, self.pid, reason)
         try:
             self.proc.kill()
@@ -168,19 +242,21 @@ class WorkerProcess:
             self.pool._on_exit(self)
 
     def _handle(self, msg: ToFrontend) -> None:
-        if msg["t"] == "write" or msg["t"] == "item":
-            self._deliver(msg)
-        elif msg["t"] == "result" or msg["t"] == "error":
-            job = self.job
-            if job is None or job.inv.id != msg["id"]:
-                return
-            if msg["t"] == "result":
-                job.finish(("result", json.loads(msg["json"])))
-                return
-            if msg.get("retire"):
+        if msg["t"] == "write" or msg["t"] == "item" or msg["t"] == "result" or msg["t"] == "error":
+            if msg["t"] == "error" and msg.get("retire"):
                 with self.pool.lock:
-                    self.state = "retiring"  # it exits next: never hand it another invocation
-            job.finish(("error", job.error or error_from_wire(msg["error"], msg["message"])))
+                    if self.state == "ready":
+                        self.state = "retiring"  # it exits once its invocations end: no new ones
+            job = self.jobs.get(msg["id"])
+            if job is None:
+                return
+            # To the loop, in order, many frames per wake-up: one loop callback for all that arrived
+            # meanwhile, instead of a cross-thread wake-up per frame (and per stream).
+            with self._inbox_lock:
+                self._inbox.append((job, msg))
+                first = len(self._inbox) == 1
+            if first:
+                _call_soon(job.loop, self._take_inbox)
         elif msg["t"] == "loaded":
             self.pool._on_loaded(msg.get("kind"), msg.get("error"))
         elif msg["t"] == "ready":
@@ -193,17 +269,74 @@ class WorkerProcess:
         elif msg["t"] == "stream_call":
             self.streams.handle(msg)
 
-    def _deliver(self, msg: Write | Item) -> None:
-        """Put one write into the invocation's channel (blocking while it is full), then give a credit."""
-        job = self.job
-        if job is None or job.inv.id != msg["id"]:
+    def _take_inbox(self) -> None:
+        """On the loop: deliver the invocation frames the reader thread queued, then their credits."""
+        with self._inbox_lock:
+            frames, self._inbox = self._inbox, []
+        for job, msg in frames:
+            if msg["t"] == "write":
+                self._deliver(job, msg["p"])
+            elif msg["t"] == "item":
+                self._aggregate(job, msg["v"])
+            elif msg["t"] == "result":
+                self._finish(job, ("result", json.loads(msg["json"])))
+            else:
+                self._finish(job, ("error", job.error or error_from_wire(msg["error"], msg["message"])))
+
+    @staticmethod
+    def _finish(job: Job, outcome: tuple[str, Any]) -> None:
+        if job.backlog is not None:
+            job.deferred = outcome  # its last writes are still on their way into the channel
+            return
+        _resolve(job.future, outcome)
+
+    def _credit(self, job: Job, n: int) -> None:
+        self.send_on_loop({"t": "credit", "id": job.inv.id, "n": n})  # small: always queued
+
+    def _deliver(self, job: Job, payloads: list[str]) -> None:
+        """On the loop: put a (coalesced) write frame into the invocation's channel, give the
+        credits back. What does not fit waits in the job's backlog (credits held back)."""
+        if job.backlog is not None:
+            job.backlog.extend(payloads)
             return
         inv = job.inv
+        for i, payload in enumerate(payloads):
+            try:
+                fits = inv.channel.try_put(payload)
+            except StreamClosedError as exc:
+                self.cancel(inv.id, exc.message)  # the client left or the deadline passed
+                return
+            if not fits:
+                job.backlog = deque(payloads[i:])
+                job.loop.create_task(self._drain(job), name=f"backlog-{inv.id}")
+                payloads = payloads[:i]
+                break
+        if payloads:
+            self._credit(job, len(payloads))
+
+    async def _drain(self, job: Job) -> None:
+        """Move the backlog into the channel as the client reads, a credit per write."""
+        inv = job.inv
+        while job.backlog:
+            payload = job.backlog.popleft()
+            try:
+                await inv.channel.put(payload)
+            except StreamClosedError as exc:
+                self.cancel(inv.id, exc.message)  # the client left: what is left here is discarded
+                job.backlog.clear()
+                break
+            self._credit(job, 1)
+        job.backlog = None
+        outcome, job.deferred = job.deferred, None
+        if outcome is not None:
+            _resolve(job.future, outcome)
+
+    def _aggregate(self, job: Job, items: list[Any]) -> None:
+        """Generator items of a plain JSON request: collected (bounded by maxResponseSize)."""
+        inv = job.inv
         try:
-            if msg["t"] == "write":
-                inv.stream.write(msg["p"])
-            else:
-                inv.add_item_blocking(msg["v"])
+            for item in items:
+                inv.add_item_blocking(item)
         except StreamClosedError as exc:
             self.cancel(inv.id, exc.message)  # the client left or the deadline passed
             return
@@ -211,22 +344,32 @@ class WorkerProcess:
             job.error = exc  # e.g. the aggregated result is too large: fail with that, not "cancelled"
             self.cancel(inv.id, exc.message)
             return
-        self.send({"t": "credit", "id": inv.id, "n": 1})
+        self._credit(job, len(items))
+
+
+class _Waiter:
+    __slots__ = ("future", "loop", "session")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, session: Session | None) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[tuple[WorkerProcess, bool]] = loop.create_future()
+        self.session = session
 
 
 class WorkerPool:
-    """The workers of one deployment: start, hand out, take back, replace, stop."""
+    """The workers of one deployment: start, hand out slots, take back, scale, replace, stop."""
 
-    def __init__(self, spec: FunctionSpec, code_roots: list[Path], *, instances: int | None = None,
-                 credits: int = DEFAULT_CREDITS) -> None:
+    def __init__(self, spec: FunctionSpec, code_roots: list[Path], *, credits: int = DEFAULT_CREDITS) -> None:
         self.spec = spec
         self.code_roots = list(code_roots)
-        self.size = instances or default_instances(self.spec.concurrency)
+        self.min_instances, self.max_instances = instance_bounds(spec)
+        self.idle_seconds = float(spec.scaleDownIdleSeconds)
+        self.slots = instance_slots(spec, "sync")  # the real value once the code's kind is known
         self.credits = credits
         self.lock = threading.Lock()
         self.workers: list[WorkerProcess] = []
-        self._idle: deque[WorkerProcess] = deque()
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._waiters: deque[_Waiter] = deque()
+        self._spawning = 0
         self.restarts = 0
         self._start_failures = 0
         self.broken: str | None = None
@@ -237,10 +380,16 @@ class WorkerPool:
         self.kind: str | None = None
         self.load_error: str | None = None
         self._loaded = threading.Event()
+        self._wake = threading.Event()
+        self.cold_starts = 0
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def _live(self) -> list[WorkerProcess]:
+        """Workers that serve or will serve (called with the lock held)."""
+        return [w for w in self.workers if w.state in ("starting", "ready")]
 
     def start(self) -> None:
         """Start the first worker: it imports the code, which `wait_loaded` checks before the rest start."""
@@ -250,7 +399,8 @@ class WorkerPool:
         """Block until the first worker imported the code; its handler kind, or DeployError.
 
         The user's code is imported only here, in a worker: an import that raises, exits or
-        crashes fails the deploy with the worker's message and never touches the server.
+        crashes fails the deploy with the worker's message and never touches the server. With
+        `minInstances: 0` that worker is the one the idle rule stops first.
         """
         if timeout is None:
             timeout = min(float(self.spec.timeout), MAX_LOAD_SECONDS)
@@ -260,10 +410,12 @@ class WorkerPool:
         if self.load_error is not None or self.kind is None:
             raise DeployError(self.load_error or f"function {self.name!r}: its worker process reported no handler")
         with self.lock:
+            self.slots = instance_slots(self.spec, self.kind)
             self.validated = True
-            missing = self.size - len(self.workers) if not self.stopping else 0
+            missing = self.min_instances - len(self.workers) if not self.stopping else 0
         for _ in range(missing):
             self._spawn()
+        threading.Thread(target=self._supervise, name=f"fnstream-scale-{self.name}", daemon=True).start()
         return self.kind
 
     def abort(self) -> None:
@@ -271,8 +423,8 @@ class WorkerPool:
         with self.lock:
             self.stopping = True
             workers = list(self.workers)
-            self._idle.clear()
-            self._wake_waiters()
+            self._fail_waiters(WorkerUnavailableError("the deploy was refused"))
+        self._wake.set()
         for worker in workers:
             worker.kill("the deploy was refused")
 
@@ -282,61 +434,184 @@ class WorkerPool:
             self.workers.append(worker)
         log.info("function %s: started worker %d", self.name, worker.pid)
 
-    # -- hand out / take back ------------------------------------------------------------------
-    async def acquire(self) -> WorkerProcess:
-        """An idle worker, waiting for one; raises WorkerUnavailableError when there never will be."""
-        loop = asyncio.get_running_loop()
-        while True:
-            with self.lock:
-                if self.broken is not None:
-                    raise WorkerUnavailableError(self.broken)
-                if self.stopping:
-                    raise WorkerUnavailableError(f"function {self.name!r} is being stopped")
-                while self._idle:
-                    worker = self._idle.popleft()
-                    if worker.state == "idle":
-                        worker.state = "busy"
-                        return worker
-                waiter = loop.create_future()
-                self._waiters.append((loop, waiter))
+    def _spawn_in_background(self) -> None:
+        """Called with the lock held: start one more worker from a thread (Popen is not for the loop)."""
+        self._spawning += 1
+
+        def run() -> None:
             try:
-                await waiter
+                self._spawn()
+            except OSError as exc:
+                with self.lock:
+                    self.broken = f"function {self.name!r}: cannot start a worker process: {exc}"
+                    self._fail_waiters(WorkerUnavailableError(self.broken))
             finally:
                 with self.lock:
-                    if (loop, waiter) in self._waiters:
-                        self._waiters.remove((loop, waiter))
+                    self._spawning -= 1
+        threading.Thread(target=run, name=f"fnstream-spawn-{self.name}", daemon=True).start()
 
-    def begin(self, worker: WorkerProcess, inv: PooledInvocation) -> tuple[Job, dict]:
+    def _maybe_scale_up(self) -> None:
+        """Called with the lock held: one more worker when invocations wait and none is starting."""
+        if not self.validated or self.stopping or self.broken is not None or not self._waiters:
+            return
+        live = self._live()
+        starting = sum(1 for w in live if w.state == "starting") + self._spawning
+        if starting == 0 and len(live) < self.max_instances:
+            if not any(w.state == "ready" for w in live):
+                self.cold_starts += 1
+            self._spawn_in_background()
+
+    # -- hand out / take back ------------------------------------------------------------------
+    async def acquire(self, session: Session | None = None) -> tuple[WorkerProcess, bool]:
+        """A slot on a worker (the session's own, if pinned) and whether the session restarted.
+
+        Waits while every slot is taken; raises WorkerUnavailableError when none ever will be.
+        """
+        loop = asyncio.get_running_loop()
+        with self.lock:
+            self._check_usable()
+            picked = self._pick(session)
+            if picked is not None:
+                return picked
+            waiter = _Waiter(loop, session)
+            self._waiters.append(waiter)
+            self._maybe_scale_up()
+        try:
+            return await waiter.future
+        except BaseException:
+            fut = waiter.future
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.release(fut.result()[0], None)  # handed a slot just as we were cancelled
+            else:
+                with self.lock:
+                    if waiter in self._waiters:
+                        self._waiters.remove(waiter)  # if a slot is on its way, `_hand` gives it back
+            raise
+
+    def _check_usable(self) -> None:
+        if self.broken is not None:
+            raise WorkerUnavailableError(self.broken)
+        if self.stopping:
+            raise WorkerUnavailableError(f"function {self.name!r} is being stopped")
+
+    def _pick(self, session: Session | None) -> tuple[WorkerProcess, bool] | None:
+        """Called with the lock held: take a slot for `session` (or anyone) if one is free."""
+        if session is not None and session.worker is not None:
+            pinned: WorkerProcess = session.worker
+            if pinned in self.workers and pinned.state == "ready":
+                if pinned.free() <= 0:
+                    return None  # the session waits for its own worker
+                return self._take(pinned, session)
+            session.restarted = True  # its worker died (or is going): continue on another, and say so
+            pinned.sessions.pop(session.id, None)
+            if pinned.exclusive is session:
+                pinned.exclusive = None
+            session.worker = None
+        best: WorkerProcess | None = None
+        now = time.monotonic()
+        for worker in self.workers:
+            free = worker.free()
+            if free <= 0:
+                continue
+            if worker.exclusive is not None:
+                worker.live_sessions(now)  # forgets an expired owner
+                if worker.exclusive is not None and worker.exclusive is not session:
+                    continue  # owned by a live exclusive session
+            if session is not None and session.exclusive and (worker.busy or worker.live_sessions(now)):
+                continue
+            if best is None or free > best.free():
+                best = worker
+        if best is None:
+            return None
+        return self._take(best, session)
+
+    def _take(self, worker: WorkerProcess, session: Session | None) -> tuple[WorkerProcess, bool]:
+        restarted = False
+        worker.busy += 1
+        if session is not None:
+            if session.worker is not worker:
+                session.worker = worker
+                session.on_end.append(self._unpin)
+                if session.exclusive:
+                    worker.exclusive = session
+            worker.sessions[session.id] = session
+            restarted, session.restarted = session.restarted, False
+        return worker, restarted
+
+    def _unpin(self, session: Session) -> None:
+        with self.lock:
+            for worker in self.workers:
+                if worker.sessions.get(session.id) is session:
+                    del worker.sessions[session.id]
+                if worker.exclusive is session:
+                    worker.exclusive = None
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Called with the lock held: hand free slots to waiters, oldest first."""
+        if not self._waiters:
+            return
+        for waiter in list(self._waiters):
+            if waiter.future.done():
+                self._waiters.remove(waiter)
+                continue
+            picked = self._pick(waiter.session)
+            if picked is None:
+                if waiter.session is None:
+                    break  # no free slot for anyone: later waiters wait too (pinned ones aside)
+                continue
+            self._waiters.remove(waiter)
+            _call_soon(waiter.loop, self._hand, waiter, picked)
+        self._maybe_scale_up()
+
+    def _hand(self, waiter: _Waiter, picked: tuple[WorkerProcess, bool]) -> None:
+        """On the waiter's loop: give it the slot, or give the slot back if it stopped waiting."""
+        if waiter.future.done():
+            self.release(picked[0], None)
+        else:
+            waiter.future.set_result(picked)
+
+    def _fail_waiters(self, error: FunctionServiceError) -> None:
+        """Called with the lock held."""
+        for waiter in self._waiters:
+            _call_soon(waiter.loop, _fail, waiter.future, error)
+        self._waiters.clear()
+
+    def begin(self, worker: WorkerProcess, inv: PooledInvocation, session: Session | None = None,
+              restarted: bool = False) -> tuple[Job, Invoke]:
+        """The job of `inv` on the slot it holds on `worker`, and the frame that starts it there."""
         job = Job(inv)
-        worker.job = job
+        worker.jobs[inv.id] = job
         worker.invocations += 1
         frame: Invoke = {"t": "invoke", "id": inv.id, "trace_id": inv.trace_id, "event": inv.event,
-                 "streaming": inv.streaming, "timeout": inv.remaining(), "max_write_size": inv.max_write_size}
+                         "streaming": inv.streaming, "timeout": inv.remaining(),
+                         "max_write_size": inv.max_write_size,
+                         "session_id": session.id if session is not None else None, "session_restarted": restarted}
         return job, frame
 
-    def release(self, worker: WorkerProcess) -> None:
-        """The invocation on `worker` is over: make it idle again, or stop it if the pool stops."""
-        worker.job = None
+    def release(self, worker: WorkerProcess, job: Job | None) -> None:
+        """A slot on `worker` is free again: hand it on, or stop the worker if it should go."""
         stop = False
         with self.lock:
-            if worker.state != "busy":
-                return  # killed, retiring or dead: the reader thread replaces it
-            if self.stopping:
-                stop = True
-            else:
-                worker.state = "idle"
-                self._idle.append(worker)
-                self._wake_waiters()
+            if job is not None and worker.jobs.get(job.inv.id) is job:
+                del worker.jobs[job.inv.id]
+            worker.busy = max(0, worker.busy - 1)
+            if worker.busy == 0:
+                worker.idle_since = time.monotonic()
+            if worker.state == "ready":
+                if self.stopping and worker.busy == 0:
+                    stop = True
+                else:
+                    self._dispatch()
         if stop:
             worker.stop()
 
-    def _wake_waiters(self) -> None:
-        """Called with the lock held. Wakes every waiter; each retries (pools are small)."""
-        for loop, waiter in self._waiters:
-            _call_soon(loop, _resolve_none, waiter)
-        self._waiters.clear()
+    def only_job(self, worker: WorkerProcess, job: Job) -> bool:
+        """Whether `job` is the only invocation on `worker` (killing it then harms nobody else)."""
+        with self.lock:
+            return worker.busy <= 1 and list(worker.jobs.values()) in ([job], [])
 
-    # -- supervision (reader threads) ----------------------------------------------------------
+    # -- supervision (reader threads, the scale thread) ----------------------------------------
     def _on_loaded(self, kind: str | None, error: str | None) -> None:
         if self._loaded.is_set():
             return  # a later worker: a failure there surfaces as init_error (4201)
@@ -347,17 +622,15 @@ class WorkerPool:
         with self.lock:
             self._start_failures = 0
             worker.ready = True
+            worker.idle_since = time.monotonic()
             if init_error is not None and self.init_error is None:
                 self.init_error = init_error
             if worker.state != "starting":
                 return
-            if self.stopping:
-                stop = True
-            else:
-                stop = False
-                worker.state = "idle"
-                self._idle.append(worker)
-                self._wake_waiters()
+            stop = self.stopping
+            if not stop:
+                worker.state = "ready"
+                self._dispatch()
         log.info("function %s: worker %d ready", self.name, worker.pid)
         if stop:
             worker.stop()
@@ -369,25 +642,31 @@ class WorkerPool:
             worker.state = "dead"
             if worker in self.workers:
                 self.workers.remove(worker)
-            job, worker.job = worker.job, None
-            replace = not self.stopping and self.validated
+            jobs = list(worker.jobs.values())
+            worker.jobs.clear()
+            unplanned = was not in ("stopping", "retiring") and not self.stopping
             if not self._loaded.is_set():  # the first worker died while importing the code
                 self.load_error = (f"function {self.name!r}: its worker process {how} while importing "
                                    f"the code (handler {self.spec.handler!r}); see the server log")
                 self._loaded.set()
-            if replace:
-                self.restarts += 1
-                if not worker.ready:
+            replace = False
+            if not self.stopping and self.validated:
+                if unplanned:
+                    self.restarts += 1
+                if unplanned and not worker.ready:
                     self._start_failures += 1
                     if self._start_failures >= MAX_START_FAILURES:
                         self.broken = (f"function {self.name!r}: its worker processes cannot start (the last one "
                                        f"{how}); check the server log, the code and the `memory` limit")
-                        replace = False
-                        self._wake_waiters()
-        if job is not None:
+                        self._fail_waiters(WorkerUnavailableError(self.broken))
+                if self.broken is None:
+                    live = len(self._live()) + self._spawning
+                    replace = live < self.min_instances or (bool(self._waiters) and live < self.max_instances)
+        why = how if worker.kill_reason is None else f"was killed ({worker.kill_reason})"
+        for job in jobs:
             job.finish(("error", WorkerCrashedError(handler_failure_message(
-                f"the worker process (pid {worker.pid}) {how} during the invocation"))))
-        if was not in ("stopping", "retiring", "killed") and not self.stopping:
+                f"the worker process (pid {worker.pid}) {why} during the invocation"))))
+        if unplanned and was != "killed":
             log.error("function %s: worker %d %s", self.name, worker.pid, how)
         if replace:
             try:
@@ -395,23 +674,46 @@ class WorkerPool:
             except OSError as exc:
                 with self.lock:
                     self.broken = f"function {self.name!r}: cannot start a worker process: {exc}"
-                    self._wake_waiters()
+                    self._fail_waiters(WorkerUnavailableError(self.broken))
+
+    def _supervise(self) -> None:
+        """Stop workers idle for `scaleDownIdleSeconds` while more than `minInstances` are up."""
+        tick = max(0.05, min(1.0, self.idle_seconds / 4))
+        while not self._wake.wait(tick):
+            now = time.monotonic()
+            retire: list[WorkerProcess] = []
+            with self.lock:
+                if self.stopping:
+                    return
+                live = self._live()
+                spare = len(live) - self.min_instances
+                for worker in sorted(live, key=lambda w: w.idle_since):
+                    if spare <= 0:
+                        break
+                    if worker.state == "ready" and worker.busy == 0 and now - worker.idle_since >= self.idle_seconds \
+                            and not worker.live_sessions(now):
+                        worker.state = "stopping"
+                        retire.append(worker)
+                        spare -= 1
+            for worker in retire:
+                log.info("function %s: worker %d idle for %g s: stopping it", self.name, worker.pid,
+                         self.idle_seconds)
+                worker.send({"t": "stop"})
 
     # -- stop ----------------------------------------------------------------------------------
     def stop(self, grace: float = 10.0) -> threading.Thread:
-        """Stop every worker (preStop runs in each); busy ones finish their invocation first.
+        """Stop every worker (preStop runs in each); busy ones finish their invocations first.
 
         Workers still alive after `grace` seconds are killed. Returns the thread that does that.
         """
         with self.lock:
             self.stopping = True
             workers = list(self.workers)
-            idle = [w for w in workers if w.state in ("idle", "starting")]
-            self._idle.clear()
-            self._wake_waiters()
+            idle = [w for w in workers if w.state == "ready" and w.busy == 0]
+            self._fail_waiters(WorkerUnavailableError(f"function {self.name!r} is being stopped"))
+        self._wake.set()
         for worker in idle:
-            if worker.state == "idle":
-                worker.stop()
+            worker.stop()
         reaper = threading.Thread(target=self._reap, args=(workers, grace), name=f"fnstream-stop-{self.name}",
                                   daemon=True)
         reaper.start()
@@ -430,7 +732,10 @@ class WorkerPool:
 
     def describe(self) -> dict[str, Any]:
         with self.lock:
-            return {"instances": self.size, "restarts": self.restarts, "error": self.broken,
+            return {"minInstances": self.min_instances, "maxInstances": self.max_instances,
+                    "instanceConcurrency": self.slots, "scaleDownIdleSeconds": self.idle_seconds,
+                    "waiting": len(self._waiters), "restarts": self.restarts, "coldStarts": self.cold_starts,
+                    "error": self.broken, "instances": len(self.workers),
                     "workers": [w.describe() for w in self.workers]}
 
 
@@ -441,6 +746,6 @@ def _call_soon(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> No
         pass  # that loop is closed: nobody waits for this any more
 
 
-def _resolve_none(fut: asyncio.Future[None]) -> None:
+def _fail(fut: asyncio.Future[Any], error: BaseException) -> None:
     if not fut.done():
-        fut.set_result(None)
+        fut.set_exception(error)

@@ -1,10 +1,12 @@
 """The frontend <-> worker wire protocol: length-prefixed msgpack frames over a Unix socket.
 
 A frame is a 4-byte big-endian length followed by one msgpack map whose `t` field names the
-message. Both ends use blocking sockets from threads (the worker has no event loop of ours and
-the frontend reads each worker from a dedicated thread), so `Connection` is deliberately simple.
-Backpressure is credit-based: the worker may have at most `credits` stream writes unacknowledged;
-the frontend returns one credit per write once the write is in the invocation's bounded channel.
+message. Both ends use blocking sockets from threads (the frontend reads each worker from a
+dedicated thread, the worker has a reader and a writer thread), so `Connection` is deliberately
+simple; `try_send` lets the event loop send a small frame without a thread hop, and `send_many`
+puts every frame that queued up meanwhile into one system call.
+Backpressure is credit-based: each invocation may have at most `credits` stream writes
+unacknowledged; the frontend returns one credit per write once it is in the invocation's channel.
 """
 from __future__ import annotations
 
@@ -16,21 +18,44 @@ from typing import Any, Generic, Literal, TypedDict, TypeVar, cast, get_args, ge
 import msgpack
 
 __all__ = (
-    "Connection", "ConnectionClosed", "ProtocolError", "MAX_FRAME", "DEFAULT_CREDITS",
-    "Hello", "Invoke", "Credit", "Cancel", "Stop", "Loaded", "Ready", "Write", "Item", "Result", "Error",
-    "Log", "Stopped", "StreamCall", "StreamReply", "ToWorker", "ToFrontend", "Frame", "TAGS",
+    "DEFAULT_CREDITS",
+    "MAX_FRAME",
+    "TAGS",
+    "Cancel",
+    "Connection",
+    "ConnectionClosed",
+    "Credit",
+    "Error",
+    "Frame",
+    "Hello",
+    "Invoke",
+    "Item",
+    "Loaded",
+    "Log",
+    "ProtocolError",
+    "Ready",
+    "Result",
+    "Stop",
+    "Stopped",
+    "StreamCall",
+    "StreamReply",
+    "ToFrontend",
+    "ToWorker",
+    "Write",
 )
 
 _HEADER = struct.Struct(">I")
 # Bigger than any event (maxRequestBodySize) or write (maxWriteSize) fnstream accepts.
 MAX_FRAME = 64 * 1024 * 1024
-DEFAULT_CREDITS = 8
+DEFAULT_CREDITS = 256
+READ_CHUNK = 256 * 1024
+TRY_SEND_MAX = 64 * 1024  # frames up to this size may be sent straight from the event loop
 
 
 # -- frontend -> worker ------------------------------------------------------------------------
 class Hello(TypedDict):
     t: Literal["hello"]
-    spec: dict[str, Any]            # FunctionSpec.model_dump(mode="json")
+    spec: dict[str, Any]  # FunctionSpec.model_dump(mode="json")
     code_roots: list[str]
     credits: int
 
@@ -43,6 +68,8 @@ class Invoke(TypedDict):
     streaming: bool
     timeout: float         # seconds left when the frontend sent it
     max_write_size: int
+    session_id: str | None       # X-Instance-Session's sessionID, if any
+    session_restarted: bool      # the session's earlier instance died: its in-memory state is gone
 
 
 class Credit(TypedDict):
@@ -83,15 +110,15 @@ class Ready(TypedDict):
 
 
 class Write(TypedDict):
-    t: Literal["write"]    # one stream write, already encoded as text
-    id: str
-    p: str
+    t: Literal["write"]    # stream writes of one invocation, already encoded as text; several when
+    id: str                # they queued while the socket was busy (coalesced into one frame)
+    p: list[str]
 
 
 class Item(TypedDict):
-    t: Literal["item"]     # one generator item of a plain JSON request (aggregated by the frontend)
+    t: Literal["item"]     # generator items of a plain JSON request (aggregated by the frontend)
     id: str
-    v: Any
+    v: list[Any]
 
 
 class Result(TypedDict):
@@ -153,6 +180,8 @@ class Connection(Generic[SendT, RecvT]):
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._send_lock = threading.Lock()
+        self._rbuf = bytearray()  # received, not yet parsed (only the one reader thread touches it)
+        self._rpos = 0
 
     def send(self, msg: SendT) -> None:
         data = msgpack.packb(msg, use_bin_type=True)
@@ -164,6 +193,69 @@ class Connection(Generic[SendT, RecvT]):
             except OSError as exc:
                 raise ConnectionClosed(str(exc)) from exc
 
+    def send_many(self, msgs: list[SendT]) -> None:
+        """Several frames in one `sendall` (what queued while the socket was busy)."""
+        parts: list[bytes] = []
+        for msg in msgs:
+            data = msgpack.packb(msg, use_bin_type=True)
+            if len(data) > MAX_FRAME:
+                raise ProtocolError(f"frame of {len(data)} bytes exceeds {MAX_FRAME}")
+            parts.append(_HEADER.pack(len(data)))
+            parts.append(data)
+        with self._send_lock:
+            try:
+                self.sock.sendall(b"".join(parts))
+            except OSError as exc:
+                raise ConnectionClosed(str(exc)) from exc
+
+    @staticmethod
+    def pack(msg: Frame) -> bytes:
+        """One frame, header included (for callers that batch frames themselves)."""
+        data = msgpack.packb(msg, use_bin_type=True)
+        if len(data) > MAX_FRAME:
+            raise ProtocolError(f"frame of {len(data)} bytes exceeds {MAX_FRAME}")
+        return _HEADER.pack(len(data)) + data
+
+    def try_send(self, msg: SendT) -> bool | None:
+        """Send a small frame without blocking: True when it went (or is going) out, None when the
+        caller must use `send` from a thread (a large frame, or another sender holds the socket)."""
+        frame = self.pack(msg)
+        return None if len(frame) > TRY_SEND_MAX else self.try_send_bytes(frame)
+
+    def try_send_bytes(self, frame: bytes) -> bool | None:
+        """`try_send` for frames already packed (one or several)."""
+        if not self._send_lock.acquire(blocking=False):
+            return None
+        try:
+            sent = self.sock.send(frame, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self._send_lock.release()
+            raise ConnectionClosed(str(exc)) from exc
+        if sent == len(frame):
+            self._send_lock.release()
+            return True
+        # The socket buffer is full: a thread sends the rest, holding the lock so frames never interleave.
+        threading.Thread(target=self._finish_send, args=(frame[sent:],), daemon=True).start()
+        return True
+
+    def send_bytes(self, frame: bytes) -> None:
+        """Frames already packed, blocking (from a thread)."""
+        with self._send_lock:
+            try:
+                self.sock.sendall(frame)
+            except OSError as exc:
+                raise ConnectionClosed(str(exc)) from exc
+
+    def _finish_send(self, rest: bytes) -> None:
+        try:
+            self.sock.sendall(rest)
+        except OSError:
+            pass  # the other end died: its reader notices
+        finally:
+            self._send_lock.release()
+
     def recv(self) -> RecvT:
         (size,) = _HEADER.unpack(self._read(_HEADER.size))
         if size > MAX_FRAME:
@@ -174,18 +266,26 @@ class Connection(Generic[SendT, RecvT]):
         return cast(RecvT, msg)
 
     def _read(self, n: int) -> bytes:
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
+        """Exactly `n` bytes. Reads in large chunks into a buffer, so the frames that arrived
+        together cost one system call, not two each."""
+        buf = self._rbuf
+        while len(buf) - self._rpos < n:
+            if self._rpos:
+                del buf[:self._rpos]
+                self._rpos = 0
             try:
-                k = self.sock.recv_into(view[got:])
+                chunk = self.sock.recv(max(READ_CHUNK, n - len(buf)))
             except OSError as exc:
                 raise ConnectionClosed(str(exc)) from exc
-            if k == 0:
+            if not chunk:
                 raise ConnectionClosed("connection closed")
-            got += k
-        return bytes(buf)
+            buf += chunk
+        data = bytes(buf[self._rpos:self._rpos + n])
+        self._rpos += n
+        if self._rpos == len(buf):
+            buf.clear()
+            self._rpos = 0
+        return data
 
     def close(self) -> None:
         try:

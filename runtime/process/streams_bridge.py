@@ -11,7 +11,7 @@ import asyncio
 import builtins
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .. import errors as core_errors
@@ -24,8 +24,9 @@ __all__ = ("ProxyBroker", "ProxySubscription", "StreamBridge", "stream_error")
 
 log = logging.getLogger("fnstream.process")
 
-Call = Callable[..., Any]  # the worker's blocking `stream_call(op, *args)`
-Send = Callable[[dict[str, Any]], object]  # sends one frame to the worker (any thread)
+Call = Callable[..., Any]  # the worker's blocking `stream_call(op, *args)` (any thread but its reader)
+ACall = Callable[..., Awaitable[Any]]  # the same call awaited on the worker's event loop
+Send = Callable[[StreamReply], bool]  # sends a reply frame to the worker; False if it is gone
 
 
 def stream_error(name: str, message: str) -> BaseException:
@@ -42,32 +43,36 @@ def stream_error(name: str, message: str) -> BaseException:
 
 # -- worker side -------------------------------------------------------------------------------
 class ProxySubscription(AbstractSubscription):
-    def __init__(self, call: Call, sub_id: int, name: str, lost: Sequence[int] | None) -> None:
+    def __init__(self, call: ACall, post: Callable[..., None], sub_id: int, name: str,
+                 lost: Sequence[int] | None) -> None:
         self._call = call
+        self._post = post
         self._id = sub_id
         self.name = name
         self.lost = tuple(lost) if lost else None  # type: ignore[assignment]
         self.last_id = 0
 
     async def next_batch(self, max_items: int | None = None, timeout: float | None = None) -> list[Element]:
-        items = await asyncio.to_thread(self._call, "sub_next", self._id, max_items, timeout)
+        items = await self._call("sub_next", self._id, max_items, timeout)
         batch = [Element(data, ele_id) for ele_id, data in items]
         if batch:
             self.last_id = batch[-1].id
         return batch
 
     def ack(self, ele_id: int) -> None:
-        self._call("sub_ack", self._id, ele_id)
+        self._post("sub_ack", self._id, ele_id)  # nothing to wait for: never block the loop on it
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._call, "sub_close", self._id)
+        await self._call("sub_close", self._id)
 
 
 class ProxyBroker(AbstractBroker):
     """A broker whose every operation runs in the frontend (over the worker's connection)."""
 
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Call, acall: ACall, post: Callable[..., None]) -> None:
         self._call = call
+        self._acall = acall
+        self._post = post
         self._settings: BrokerSettings | None = None
 
     @property
@@ -77,7 +82,7 @@ class ProxyBroker(AbstractBroker):
         return self._settings
 
     async def _remote(self, op: str, *args: Any) -> Any:
-        return await asyncio.to_thread(self._call, op, *args)
+        return await self._acall(op, *args)
 
     async def publish(self, name: str, elements: Sequence[bytes], *, timeout: float | None = None) -> list[int]:
         ids: list[int] = await self._remote("publish", name, [bytes(e) for e in elements], timeout)
@@ -86,7 +91,7 @@ class ProxyBroker(AbstractBroker):
     async def subscribe(self, name: str, *, from_id: int | None = None,
                         buffer: int | None = None) -> AbstractSubscription:
         sub_id, real_name, lost = await self._remote("subscribe", name, from_id, buffer)
-        return ProxySubscription(self._call, sub_id, real_name, lost)
+        return ProxySubscription(self._acall, self._post, sub_id, real_name, lost)
 
     async def configure(self, name: str, options: StreamOptions) -> None:
         await self._remote("configure", name, dataclasses.asdict(options))

@@ -1,14 +1,21 @@
-"""A runtime worker process: loads one function's code, then runs its invocations one at a time.
+"""A runtime worker process: loads one function's code, then runs up to `slots` invocations at once.
 
 Started by the frontend as `python -m runtime.process.worker FD` (a fresh interpreter, never a
-fork of the event-loop process), it talks over the Unix socket FD (see `protocol`). The handler
-runs on the main thread so it can be interrupted: a cancel frame makes the reader thread send
-SIGUSR1 to the main thread, whose handler raises inside the user's code (even in `time.sleep`).
-A handler that ignores that is killed by the frontend after a grace period.
+fork of the event-loop process), it talks over the Unix socket FD (see `protocol`). The main
+thread runs the worker's own event loop: `async def` and async-generator handlers run on it as
+tasks, concurrently; plain `def` and generator handlers run in a thread pool of `slots` threads.
+A cancel (client gone, session interrupt, timeout) cancels an async handler's task, and raises
+inside a `def` handler's thread at its next Python bytecode; a handler that still does not stop is
+killed with its worker by the frontend after a grace period.
+
+Output goes through one bounded outbox and a writer thread; what queued while the socket was
+busy goes out in one system call, and the stream writes of one invocation in one frame.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import faulthandler
 import inspect
 import json
@@ -22,25 +29,38 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..context import Context
-from ..deployment import handler_kind
-from ..errors import FunctionServiceError, StreamClosedError, handler_failure
+from ..deployment import Kind, handler_kind
+from ..errors import (
+    FunctionServiceError,
+    ResultNotSerializableError,
+    StreamBufferFullError,
+    StreamClosedError,
+    handler_failure,
+)
 from ..invocation import WRITTEN, Written, drain_generator, encode_json, encode_payload, encode_write
-from ..loader import load_code
+from ..loader import LoadedCode, load_code
 from ..manifest import FunctionSpec
 from ..pre_stop import pre_stop_timeout
 from ..streams import bind_broker
 from ..surface import Mode
 from .errors import MemoryLimitError
+from .instances import instance_slots
 from .protocol import (
+    Cancel,
     Connection,
     ConnectionClosed,
+    Error,
     Invoke,
     Item,
     ProtocolError,
+    Result,
     Stop,
     StreamReply,
     ToFrontend,
@@ -52,18 +72,24 @@ from .streams_bridge import ProxyBroker, stream_error
 __all__ = ("Worker", "main")
 
 log = logging.getLogger("fnstream.worker")
+_hard_exit = os._exit  # the worker's own exits; a handler's os._exit is wrapped to flush first (main)
+
+OUTBOX_FRAMES = 4096      # frames waiting for the writer thread (writes are also bounded by credits)
+BATCH_FRAMES = 256        # at most this many frames per system call
+BATCH_BYTES = 1 << 20     # ... or about this many payload bytes
+FLUSH_BEFORE_EXIT = 2.0   # seconds a worker leaving on its own waits for its last frames to go out
+WINDOW_BYTES = 256 * 1024  # stream bytes one invocation may have in flight (besides the credit count)
 
 
 class _Cancelled(BaseException):
-    """Raised inside the handler when the frontend cancels the invocation (client gone)."""
-
-
+    """Raised inside the handler when the frontend cancels the invocation."""
 
 
 class _Invocation:
-    """The invocation inside the worker: what `Context` needs (satisfies HandlerInvocation)."""
+    """The invocation inside the worker: what `Context` needs (satisfies HandlerInvocation), plus its
+    credits and cancel state."""
 
-    def __init__(self, msg: dict[str, Any], worker: Worker) -> None:
+    def __init__(self, msg: Invoke, worker: Worker) -> None:
         self.id: str = msg["id"]
         self.trace_id: str = msg["trace_id"]
         self.event = msg["event"]
@@ -73,7 +99,18 @@ class _Invocation:
         self.started = time.monotonic()
         self.deadline = self.started + float(msg["timeout"])
         self.max_write_size: int = msg["max_write_size"]
+        self.session_id: str | None = msg["session_id"]
+        self.session_restarted: bool = msg["session_restarted"]
         self.cancel_reason: str | None = None
+        self.credits = worker.max_credits
+        self.unacked: deque[int] = deque()  # sizes of the writes sent and not yet credited back
+        self.unacked_bytes = 0
+        self.task: asyncio.Task[Any] | None = None       # async handlers
+        self.thread: int | None = None                    # def handlers: the thread running it
+        self.cancellable = False
+        self.interrupted = False                          # _Cancelled was raised in its thread
+        self.credit_waiter: asyncio.Future[None] | None = None
+        self.pending: asyncio.Task[None] | None = None    # an async write waiting for a credit
         self.stream = WorkerStream(self, worker)
 
     def remaining(self) -> float:
@@ -82,12 +119,30 @@ class _Invocation:
     def cancel(self, reason: str) -> None:
         self._worker._cancel(self.id, reason)
 
+    def take_credit(self, size: int) -> bool:
+        """Called with the worker's lock held: room for one more write of `size` in flight?
+
+        At most `credits` writes and WINDOW_BYTES bytes (one larger write alone) unacknowledged.
+        """
+        if self.credits <= 0 or (self.unacked_bytes and self.unacked_bytes + size > WINDOW_BYTES):
+            return False
+        self.credits -= 1
+        self.unacked.append(size)
+        self.unacked_bytes += size
+        return True
+
+    def give_credits(self, n: int) -> None:
+        self.credits += n
+        for _ in range(min(n, len(self.unacked))):
+            self.unacked_bytes -= self.unacked.popleft()
+
 
 class WorkerStream:
     """`context.get_stream()` in a worker: same contract as the in-process StreamWriter.
 
-    A write blocks while the worker has no credit left, i.e. while the frontend has not yet put
-    the earlier writes into the invocation's bounded channel (the client is slow).
+    A write waits while its invocation has no credit left, i.e. while the frontend has not yet
+    put the earlier writes into the invocation's bounded channel (the client is slow): a thread
+    blocks; on the loop `write` returns an awaitable, and a second write not awaited is refused.
     """
 
     __slots__ = ("_inv", "_worker", "max_write_size")
@@ -100,14 +155,19 @@ class WorkerStream:
     def set_max_write_size(self, size: int) -> None:
         self.max_write_size = int(size)
 
-    def write(self, data: Any) -> Written:
+    def write(self, data: Any) -> Written | asyncio.Task[None]:
         payload = encode_write(data, self.max_write_size)
-        if not self._inv.streaming:
-            if self._inv.cancel_reason is not None:
-                raise StreamClosedError(f"stream closed: {self._inv.cancel_reason}")
+        inv = self._inv
+        if not inv.streaming:
+            if inv.cancel_reason is not None:
+                raise StreamClosedError(f"stream closed: {inv.cancel_reason}")
             return WRITTEN  # a plain JSON request has no stream; writes are dropped as in-process
-        self._worker.send_output(self._inv, {"t": "write", "id": self._inv.id, "p": payload})
-        return WRITTEN
+        return self._worker.output(inv, "write", payload)
+
+    async def flush(self) -> None:
+        """Wait for a last write the handler did not await."""
+        if self._inv.pending is not None:
+            await self._inv.pending
 
 
 class _FrameLogHandler(logging.Handler):
@@ -120,12 +180,17 @@ class _FrameLogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self._worker.post({"t": "log", "name": record.name, "level": record.levelno, "msg": self.format(record)})
-        except Exception:
+        except Exception:  # logging must never fail the handler
             self.handleError(record)
 
 
+def _raise_in_thread(ident: int, exc: type[BaseException] | None) -> None:
+    """Raise `exc` in thread `ident` at its next bytecode (None: withdraw a pending one)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc) if exc else None)
+
+
 class Worker:
-    """The worker's state: the loaded code, the current invocation and its write credits."""
+    """The worker's state: the loaded code, its running invocations, the outbox."""
 
     def __init__(self, conn: Connection[ToFrontend, ToWorker], spec: FunctionSpec, code_roots: list[Path],
                  credits: int) -> None:
@@ -133,45 +198,153 @@ class Worker:
         self.spec = spec
         self.code_roots = code_roots
         self.max_credits = credits
-        self._code: Any = None
-        self._inbox: queue.Queue[Invoke | Stop] = queue.Queue()
+        self._code: LoadedCode | None = None
+        self.kind: Kind = "sync"
+        self.slots = 1
         self._cond = threading.Condition()
-        self._inv: _Invocation | None = None
-        self._credits = 0
-        self._early_cancel: tuple[str, str] | None = None
-        self._cancellable = False
-        self._main_ident = threading.get_ident()
+        self._invs: dict[str, _Invocation] = {}
+        self._early_cancels: dict[str, str] = {}  # a cancel that overtook its invoke frame
+        self._threads: ThreadPoolExecutor | None = None
+        self._retiring = False
+        self._stop_requested = False
         self._stream_replies: dict[int, StreamReply] = {}
+        self._stream_waiters: dict[int, asyncio.Future[StreamReply]] = {}
         self._stream_seq = 0
-        # Frames from the main thread go through a bounded outbox and a writer thread: the cancel
-        # signal raises at any bytecode of the main thread and must never cut a frame in half.
-        self._outbox: queue.Queue[ToFrontend] = queue.Queue(maxsize=64)
-        # Named streams: the API runs on this loop (in its own thread) for sync handlers, and on
-        # the handler's own loop for async ones; either way every broker call goes to the frontend.
-        self.streams = ProxyBroker(self.stream_call)
-        self._streams_loop = asyncio.new_event_loop()
+        self._outbox: queue.Queue[ToFrontend] = queue.Queue(maxsize=OUTBOX_FRAMES)
+        self.loop = asyncio.new_event_loop()
+        self._done = asyncio.Event()
+        # Named streams: every broker call goes to the frontend; the API runs on this worker's loop.
+        self.streams = ProxyBroker(self.stream_call, self.astream_call, self.stream_post)
 
+    # -- outbox --------------------------------------------------------------------------------
     def post(self, frame: ToFrontend) -> None:
         self._outbox.put(frame)
 
-    def flush(self) -> None:
-        self._outbox.join()
+    def _post_outcome(self, frame: Result | Error) -> None:
+        """A result goes straight out when nothing is queued before it (no hop to the writer thread).
+
+        Safe here: the handler has returned, so no cancel can be raised in this thread any more,
+        and with an empty outbox every earlier write of the invocation is already on the socket.
+        """
+        if not self._outbox.unfinished_tasks:
+            try:
+                if self.conn.try_send(frame):
+                    return
+            except (ConnectionClosed, ProtocolError, TypeError, ValueError):
+                pass  # the writer thread reports or exits
+        self.post(frame)
+
+    def flush(self, timeout: float = FLUSH_BEFORE_EXIT) -> None:
+        """Wait (bounded) until every frame posted so far is on the socket."""
+        deadline = time.monotonic() + timeout
+        while self._outbox.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def _write_loop(self) -> None:
         while True:
-            frame = self._outbox.get()
+            frames = [self._outbox.get()]
+            size = 0
+            while len(frames) < BATCH_FRAMES and size < BATCH_BYTES:
+                try:
+                    frame = self._outbox.get_nowait()
+                except queue.Empty:
+                    break
+                frames.append(frame)
+                if frame["t"] == "write":
+                    size += sum(len(p) for p in frame["p"])
+            try:
+                self.conn.send_many(_coalesce(frames))
+            except ConnectionClosed:
+                _hard_exit(0)  # the frontend is gone
+            except (ProtocolError, TypeError, ValueError) as exc:
+                self._send_one_by_one(frames, exc)
+            finally:
+                for _ in frames:
+                    with contextlib.suppress(ValueError):  # a put cut short by a cancel in a handler thread
+                        self._outbox.task_done()
+
+    def _send_one_by_one(self, frames: list[ToFrontend], exc: Exception) -> None:
+        """A frame could not be encoded: send the others, report the bad one."""
+        for frame in frames:
             try:
                 self.conn.send(frame)
             except ConnectionClosed:
-                os._exit(0)  # the frontend is gone
-            except (ProtocolError, TypeError, ValueError) as exc:
-                sys.stderr.write(f"fnstream worker: dropped a {frame.get('t')!r} frame: {exc}\n")
+                _hard_exit(0)
+            except (ProtocolError, TypeError, ValueError) as err:
+                sys.stderr.write(f"fnstream worker: dropped a {frame['t']!r} frame: {err}\n")
+
+    # -- output of invocations -----------------------------------------------------------------
+    def output(self, inv: _Invocation, kind: str, value: Any) -> Written | asyncio.Task[None]:
+        """Send one write or item once its invocation has a credit (backpressure from the client)."""
+        frame: Write | Item = ({"t": "write", "id": inv.id, "p": [value]} if kind == "write"
+                               else {"t": "item", "id": inv.id, "v": [value]})
+        size = len(value) if isinstance(value, str) else len(encode_payload(value))
+        if _on_loop(self.loop):
+            if inv.pending is not None and not inv.pending.done():
+                raise StreamBufferFullError("stream buffer is full: use `await context.get_stream().write(...)` "
+                                            "in async handlers so the writer waits for the client")
+            with self._cond:
+                self._check_open(inv)
+                if inv.take_credit(size):
+                    self.post(frame)
+                    return WRITTEN
+            inv.pending = self.loop.create_task(self._output_when_credited(inv, frame, size))
+            return inv.pending
+        with self._cond:
+            while True:
+                self._check_open(inv)
+                if inv.take_credit(size):
+                    break
+                if not self._cond.wait(timeout=max(inv.remaining(), 0.001)) and inv.remaining() <= 0:
+                    raise StreamClosedError("stream write timed out: the client is not reading")
+        self.post(frame)
+        return WRITTEN
+
+    @staticmethod
+    def _check_open(inv: _Invocation) -> None:
+        if inv.cancel_reason is not None:
+            raise StreamClosedError(f"stream closed: {inv.cancel_reason}")
+
+    async def _output_when_credited(self, inv: _Invocation, frame: Write | Item, size: int) -> None:
+        while True:
+            with self._cond:
+                self._check_open(inv)
+                if inv.take_credit(size):
+                    self.post(frame)
+                    return
+                inv.credit_waiter = waiter = self.loop.create_future()
+            try:
+                await asyncio.wait_for(waiter, max(inv.remaining(), 0.001))
+            except TimeoutError:
+                raise StreamClosedError("stream write timed out: the client is not reading") from None
             finally:
-                self._outbox.task_done()
+                inv.credit_waiter = None
+
+    def _on_credit(self, inv_id: str, n: int) -> None:
+        """Reader thread: give credits back; wake the writers waiting for one."""
+        with self._cond:
+            inv = self._invs.get(inv_id)
+            if inv is None:
+                return
+            inv.give_credits(n)
+            self._cond.notify_all()
+            waiter = inv.credit_waiter
+        if waiter is not None:
+            self.loop.call_soon_threadsafe(_resolve, waiter, None)
+
+    def _item_blocking(self, inv: _Invocation, item: Any) -> None:
+        self._item(inv, item)  # off the loop a write waits for its credit itself
+
+    def _item(self, inv: _Invocation, item: Any) -> Written | asyncio.Task[None]:
+        if inv.streaming:
+            return inv.stream.write(item)
+        payload = encode_payload(item)
+        value = payload if isinstance(item, (str, bytes, bytearray, memoryview)) else json.loads(payload)
+        return self.output(inv, "item", value)
 
     # -- start ---------------------------------------------------------------------------------
-    def start(self) -> str | None:
-        """Load the code and run the initializer; returns the error that makes invocations fail.
+    def load(self) -> str | None:
+        """Import the code (on the main thread); the error that fails the deploy, if any.
 
         The `loaded` frame tells the frontend the import worked (and the handler's kind) before a
         possibly long initializer runs: a deploy waits for it, never for the initializer.
@@ -181,35 +354,42 @@ class Worker:
         except FunctionServiceError as exc:
             self.post({"t": "loaded", "kind": None, "error": exc.message})
             return exc.message
-        self.post({"t": "loaded", "kind": handler_kind(self._code.handler), "error": None})
-        init = self._code.initializer
+        self.kind = handler_kind(self._code.handler)
+        self.slots = instance_slots(self.spec, self.kind)
+        if self.kind in ("sync", "gen"):
+            self._threads = ThreadPoolExecutor(self.slots, thread_name_prefix="fnstream-handler")
+        self.post({"t": "loaded", "kind": self.kind, "error": None})
+        return None
+
+    async def _initialize(self) -> str | None:
+        init = self._code.initializer if self._code is not None else None
         if init is None:
             return None
         try:
-            result = init(Context(self.spec))
-            if inspect.iscoroutine(result):
-                asyncio.run(result)
-        except Exception as exc:
+            if inspect.iscoroutinefunction(init):
+                await init(Context(self.spec))
+            else:
+                result = await asyncio.to_thread(init, Context(self.spec))
+                if inspect.iscoroutine(result):
+                    await result
+        except Exception as exc:  # user code
             log.error("initializer failed:\n%s", traceback.format_exc())
             return f"initializer failed: {type(exc).__name__}: {exc}"
         return None
 
     def serve(self) -> None:
-        signal.signal(signal.SIGUSR1, self._on_cancel_signal)
         threading.Thread(target=self._write_loop, name="fnstream-worker-writer", daemon=True).start()
-        threading.Thread(target=self._streams_loop.run_forever, name="fnstream-worker-streams", daemon=True).start()
-        bind_broker(self.streams, self._streams_loop)
+        asyncio.set_event_loop(self.loop)
+        bind_broker(self.streams, self.loop)
         # The reader runs before the initializer, which may use named streams (their replies).
         threading.Thread(target=self._read_loop, name="fnstream-worker-reader", daemon=True).start()
-        init_error = self.start()
+        load_error = self.load()
+        self.loop.run_until_complete(self._serve(load_error))
+
+    async def _serve(self, load_error: str | None) -> None:
+        init_error = load_error or await self._initialize()
         self.post({"t": "ready", "pid": os.getpid(), "init_error": init_error})
-        while True:
-            msg = self._inbox.get()
-            if msg["t"] == "stop":
-                self._stop()
-                return
-            if not self._run(msg):
-                return
+        await self._done.wait()
 
     # -- reader thread -------------------------------------------------------------------------
     def _read_loop(self) -> None:
@@ -217,149 +397,196 @@ class Worker:
             try:
                 msg = self.conn.recv()
             except (ConnectionClosed, ProtocolError):
-                os._exit(0)  # the frontend is gone: nobody can use this worker any more
-            if msg["t"] == "invoke" or msg["t"] == "stop":
-                self._inbox.put(msg)
-            elif msg["t"] == "credit":
-                with self._cond:
-                    if self._inv is not None and self._inv.id == msg["id"]:
-                        self._credits += int(msg["n"])
-                        self._cond.notify_all()
-            elif msg["t"] == "cancel":
-                self._cancel(msg["id"], msg["reason"])
+                _hard_exit(0)  # the frontend is gone: nobody can use this worker any more
+            if msg["t"] == "credit":
+                self._on_credit(msg["id"], int(msg["n"]))
             elif msg["t"] == "stream_reply":
-                with self._cond:
-                    self._stream_replies[msg["seq"]] = msg
-                    self._cond.notify_all()
+                self._on_stream_reply(msg)
+            elif msg["t"] == "hello":
+                continue  # only the first frame is a hello (main reads it)
+            elif msg["t"] != "stop" and self._threads is not None:
+                self._on_command(msg)  # def handlers: straight to the thread pool, no hop through the loop
+            else:
+                self.loop.call_soon_threadsafe(self._on_command, msg)
+
+    def _on_command(self, msg: Invoke | Cancel | Stop) -> None:
+        if msg["t"] == "invoke":
+            self._start(msg)
+        elif msg["t"] == "cancel":
+            self._cancel(msg["id"], msg["reason"])
+        else:
+            self._stop_requested = True
+            self.loop.create_task(self._stop())
 
     def _cancel(self, inv_id: str, reason: str) -> None:
         with self._cond:
-            inv = self._inv
-            if inv is None or inv.id != inv_id:
-                self._early_cancel = (inv_id, reason)  # the invoke frame is still in the inbox
+            inv = self._invs.get(inv_id)
+            if inv is None:
+                if len(self._early_cancels) < 1024:
+                    self._early_cancels[inv_id] = reason  # its invoke frame is still on its way
                 return
-            inv.cancel_reason = reason
+            if inv.cancel_reason is None:
+                inv.cancel_reason = reason
             self._cond.notify_all()
-        signal.pthread_kill(self._main_ident, signal.SIGUSR1)
-
-    def _on_cancel_signal(self, signum: int, frame: Any) -> None:
-        inv = self._inv
-        if self._cancellable and inv is not None and inv.cancel_reason is not None:
-            raise _Cancelled(inv.cancel_reason)
-
-    # -- output --------------------------------------------------------------------------------
-    def send_output(self, inv: _Invocation, frame: Write | Item) -> None:
-        """Send a write or item once a credit is available (backpressure from the client)."""
-        with self._cond:
-            while True:
-                if inv.cancel_reason is not None:
-                    raise StreamClosedError(f"stream closed: {inv.cancel_reason}")
-                if self._credits > 0:
-                    self._credits -= 1
-                    break
-                if not self._cond.wait(timeout=max(inv.remaining(), 0.001)) and inv.remaining() <= 0:
-                    raise StreamClosedError("stream write timed out: the client is not reading")
-        self.post(frame)
-
-    def _add_item(self, inv: _Invocation, item: Any) -> None:
-        if inv.streaming:
-            inv.stream.write(item)
-            return
-        payload = encode_payload(item)
-        value = payload if isinstance(item, (str, bytes, bytearray, memoryview)) else json.loads(payload)
-        self.send_output(inv, {"t": "item", "id": inv.id, "v": value})
+            if inv.thread is not None and inv.cancellable and not inv.interrupted:
+                inv.interrupted = True
+                _raise_in_thread(inv.thread, _Cancelled)
+        if inv.credit_waiter is not None:
+            _resolve(inv.credit_waiter, None)
+        if inv.task is not None:
+            inv.task.cancel(reason)
 
     # -- invocations ---------------------------------------------------------------------------
-    def _call(self, inv: _Invocation, ctx: Context) -> Any:
-        handler = self._code.handler
-        if inspect.isasyncgenfunction(handler):
-            async def drain() -> None:
-                async for item in handler(inv.event, ctx):
-                    self._add_item(inv, item)
-            asyncio.run(self._on_own_loop(drain()))
-            return None
-        result = handler(inv.event, ctx)
-        if inspect.iscoroutine(result):
-            return asyncio.run(self._on_own_loop(result))
-        if inspect.isgenerator(result):
-            return drain_generator(result, lambda item: self._add_item(inv, item))
-        return result
-
-    async def _on_own_loop(self, coro: Any) -> Any:
-        """Run an async handler with the stream API bound to its loop (asyncio objects are per loop)."""
-        bind_broker(self.streams, asyncio.get_running_loop())
-        try:
-            return await coro
-        finally:
-            bind_broker(self.streams, self._streams_loop)
-
-    def _run(self, msg: Invoke) -> bool:
-        """Run one invocation and report its outcome; False when this worker must exit."""
+    def _start(self, msg: Invoke) -> None:
         inv = _Invocation(msg, self)
         with self._cond:
-            self._inv = inv
-            self._credits = self.max_credits
-            if self._early_cancel is not None and self._early_cancel[0] == inv.id:
-                inv.cancel_reason = self._early_cancel[1]
-            self._early_cancel = None
-        retire = False
+            self._invs[inv.id] = inv
+            inv.cancel_reason = self._early_cancels.pop(inv.id, None)
+        if self._threads is None:
+            inv.task = self.loop.create_task(self._run_async(inv))
+        else:
+            self._threads.submit(self._run_in_thread, inv)
+
+    async def _run_async(self, inv: _Invocation) -> None:
+        assert self._code is not None
+        handler = self._code.handler
+        try:
+            if inv.cancel_reason is not None:
+                raise _Cancelled(inv.cancel_reason)
+            ctx = Context(self.spec, inv)
+            if self.kind == "asyncgen":
+                async with contextlib.aclosing(handler(inv.event, ctx)) as items:
+                    async for item in items:
+                        await self._item(inv, item)
+                result = None
+            else:
+                result = await handler(inv.event, ctx)
+                await inv.stream.flush()  # a last write the handler did not await must not be lost
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            if inv.cancel_reason is not None:
+                self._report(inv, None, _Cancelled(inv.cancel_reason))
+            else:  # the handler's own code let a CancelledError escape: a handler failure
+                self._report(inv, None, exc)
+        except BaseException as exc:  # classified in _report
+            self._report(inv, None, exc)
+        else:
+            self._report(inv, result, None)
+
+    def _run_in_thread(self, inv: _Invocation) -> None:
+        assert self._code is not None
+        handler = self._code.handler
+        result: Any = None
+        error: BaseException | None = None
         try:
             try:
-                self._cancellable = True
-                if inv.cancel_reason is not None:
-                    raise _Cancelled(inv.cancel_reason)
-                result = self._call(inv, Context(self.spec, inv))
+                with self._cond:
+                    inv.thread = threading.get_ident()
+                    inv.cancellable = True
+                    if inv.cancel_reason is not None:
+                        raise _Cancelled(inv.cancel_reason)
+                ctx = Context(self.spec, inv)
+                result = handler(inv.event, ctx)
+                if inspect.isgenerator(result):
+                    result = drain_generator(result, lambda item: self._item_blocking(inv, item))
             finally:
-                self._cancellable = False
-            text = encode_json(result)
-            self.post({"t": "result", "id": inv.id, "json": text})
-            return True
-        except _Cancelled as exc:
-            outcome: tuple[str, str] = ("StreamClosedError", f"stream closed: {exc}")
-        except FunctionServiceError as exc:
-            outcome = (type(exc).__name__, exc.message)
-        except MemoryError:
-            # The heap may be in any state now: report, then let the frontend start a fresh worker.
-            outcome, retire = (MemoryLimitError.__name__,
-                               f"function {self.spec.name!r} exceeded its memory limit of {self.spec.memory} MB"), True
-        except SystemExit as exc:
-            outcome = ("HandlerError", handler_failure(exc).message)
-        except BaseException as exc:
+                with self._cond:
+                    inv.cancellable = False
+                    if inv.interrupted:
+                        _raise_in_thread(threading.get_ident(), None)  # not raised yet: withdraw it
+        except BaseException as exc:  # classified in _report, including our _Cancelled
+            error = exc
+        self._report(inv, result, error)
+
+    def _report(self, inv: _Invocation, result: Any, exc: BaseException | None) -> None:
+        """Send the invocation's outcome (from its task or its thread) and forget it."""
+        retire = False
+        if exc is None:
+            try:
+                text = encode_json(result)
+            except ResultNotSerializableError as err:
+                exc = err
+            else:
+                self._post_outcome({"t": "result", "id": inv.id, "json": text})
+        if exc is not None:
+            name, message, retire = self._classify(inv, exc)
+            self._post_outcome({"t": "error", "id": inv.id, "error": name, "message": message, "retire": retire})
+        with self._cond:
+            self._invs.pop(inv.id, None)
+            if retire:
+                self._retiring = True
+            leave = self._retiring and not self._invs
+        if leave:
+            self.loop.call_soon_threadsafe(self._done.set)
+
+    def _classify(self, inv: _Invocation, exc: BaseException) -> tuple[str, str, bool]:
+        if isinstance(exc, _Cancelled):
+            return "StreamClosedError", f"stream closed: {inv.cancel_reason or exc}", False
+        if isinstance(exc, FunctionServiceError):
+            return type(exc).__name__, exc.message, False
+        if isinstance(exc, MemoryError):
+            # The heap may be in any state now: report, let the others finish, then make way for a fresh worker.
+            return (MemoryLimitError.__name__,
+                    f"function {self.spec.name!r} exceeded its memory limit of {self.spec.memory} MB", True)
+        if not isinstance(exc, SystemExit):
             log.error("invocation %s raised:\n%s", inv.id, "".join(traceback.format_exception(exc)))
-            outcome = ("HandlerError", handler_failure(exc).message)
-        finally:
-            with self._cond:
-                self._inv = None
-                self._stream_replies.clear()  # answers to calls a cancelled handler gave up on
-        self.post({"t": "error", "id": inv.id, "error": outcome[0], "message": outcome[1], "retire": retire})
-        if retire:
-            self.flush()
-        return not retire
+        return "HandlerError", handler_failure(exc).message, False
 
     # -- named streams -------------------------------------------------------------------------
-    def stream_call(self, op: str, *args: Any) -> Any:
-        """Run a named-stream operation in the frontend and wait for its answer."""
+    def _next_seq(self) -> int:
         with self._cond:
             self._stream_seq += 1
-            seq = self._stream_seq
+            return self._stream_seq
+
+    def stream_call(self, op: str, *args: Any) -> Any:
+        """Run a named-stream operation in the frontend and wait for its answer (blocking)."""
+        seq = self._next_seq()
         self.post({"t": "stream_call", "seq": seq, "op": op, "args": list(args)})
         with self._cond:
             while seq not in self._stream_replies:
                 self._cond.wait()
             reply = self._stream_replies.pop(seq)
-        if "error" in reply:
-            raise stream_error(reply["error"], reply["message"])
-        return reply.get("value")
+        return _stream_value(reply)
+
+    async def astream_call(self, op: str, *args: Any) -> Any:
+        """`stream_call` awaited on the worker's loop (no thread held while the frontend answers)."""
+        seq = self._next_seq()
+        waiter: asyncio.Future[StreamReply] = self.loop.create_future()
+        with self._cond:
+            self._stream_waiters[seq] = waiter
+        self.post({"t": "stream_call", "seq": seq, "op": op, "args": list(args)})
+        try:
+            reply = await waiter
+        finally:
+            with self._cond:
+                self._stream_waiters.pop(seq, None)
+        return _stream_value(reply)
+
+    def stream_post(self, op: str, *args: Any) -> None:
+        """A stream operation whose answer nobody waits for (seq 0 replies are dropped)."""
+        self.post({"t": "stream_call", "seq": 0, "op": op, "args": list(args)})
+
+    def _on_stream_reply(self, msg: StreamReply) -> None:
+        seq = msg["seq"]
+        with self._cond:
+            waiter = self._stream_waiters.pop(seq, None)
+            if waiter is None and seq:
+                self._stream_replies[seq] = msg
+                self._cond.notify_all()
+        if waiter is not None:
+            self.loop.call_soon_threadsafe(_resolve, waiter, msg)
 
     # -- stop ----------------------------------------------------------------------------------
-    def _stop(self) -> None:
+    async def _stop(self) -> None:
         """Run preStop, then report; the worker exits after this whether or not preStop finished."""
         pre_stop = self._code.pre_stop if self._code is not None else None
-        error = self._run_pre_stop(pre_stop) if pre_stop is not None else None
+        error = await asyncio.to_thread(self._run_pre_stop, pre_stop) if pre_stop is not None else None
         self.post({"t": "stopped", "error": error})
-        self.flush()
+        self._done.set()
 
-    def _run_pre_stop(self, pre_stop: Any) -> str | None:
+    def _run_pre_stop(self, pre_stop: Callable[..., Any]) -> str | None:
         """preStop within min(timeout, 180 s), as for in-process functions (runtime/pre_stop.py).
 
         It runs in a daemon thread, so one that hangs is left behind when the worker exits.
@@ -371,8 +598,8 @@ class Worker:
             try:
                 result = pre_stop(Context(self.spec))
                 if inspect.iscoroutine(result):
-                    asyncio.run(result)
-            except BaseException as exc:
+                    asyncio.run_coroutine_threadsafe(result, self.loop).result()
+            except BaseException as exc:  # user code, including sys.exit
                 log.error("preStop failed:\n%s", traceback.format_exc())
                 errors.append(f"preStop failed: {type(exc).__name__}: {exc}")
             else:
@@ -386,6 +613,54 @@ class Worker:
         return errors[0]
 
 
+def _coalesce(frames: list[ToFrontend]) -> list[ToFrontend]:
+    """Merge the stream writes (and items) of one invocation queued together into its first frame.
+
+    Order per invocation is kept: a write only moves earlier, never past its own result.
+    """
+    if len(frames) == 1:
+        return frames
+    out: list[ToFrontend] = []
+    writes: dict[str, Write] = {}
+    items: dict[str, Item] = {}
+    for frame in frames:
+        if frame["t"] == "write":
+            first_write = writes.get(frame["id"])
+            if first_write is not None:
+                first_write["p"].extend(frame["p"])
+                continue
+            writes[frame["id"]] = frame
+        elif frame["t"] == "item":
+            first_item = items.get(frame["id"])
+            if first_item is not None:
+                first_item["v"].extend(frame["v"])
+                continue
+            items[frame["id"]] = frame
+        elif frame["t"] == "result" or frame["t"] == "error":
+            writes.pop(frame["id"], None)
+            items.pop(frame["id"], None)
+        out.append(frame)
+    return out
+
+
+def _stream_value(reply: StreamReply) -> Any:
+    if "error" in reply:
+        raise stream_error(reply["error"], reply["message"])
+    return reply.get("value")
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
 def _limit_memory(megabytes: int) -> None:
     limit = megabytes * 1024 * 1024
     _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -394,7 +669,7 @@ def _limit_memory(megabytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> NoReturn:
     args = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the frontend decides
     faulthandler.enable()  # a segfault prints the Python stack to the server's stderr
@@ -408,10 +683,17 @@ def main(argv: list[str] | None = None) -> None:
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     root.addHandler(_FrameLogHandler(worker))
+
+    def exit_after_flush(code: int) -> NoReturn:
+        """A handler's os._exit: what it wrote before still reaches the client."""
+        worker.flush()
+        _hard_exit(code)
+    os._exit = exit_after_flush  # type: ignore[assignment]
     worker.serve()
+    worker.flush()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    _hard_exit(0)
 
 
 if __name__ == "__main__":

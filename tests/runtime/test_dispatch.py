@@ -2,6 +2,7 @@
 returns answers through the InvocationSurface (encoded result, generator items aggregated)."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -20,7 +21,8 @@ async def dispatcher():
     registry = Registry([HANDLERS])
     manifest = json.dumps([{"name": "none-d", "handler": "testfns.returns_none", "codePath": str(HANDLERS)},
                            {"name": "gen-d", "handler": "testfns.gen", "codePath": str(HANDLERS), "tenant": "acme"}])
-    await registry.adeploy(parse_manifest(manifest, "test", HANDLERS))
+    specs = await asyncio.to_thread(parse_manifest, manifest, "test", HANDLERS)  # resolves paths: off the loop
+    await registry.adeploy(specs)
     executor = Executor(4)
     yield Dispatcher(registry, executor)
     await registry.stop_workers(0)

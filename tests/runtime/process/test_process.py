@@ -66,7 +66,8 @@ async def wait_ready(client, name: str) -> list[int]:
     async def ready():
         pool = await pool_status(client, name)
         workers = pool["workers"]
-        if len(workers) == pool["instances"] and all(w["state"] == "idle" for w in workers):
+        if pool["instances"] == len(workers) >= max(1, pool["minInstances"]) \
+                and all(w["state"] == "idle" for w in workers):
             return [w["pid"] for w in workers]
         return None
     return await wait_until(ready, f"the workers of {name}")

@@ -13,7 +13,7 @@ import inspect
 import logging
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -70,7 +70,7 @@ class Executor:
         self.active.discard(inv)
         if not inv.entered:
             # Cancelled before its first step, so `_run`'s own cleanup never ran.
-            inv.channel.close()
+            inv.close_output()
             inv.deployment.release()
 
     def _watch_deadlines(self) -> None:
@@ -91,14 +91,8 @@ class Executor:
                 if inv.deployment.executor != "process":
                     inv.time_out(f"function {inv.spec.name!r} timed out after {inv.spec.timeout:g} s")
 
-    async def _run_inline(self, inv: Invocation) -> Any:
-        inv.task = asyncio.current_task()
-        self.active.add(inv)
-        self._watch_deadlines()
-        try:
-            return await self._run(inv)
-        finally:
-            self.active.discard(inv)
+    def _run_inline(self, inv: Invocation) -> Awaitable[Any]:
+        return self._run(inv, inline=True)  # one coroutine, in the task that awaits it
 
     async def drain(self, grace: float) -> int:
         """Let in-flight invocations finish for `grace` seconds, then abort the rest (shutdown)."""
@@ -117,7 +111,11 @@ class Executor:
             self._watchdog.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _run(self, inv: Invocation) -> Any:
+    async def _run(self, inv: Invocation, inline: bool = False) -> Any:
+        if inline:
+            inv.task = asyncio.current_task()
+            self.active.add(inv)
+            self._watch_deadlines()
         inv.entered = True
         dep = inv.deployment
         set_log_context(inv.trace_id, dep.name, inv.id)
@@ -129,7 +127,8 @@ class Executor:
             handler = dep.code.handler
             if dep.kind == "async":
                 result = await handler(inv.event, ctx)
-                await inv.stream.flush()  # a last write the handler did not await must not be lost
+                if inv.has_stream:  # a last write the handler did not await must not be lost
+                    await inv.stream.flush()
                 return result
             if dep.kind == "asyncgen":
                 # aclosing: a cancelled generator runs its cleanup now, not at garbage collection
@@ -162,7 +161,7 @@ class Executor:
                       "".join(traceback.format_exception(exc)))
             raise handler_failure(exc) from None
         finally:
-            inv.channel.close()
+            inv.close_output()
             if thread_future is not None and not thread_future.done():
                 # The thread cannot be killed: its slot is freed when it really ends.
                 def _thread_ended(future: asyncio.Future[Any]) -> None:
@@ -174,6 +173,8 @@ class Executor:
                 thread_future.add_done_callback(_thread_ended)
             else:
                 dep.release()
+            if inline:
+                self.active.discard(inv)
 
     @staticmethod
     def _call_in_thread(inv: Invocation, ctx: Context) -> Any:

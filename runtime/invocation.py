@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import random
+import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator
@@ -35,6 +36,8 @@ __all__ = ("Invocation", "StreamWriter", "encode_payload", "encode_write", "enco
            "new_trace_id", "drain_generator", "WRITTEN", "Written")
 
 log = logging.getLogger("fnstream.runtime")
+
+_LAZY_LOCK = threading.Lock()  # guards the first use of a plain JSON call's channel
 
 
 # The bits uuid4 fixes: version 4 and the RFC 4122 variant.
@@ -119,7 +122,12 @@ class Invocation:
         self.loop = loop
         self.started = time.monotonic()
         self.deadline = self.started + self.spec.timeout
-        self.channel: OutputChannel[str] = OutputChannel(loop, buffer_events)
+        # The channel and the writer are made on first use: a plain JSON call whose handler never
+        # calls `context.get_stream()` needs neither (see `channel`, `stream`).
+        self._buffer_events = buffer_events
+        self._output_closed = False
+        self._channel: OutputChannel[str] | None = None if self.mode == "json" else OutputChannel(loop, buffer_events)
+        self._stream: StreamWriter | None = None
         self.max_write_size = max_write_size
         self.max_response_size = max_response_size
         self.aggregate: list[Any] = []
@@ -130,11 +138,49 @@ class Invocation:
         self.timed_out: str | None = None
         self.entered = False  # the executor's run of it began (its cleanup will run)
         self._deferred: Callable[[Invocation], Awaitable[Any]] | None = None
-        self.stream = StreamWriter(self)
 
     @property
     def streaming(self) -> bool:
         return self.mode != "json"
+
+    @property
+    def channel(self) -> OutputChannel[str]:
+        """The bounded output (SSE and raw responses read it); made on first use."""
+        channel = self._channel
+        if channel is None:
+            with _LAZY_LOCK:  # a thread handler's first get_stream() may race the loop's cancel
+                channel = self._channel
+                if channel is None:
+                    channel = OutputChannel(self.loop, self._buffer_events)
+                    if self._output_closed:
+                        channel.close()
+                    self._channel = channel
+        return channel
+
+    @property
+    def stream(self) -> StreamWriter:
+        """`context.get_stream()`'s writer; made on first use."""
+        stream = self._stream
+        if stream is None:
+            stream = self._stream = StreamWriter(self)
+        return stream
+
+    @property
+    def has_stream(self) -> bool:
+        """The handler asked for its stream (so writes may be pending)."""
+        return self._stream is not None
+
+    def close_output(self) -> None:
+        """The invocation has finished: no more writes (the reader gets what is queued, then [])."""
+        if self._channel is None:
+            with _LAZY_LOCK:
+                self._output_closed = True
+                channel = self._channel
+        else:
+            self._output_closed = True
+            channel = self._channel
+        if channel is not None:
+            channel.close()
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())

@@ -35,7 +35,7 @@ class InvokeOptions:
 
     mode: Mode = "json"
     trace_id: str | None = None
-    # A plain JSON call of an `async def` handler may run in the caller's own task (Executor.start).
+    # A plain JSON call of an in-process handler may run in the caller's own task (Executor.start).
     inline: bool = False
 
 

@@ -46,12 +46,13 @@ class Executor:
     def start(self, inv: Invocation, *, inline: bool = False) -> asyncio.Task[Any] | None:
         """Take a concurrency slot (429 when full) and run the invocation in its own task.
 
-        With `inline`, a plain-JSON call of an `async def` handler does not get a task: it runs in
+        With `inline`, a plain-JSON call of an in-process handler does not get a task: it runs in
         the caller's own task when the caller awaits `inv.outcome()` (one task and one loop turn
-        less per request; nothing reads its output concurrently anyway).
+        less per request; nothing reads its output concurrently anyway). A `def` handler still
+        runs in the thread pool; the caller's task awaits its thread.
         """
         dep = inv.deployment
-        if inline and not inv.streaming and dep.kind in ("async", "asyncgen") and dep.executor != "process":
+        if inline and not inv.streaming and dep.executor != "process":
             dep.acquire()
             inv.defer(self._run_inline)
             return None

@@ -39,6 +39,10 @@ log = logging.getLogger("fnstream.runtime")
 
 _LAZY_LOCK = threading.Lock()  # guards the first use of a plain JSON call's channel
 
+# What `json.dumps(x, ensure_ascii=False, separators=(",", ":"))` uses, made once: dumps with
+# options builds a new encoder on every call. Encoding keeps no state in it (thread-safe).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
 
 # The bits uuid4 fixes: version 4 and the RFC 4122 variant.
 _V4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
@@ -64,7 +68,7 @@ def encode_payload(data: Any) -> str:
         except UnicodeDecodeError:
             raise StreamWriteError("stream write: bytes must be UTF-8 text") from None
     try:
-        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        return _ENCODER.encode(data)
     except (TypeError, ValueError) as exc:
         raise StreamWriteError(f"stream write: {type(data).__name__} is not JSON-serializable: {exc}") from None
 
@@ -81,7 +85,7 @@ def encode_write(data: Any, max_write_size: int) -> str:
 def encode_json(value: Any) -> str:
     """A handler's result as compact JSON text (ResultNotSerializableError if it is not JSON)."""
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        return _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise ResultNotSerializableError(f"the handler's result is not JSON-serializable: {exc}") from None
 
@@ -151,10 +155,9 @@ class Invocation:
             with _LAZY_LOCK:  # a thread handler's first get_stream() may race the loop's cancel
                 channel = self._channel
                 if channel is None:
-                    channel = OutputChannel(self.loop, self._buffer_events)
+                    channel = self._channel = OutputChannel(self.loop, self._buffer_events)
                     if self._output_closed:
                         channel.close()
-                    self._channel = channel
         return channel
 
     @property
@@ -172,13 +175,10 @@ class Invocation:
 
     def close_output(self) -> None:
         """The invocation has finished: no more writes (the reader gets what is queued, then [])."""
-        if self._channel is None:
-            with _LAZY_LOCK:
-                self._output_closed = True
-                channel = self._channel
-        else:
-            self._output_closed = True
-            channel = self._channel
+        # Flag first, then look: `channel` stores the channel first, then looks at the flag, so
+        # whichever comes second closes it.
+        self._output_closed = True
+        channel = self._channel
         if channel is not None:
             channel.close()
 

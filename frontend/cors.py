@@ -107,10 +107,16 @@ def _preflight(request: web.Request, policy: CorsPolicy, origin: str) -> web.Res
 
 
 @web.middleware
-async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+def cors_middleware(request: web.Request, handler: Handler) -> Awaitable[web.StreamResponse]:
+    # Not a coroutine itself: a request without `Origin` (every non-browser client) goes straight
+    # to the handler's coroutine, without one more coroutine wrapped around it.
     origin = request.headers.get("Origin")
     if origin is None:
-        return await handler(request)
+        return handler(request)
+    return _cors_checked(request, handler, origin)
+
+
+async def _cors_checked(request: web.Request, handler: Handler, origin: str) -> web.StreamResponse:
     policy = request.app[CORS_POLICY]
     if policy.allows(origin):
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:

@@ -37,7 +37,7 @@ class InvokeOptions:
 
     mode: Mode = "json"
     trace_id: str | None = None
-    # A plain JSON call of an `async def` handler may run in the caller's own task (Executor.start).
+    # A plain JSON call of an in-process handler may run in the caller's own task (Executor.start).
     inline: bool = False
     # An X-Instance-Session turn: run within the function's session of that id (opened if new). Only
     # an invocation run here has one; one queued for another cluster node is not pinned.

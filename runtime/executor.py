@@ -13,7 +13,7 @@ import inspect
 import logging
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -46,13 +46,13 @@ class Executor:
     def start(self, inv: Invocation, *, inline: bool = False) -> asyncio.Task[Any] | None:
         """Take a concurrency slot (429 when full) and run the invocation in its own task.
 
-        With `inline`, a plain-JSON call of an `async def` handler does not get a task: it runs in
+        With `inline`, a plain-JSON call of an in-process handler does not get a task: it runs in
         the caller's own task when the caller awaits `inv.outcome()` (one task and one loop turn
-        less per request; nothing reads its output concurrently anyway).
+        less per request; nothing reads its output concurrently anyway). A `def` handler still
+        runs in the thread pool; the caller's task awaits its thread.
         """
         dep = inv.deployment
-        if inline and inv.session is None and not inv.streaming and dep.kind in ("async", "asyncgen") \
-                and dep.executor != "process":
+        if inline and inv.session is None and not inv.streaming and dep.executor != "process":
             dep.acquire()
             inv.defer(self._run_inline)
             return None
@@ -72,7 +72,7 @@ class Executor:
         self.active.discard(inv)
         if not inv.entered:
             # Cancelled before its first step, so `_run`'s own cleanup never ran.
-            inv.channel.close()
+            inv.close_output()
             inv.deployment.release()
 
     def _watch_deadlines(self) -> None:
@@ -93,14 +93,8 @@ class Executor:
                 if inv.deployment.executor != "process":
                     inv.time_out(f"function {inv.spec.name!r} timed out after {inv.spec.timeout:g} s")
 
-    async def _run_inline(self, inv: Invocation) -> Any:
-        inv.task = asyncio.current_task()
-        self.active.add(inv)
-        self._watch_deadlines()
-        try:
-            return await self._run(inv)
-        finally:
-            self.active.discard(inv)
+    def _run_inline(self, inv: Invocation) -> Awaitable[Any]:
+        return self._run(inv, inline=True)  # one coroutine, in the task that awaits it
 
     async def _run_in_session(self, inv: Invocation) -> Any:
         """One turn of an X-Instance-Session: wait until the session has room, then run.
@@ -138,7 +132,11 @@ class Executor:
             self._watchdog.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _run(self, inv: Invocation) -> Any:
+    async def _run(self, inv: Invocation, inline: bool = False) -> Any:
+        if inline:
+            inv.task = asyncio.current_task()
+            self.active.add(inv)
+            self._watch_deadlines()
         inv.entered = True
         dep = inv.deployment
         set_log_context(inv.trace_id, dep.name, inv.id)
@@ -150,7 +148,8 @@ class Executor:
             handler = dep.code.handler
             if dep.kind == "async":
                 result = await handler(inv.event, ctx)
-                await inv.stream.flush()  # a last write the handler did not await must not be lost
+                if inv.has_stream:  # a last write the handler did not await must not be lost
+                    await inv.stream.flush()
                 return result
             if dep.kind == "asyncgen":
                 # aclosing: a cancelled generator runs its cleanup now, not at garbage collection
@@ -183,7 +182,7 @@ class Executor:
                       "".join(traceback.format_exception(exc)))
             raise handler_failure(exc) from None
         finally:
-            inv.channel.close()
+            inv.close_output()
             if thread_future is not None and not thread_future.done():
                 # The thread cannot be killed: its slot is freed when it really ends.
                 def _thread_ended(future: asyncio.Future[Any]) -> None:
@@ -195,6 +194,8 @@ class Executor:
                 thread_future.add_done_callback(_thread_ended)
             else:
                 dep.release()
+            if inline:
+                self.active.discard(inv)
 
     @staticmethod
     def _call_in_thread(inv: Invocation, ctx: Context) -> Any:

@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import random
+import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator
@@ -36,6 +37,12 @@ __all__ = ("Invocation", "StreamWriter", "encode_payload", "encode_write", "enco
            "new_trace_id", "drain_generator", "WRITTEN", "Written")
 
 log = logging.getLogger("fnstream.runtime")
+
+_LAZY_LOCK = threading.Lock()  # guards the first use of a plain JSON call's channel
+
+# What `json.dumps(x, ensure_ascii=False, separators=(",", ":"))` uses, made once: dumps with
+# options builds a new encoder on every call. Encoding keeps no state in it (thread-safe).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 # The bits uuid4 fixes: version 4 and the RFC 4122 variant.
@@ -62,7 +69,7 @@ def encode_payload(data: Any) -> str:
         except UnicodeDecodeError:
             raise StreamWriteError("stream write: bytes must be UTF-8 text") from None
     try:
-        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        return _ENCODER.encode(data)
     except (TypeError, ValueError) as exc:
         raise StreamWriteError(f"stream write: {type(data).__name__} is not JSON-serializable: {exc}") from None
 
@@ -79,7 +86,7 @@ def encode_write(data: Any, max_write_size: int) -> str:
 def encode_json(value: Any) -> str:
     """A handler's result as compact JSON text (ResultNotSerializableError if it is not JSON)."""
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        return _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise ResultNotSerializableError(f"the handler's result is not JSON-serializable: {exc}") from None
 
@@ -120,7 +127,12 @@ class Invocation:
         self.loop = loop
         self.started = time.monotonic()
         self.deadline = self.started + self.spec.timeout
-        self.channel: OutputChannel[str] = OutputChannel(loop, buffer_events)
+        # The channel and the writer are made on first use: a plain JSON call whose handler never
+        # calls `context.get_stream()` needs neither (see `channel`, `stream`).
+        self._buffer_events = buffer_events
+        self._output_closed = False
+        self._channel: OutputChannel[str] | None = None if self.mode == "json" else OutputChannel(loop, buffer_events)
+        self._stream: StreamWriter | None = None
         self.max_write_size = max_write_size
         self.max_response_size = max_response_size
         self.aggregate: list[Any] = []
@@ -133,7 +145,6 @@ class Invocation:
         self._deferred: Callable[[Invocation], Awaitable[Any]] | None = None
         self.session: Session | None = None  # X-Instance-Session (runtime/sessions.py)
         self.session_restarted = False        # the session's earlier instance died before this turn
-        self.stream = StreamWriter(self)
 
     @property
     def streaming(self) -> bool:
@@ -142,6 +153,41 @@ class Invocation:
     @property
     def session_id(self) -> str | None:
         return self.session.id if self.session is not None else None
+
+    @property
+    def channel(self) -> OutputChannel[str]:
+        """The bounded output (SSE and raw responses read it); made on first use."""
+        channel = self._channel
+        if channel is None:
+            with _LAZY_LOCK:  # a thread handler's first get_stream() may race the loop's cancel
+                channel = self._channel
+                if channel is None:
+                    channel = self._channel = OutputChannel(self.loop, self._buffer_events)
+                    if self._output_closed:
+                        channel.close()
+        return channel
+
+    @property
+    def stream(self) -> StreamWriter:
+        """`context.get_stream()`'s writer; made on first use."""
+        stream = self._stream
+        if stream is None:
+            stream = self._stream = StreamWriter(self)
+        return stream
+
+    @property
+    def has_stream(self) -> bool:
+        """The handler asked for its stream (so writes may be pending)."""
+        return self._stream is not None
+
+    def close_output(self) -> None:
+        """The invocation has finished: no more writes (the reader gets what is queued, then [])."""
+        # Flag first, then look: `channel` stores the channel first, then looks at the flag, so
+        # whichever comes second closes it.
+        self._output_closed = True
+        channel = self._channel
+        if channel is not None:
+            channel.close()
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())

@@ -1,0 +1,48 @@
+"""Plain JSON calls run in the request's own task and build no output channel unless used: their
+endings (timeout, late writes, a client leaving) must behave exactly as before, for `def` handlers too."""
+import asyncio
+
+from frontend.keys import REGISTRY
+from tests.support.servers import fn, test_config
+
+
+def state_of(client, name):
+    return client.server.app[REGISTRY].get(name).code.handler.__globals__["STATE"]
+
+
+async def wait_for(predicate, timeout=3.0, step=0.02):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(step)
+    return predicate()
+
+
+async def test_plain_json_thread_handler_timeout_refuses_its_later_writes(make_client, deploy_dir):
+    client = await make_client(test_config(deploy_dir(fn("slowj", "testfns.sync_sleep_then_write", timeout=0.2))))
+    resp = await client.post("/serverless/v1/functions/slowj/invocations", json={"seconds": 0.5})
+    assert resp.status == 504
+    body = await resp.json()
+    assert body["code"] == 4010 and "timed out" in body["message"]
+    assert resp.headers["X-Inner-Code"] == "4010" and resp.headers["X-Request-Id"] == body["trace_id"]
+    # The stream the thread asks for after the deadline refuses the write (its channel is made then).
+    assert await wait_for(lambda: ("late-write", "StreamClosedError") in state_of(client, "slowj")["log"])
+    dep = client.server.app[REGISTRY].get("slowj")
+    assert await wait_for(lambda: dep.inflight == 0)
+
+
+async def test_plain_json_thread_handler_keeps_its_slot_until_the_thread_ends(make_client, deploy_dir):
+    client = await make_client(test_config(deploy_dir(fn("sleept", "testfns.sync_sleep", concurrency=1))))
+    task = asyncio.ensure_future(client.post("/serverless/v1/functions/sleept/invocations", json={"seconds": 2}))
+    dep = client.server.app[REGISTRY].get("sleept")
+    assert await wait_for(lambda: dep.inflight == 1)
+    task.cancel()  # the client leaves; the thread cannot be stopped
+    await asyncio.sleep(0.1)
+    refused = await client.post("/serverless/v1/functions/sleept/invocations", json={"seconds": 0})
+    assert refused.status == 429  # the abandoned thread still holds the only slot
+    assert await wait_for(lambda: dep.inflight == 0, timeout=5)
+    resp = await client.post("/serverless/v1/functions/sleept/invocations", json={"seconds": 0})
+    assert resp.status == 200 and await resp.json() == "woke"
+    assert resp.headers["X-Inner-Code"] == "0" and resp.headers["Content-Type"] == "application/json; charset=utf-8"

@@ -230,22 +230,9 @@ class QueueWorker:
     # -- running -----------------------------------------------------------------------------
     async def _run_entry(self, key: str, entry_id: str, fields: dict[str, str], reclaimed: bool) -> None:
         inv_id = fields.get("id", entry_id)
-        out = self.keys.output(inv_id)
         try:
-            if await self.redis.exists(self.keys.cancelled(inv_id)):
-                return
-            if reclaimed:
-                last: Any = await self.redis.xrevrange(out, count=1)
-                kind = last[0][1].get("t") if last else None
-                if kind in ("result", "error"):
-                    return  # finished, only the ack was lost
-                if kind == "data":
-                    err = WorkerLostError(f"the worker running {fields.get('function')!r} was lost after its "
-                                          "output began; the invocation was not retried")
-                    await self._write(inv_id, [self._error_fields(err)])
-                    return
-                log.info("worker %s: re-running invocation %s taken over from a lost worker", self.id, inv_id)
-            await self._execute(inv_id, fields)
+            if await self._should_run(inv_id, fields, reclaimed):
+                await self._execute(inv_id, fields)
         except REDIS_DOWN as exc:
             # Leave the entry pending and stop touching it: once idle it is reclaimed (and re-run if
             # no output went out, else answered with "worker lost").
@@ -262,6 +249,24 @@ class QueueWorker:
             self._running.pop(inv_id, None)
             self.completed += 1
         await self._done_with(inv_id)
+
+    async def _should_run(self, inv_id: str, fields: dict[str, str], reclaimed: bool) -> bool:
+        """False when there is nothing to run, only the entry to ack: cancelled while queued, or
+        (reclaimed) already answered, or answered here with "worker lost" since its output had begun."""
+        if await self.redis.exists(self.keys.cancelled(inv_id)):
+            return False
+        if reclaimed:
+            last: Any = await self.redis.xrevrange(self.keys.output(inv_id), count=1)
+            kind = last[0][1].get("t") if last else None
+            if kind in ("result", "error"):
+                return False  # finished, only the ack was lost
+            if kind == "data":
+                err = WorkerLostError(f"the worker running {fields.get('function')!r} was lost after its "
+                                      "output began; the invocation was not retried")
+                await self._write(inv_id, [self._error_fields(err)])
+                return False
+            log.info("worker %s: re-running invocation %s taken over from a lost worker", self.id, inv_id)
+        return True
 
     def _error_fields(self, exc: FunctionServiceError) -> dict[str, str]:
         return {"t": "error", "code": str(exc.code), "status": str(exc.status), "message": exc.message}

@@ -6,7 +6,8 @@ single Redis one reader covers every queue), runs each invocation with the ordin
 output stream. While it lives it refreshes a heartbeat key and resets the idle time of the entries it
 holds; entries of a dead worker go idle and another worker takes them with XAUTOCLAIM. A reclaimed invocation whose
 output had already begun is not run again: the client gets a "worker lost" error instead.
-Cancellations arrive on a pub/sub channel (and as a key checked before starting).
+Cancellations arrive on a pub/sub channel and as a key, checked before starting and by every
+output write (one script): once the frontend dropped an invocation's keys, a late write cannot recreate them.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import time
 from typing import Any, cast, get_args
 
 import redis.asyncio as aioredis
-from redis.typing import EncodableT, FieldT, StreamIdT
+from redis.typing import EncodableT, KeyT, StreamIdT
 
 from runtime.errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError
 from runtime.executor import Executor
@@ -30,6 +31,20 @@ from .settings import REDIS_DOWN, AnyRedis, Backoff, Keys, WorkerLostError, slot
 __all__ = ("QueueWorker",)
 
 log = logging.getLogger("fnstream.cluster")
+
+# KEYS: output stream, cancel marker; ARGV: ttl, then per entry its field count * 2 and the pairs.
+# One script so the check and the writes are atomic: the frontend's cancel cannot fall in between.
+_APPEND = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+local i = 2
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  redis.call('XADD', KEYS[1], '*', unpack(ARGV, i + 1, i + n))
+  i = i + n + 1
+end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
 
 
 class QueueWorker:
@@ -52,6 +67,7 @@ class QueueWorker:
         self._jobs: set[asyncio.Task[Any]] = set()
         self.completed = 0
         self.taking = True  # False once shutting down: it serves no function, what it runs goes on
+        self._append = redis.register_script(_APPEND)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -214,22 +230,9 @@ class QueueWorker:
     # -- running -----------------------------------------------------------------------------
     async def _run_entry(self, key: str, entry_id: str, fields: dict[str, str], reclaimed: bool) -> None:
         inv_id = fields.get("id", entry_id)
-        out = self.keys.output(inv_id)
         try:
-            if await self.redis.exists(self.keys.cancelled(inv_id)):
-                return
-            if reclaimed:
-                last: Any = await self.redis.xrevrange(out, count=1)
-                kind = last[0][1].get("t") if last else None
-                if kind in ("result", "error"):
-                    return  # finished, only the ack was lost
-                if kind == "data":
-                    err = WorkerLostError(f"the worker running {fields.get('function')!r} was lost after its "
-                                          "output began; the invocation was not retried")
-                    await self._write(out, [self._error_fields(err)])
-                    return
-                log.info("worker %s: re-running invocation %s taken over from a lost worker", self.id, inv_id)
-            await self._execute(inv_id, out, fields)
+            if await self._should_run(inv_id, fields, reclaimed):
+                await self._execute(inv_id, fields)
         except REDIS_DOWN as exc:
             # Leave the entry pending and stop touching it: once idle it is reclaimed (and re-run if
             # no output went out, else answered with "worker lost").
@@ -247,17 +250,39 @@ class QueueWorker:
             self.completed += 1
         await self._done_with(inv_id)
 
+    async def _should_run(self, inv_id: str, fields: dict[str, str], reclaimed: bool) -> bool:
+        """False when there is nothing to run, only the entry to ack: cancelled while queued, or
+        (reclaimed) already answered, or answered here with "worker lost" since its output had begun."""
+        if await self.redis.exists(self.keys.cancelled(inv_id)):
+            return False
+        if reclaimed:
+            last: Any = await self.redis.xrevrange(self.keys.output(inv_id), count=1)
+            kind = last[0][1].get("t") if last else None
+            if kind in ("result", "error"):
+                return False  # finished, only the ack was lost
+            if kind == "data":
+                err = WorkerLostError(f"the worker running {fields.get('function')!r} was lost after its "
+                                      "output began; the invocation was not retried")
+                await self._write(inv_id, [self._error_fields(err)])
+                return False
+            log.info("worker %s: re-running invocation %s taken over from a lost worker", self.id, inv_id)
+        return True
+
     def _error_fields(self, exc: FunctionServiceError) -> dict[str, str]:
         return {"t": "error", "code": str(exc.code), "status": str(exc.status), "message": exc.message}
 
-    async def _write(self, out: str, entries: list[dict[str, str]]) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for fields in entries:
-                pipe.xadd(out, cast("dict[FieldT, EncodableT]", fields))
-            pipe.expire(out, max(1, int(self.ttl)))
-            await pipe.execute()
+    async def _write(self, inv_id: str, entries: list[dict[str, str]]) -> bool:
+        """Append to the output stream and renew its TTL; False (nothing written) once the frontend
+        cancelled: it deleted the keys, and a late write would recreate them until they expire."""
+        args: list[EncodableT] = [max(1, int(self.ttl))]
+        for fields in entries:
+            args.append(len(fields) * 2)
+            for name, value in fields.items():
+                args += (name, value)
+        keys: list[KeyT] = [self.keys.output(inv_id), self.keys.cancelled(inv_id)]
+        return bool(await self._append(keys, args))
 
-    async def _execute(self, inv_id: str, out: str, fields: dict[str, str]) -> None:
+    async def _execute(self, inv_id: str, fields: dict[str, str]) -> None:
         name = fields.get("function", "")
         try:
             dep = self.registry.get(name)
@@ -274,10 +299,11 @@ class QueueWorker:
             if not await self._start_when_free(inv, inv_id):
                 return
         except FunctionServiceError as exc:
-            await self._write(out, [{"t": "start", "worker": self.id}, self._error_fields(exc)])
+            await self._write(inv_id, [{"t": "start", "worker": self.id}, self._error_fields(exc)])
             return
         self._running[inv_id] = inv
-        await self._write(out, [{"t": "start", "worker": self.id}])
+        if not await self._write(inv_id, [{"t": "start", "worker": self.id}]):
+            inv.cancel("cancelled")
         written, acked = 0, 0
         while True:
             batch = await inv.channel.get_batch()
@@ -289,7 +315,8 @@ class QueueWorker:
                 acked = int(await self.redis.get(self.keys.ack(inv_id)) or 0)
                 if written - acked >= window:
                     await asyncio.sleep(0.002)
-            await self._write(out, [{"t": "data", "d": payload} for payload in batch])
+            if not await self._write(inv_id, [{"t": "data", "d": payload} for payload in batch]):
+                inv.cancel("cancelled")  # the frontend gave up: stop now, even if its message is late
             written += len(batch)
         try:
             terminal = {"t": "result", "d": await inv.encoded_result() or ""}
@@ -299,7 +326,7 @@ class QueueWorker:
             return  # the client is gone: nobody reads the output
         except FunctionServiceError as exc:
             terminal = self._error_fields(exc)
-        await self._write(out, [terminal])
+        await self._write(inv_id, [terminal])
 
     async def _start_when_free(self, inv: Invocation, inv_id: str) -> bool:
         """Start it; a queued invocation waits for a free concurrency slot (False: cancelled meanwhile)."""

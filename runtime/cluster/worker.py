@@ -195,7 +195,8 @@ class QueueWorker:
                         reply = await self.redis.xautoclaim(key, Keys.GROUP, self.id, int(self.claim_idle * 1000),
                                                             "0-0", count=free)
                         for entry_id, fields in reply[1]:
-                            if fields:
+                            # Not one it runs itself: a stalled loop can let its own entries go idle.
+                            if fields and fields.get("id", entry_id) not in self._held:
                                 self._take(key, entry_id, fields, reclaimed=True)
                                 taken += 1
                     finally:

@@ -17,7 +17,8 @@ from runtime.streams import AbstractBroker, bind_broker, build_broker, unbind_br
 from .auth import auth_middleware
 from .errors import error_middleware
 from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY
-from .routes import admin, health, invoke, openai, streams
+from .jobs import attach_jobs
+from .routes import admin, health, invoke, jobs, openai, runpod, streams
 
 __all__ = ("build_app", "build_registry", "serve", "SERVER_KWARGS")
 
@@ -64,6 +65,8 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app.add_routes(admin.routes)
     app.add_routes(streams.routes)
     app.add_routes(openai.routes)
+    app.add_routes(jobs.routes)    # [jobs] /serverless/v1/jobs..., async-results
+    app.add_routes(runpod.routes)  # [jobs] RunPod's /v2/{fn}/...
 
     async def _shutdown_executor(app: web.Application):
         yield
@@ -90,6 +93,7 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
         await broker.close()
 
     app.cleanup_ctx.append(_bind_broker)
+    attach_jobs(app)  # [jobs] job store, runner and webhooks (after the drain handler: see attach_jobs)
     if config.cluster.redisUrl:  # cluster mode: registry, queue and streams shared through Redis
         from .cluster import attach_cluster
         attach_cluster(app)

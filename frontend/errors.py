@@ -14,7 +14,7 @@ from runtime.invocation import new_trace_id
 
 from .keys import TRACE_ID
 
-__all__ = ("error_response", "error_middleware", "is_openai_path", "openai_error_body")
+__all__ = ("error_response", "error_middleware", "is_openai_path", "is_runpod_path", "openai_error_body")
 
 log = logging.getLogger("fnstream.frontend")
 
@@ -24,7 +24,12 @@ _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403:
 
 
 def is_openai_path(path: str) -> bool:
-    return path.startswith("/v1/")
+    return path.startswith("/v1/") or (path.startswith("/v2/") and "/openai/v1/" in path)
+
+
+def is_runpod_path(path: str) -> bool:
+    """[jobs] RunPod's /v2/{fn}/... routes answer RunPod's error shape `{"error": message}`."""
+    return path.startswith("/v2/")
 
 
 def openai_error_body(status: int, message: str, code: str | int | None = None) -> dict:
@@ -39,6 +44,8 @@ def error_response(request: web.Request, exc: FunctionServiceError) -> web.Respo
         headers["X-Trace-Id"] = trace_id
     if is_openai_path(request.path):
         body = openai_error_body(exc.status, exc.message, exc.code)
+    elif is_runpod_path(request.path):
+        body = {"error": exc.message}
     else:
         body = exc.to_dict()
         if trace_id:

@@ -100,6 +100,9 @@ async def start_invocation(request: web.Request, dep: Deployment, event: Any, mo
 
 async def run_invocation(request: web.Request, dep: Deployment, event: Any) -> web.StreamResponse:
     """Invoke `dep` with `event` and answer as the request's Accept header asks."""
+    if request.headers.get("X-Invoke-Type", "").strip().lower() == "async":  # [jobs hook] openYuanrong async
+        from .jobs import submit_async
+        return await submit_async(request, dep, event)
     args = request.app[CONFIG].frontend.args
     mode = negotiate_mode(request.headers.get("Accept"), args.enableEvent)
     inv = await start_invocation(request, dep, event, mode, inline=True)

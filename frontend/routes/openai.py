@@ -30,7 +30,7 @@ from ..keys import CONFIG, PRINCIPAL
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 from .invoke import find_function, start_invocation
 
-__all__ = ("routes", "CHAT_ROUTE", "COMPLETIONS_ROUTE")
+__all__ = ("routes", "CHAT_ROUTE", "COMPLETIONS_ROUTE", "serve_openai", "model_object")
 
 log = logging.getLogger("fnstream.frontend")
 routes = web.RouteTableDef()
@@ -57,7 +57,8 @@ def _check_tenant(request: web.Request, dep: Deployment) -> None:
                              f"of tenant {dep.spec.tenant!r}")
 
 
-async def _serve(request: web.Request, route: str) -> web.StreamResponse:
+async def _serve(request: web.Request, route: str, function: str | None = None) -> web.StreamResponse:
+    """`function`: [jobs hook] RunPod's `/v2/{function}/openai/v1/...` names the function itself."""
     body = await read_json_body(request)
     if not isinstance(body, dict):
         raise BadRequestError("the request body must be a JSON object")
@@ -67,7 +68,7 @@ async def _serve(request: web.Request, route: str) -> web.StreamResponse:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequestError("missing required parameter 'model' (a string)")
-    dep = find_function(request.app, _function_names(request)[route])
+    dep = find_function(request.app, function or _function_names(request)[route])
     _check_tenant(request, dep)
     if dep.spec.models and model not in dep.spec.models:
         return _model_not_found(model)
@@ -161,6 +162,9 @@ def _single_object(inv: Invocation, parts: list[str], result: Any) -> dict:
     return answer
 
 
+serve_openai = _serve
+
+
 @routes.post(CHAT_ROUTE)
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _serve(request, CHAT_ROUTE)
@@ -187,6 +191,9 @@ def _served_models(request: web.Request) -> dict[str, Any]:
 def _model_object(model: str, dep: Any) -> dict:
     # `created` is when the model was made; fnstream does not know it, so 0.
     return {"id": model, "object": "model", "created": 0, "owned_by": dep.spec.tenant}
+
+
+model_object = _model_object
 
 
 @routes.get("/v1/models")

@@ -1,0 +1,418 @@
+"""Runs jobs: a queue per function, started through the ordinary invocation path as slots free up.
+
+A job is an `Invocation` in streaming mode started by the `Executor` like any request; its
+channel batches become the job's numbered output items. Queued jobs wait for the function's
+`concurrency` (a free slot) instead of getting 429; `jobs.maxQueued` bounds the waiting.
+Every change is written through to the store; submit waits for the write, so an acknowledged
+job survives kill -9. After a restart: queued jobs run, a running job with no output runs
+again, a running job with output is FAILED saying the server restarted.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Literal
+
+from ..config import FrontendArgs, JobsConfig
+from ..errors import FunctionNotFoundError, FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError
+from ..invocation import Invocation, encode_payload
+from .errors import JobItemError, JobNotFoundError, JobOutputTooLargeError, JobQueueFullError, JobStateError
+from .model import FINAL, Job, Status, new_job_id
+from .store import JobStore
+
+if TYPE_CHECKING:
+    from ..executor import Executor
+    from ..registry import Deployment, Registry
+
+__all__ = ("JobManager", "JobInvocation", "JobItem")
+
+log = logging.getLogger("fnstream.jobs")
+
+SLOT_POLL = 0.02      # seconds between looks for a free slot while a function is at its concurrency
+SWEEP_EVERY = 60.0    # seconds between expiry sweeps (at most)
+
+
+class JobItem(str):
+    """A generator item in the channel: its text, plus the value the handler yielded."""
+
+    value: Any
+
+    @classmethod
+    def of(cls, item: Any) -> JobItem:
+        text = cls(encode_payload(item))
+        text.value = text if isinstance(item, (str, bytes, bytearray, memoryview)) else item
+        return text
+
+
+class JobInvocation(Invocation):
+    """An Invocation whose generator items keep their value (RunPod's stream items are objects),
+    and, for RunPod jobs, a yielded dict with an `error` key ends the job as FAILED."""
+
+    fail_on_error_items = False
+
+    async def add_item(self, item: Any) -> None:
+        await self.stream.write(JobItem.of(item))
+        self._check_item(item)
+
+    def add_item_blocking(self, item: Any) -> None:
+        self.stream.write(JobItem.of(item))
+        self._check_item(item)
+
+    def _check_item(self, item: Any) -> None:
+        if self.fail_on_error_items and isinstance(item, dict) and item.get("error"):
+            raise JobItemError(_error_text(item["error"]))
+
+
+def _error_text(error: Any) -> str:
+    return error if isinstance(error, str) else encode_payload(error)
+
+
+class JobManager:
+    """Every job of this server: submit, look up, follow, cancel, retry, purge, expire."""
+
+    def __init__(self, config: JobsConfig, args: FrontendArgs, registry: Registry, executor: Executor,
+                 store: JobStore) -> None:
+        self.config = config
+        self.args = args
+        self.registry = registry
+        self.executor = executor
+        self.store = store
+        self.jobs: dict[str, Job] = {}
+        self._queues: dict[str, collections.deque[str]] = {}
+        self._dispatchers: dict[str, asyncio.Task[None]] = {}
+        self._running: dict[str, JobInvocation] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._changed: dict[str, asyncio.Event] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self.on_final: list[Callable[[Job], None]] = []
+        self.queued = 0
+        self.stopping = False
+
+    # -- life --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the stored jobs and apply the restart rules, then run what is queued."""
+        recovered = requeued = 0
+        now = time.time()
+        expired: list[str] = []
+        for job in await self.store.load():
+            if job.final and job.completed_at is not None and job.completed_at + self.config.retentionSeconds < now:
+                expired.append(job.id)  # expired while the server was down
+                continue
+            if job.status == "IN_PROGRESS":
+                recovered += 1
+                if job.outputs:
+                    self._finish(job, "FAILED", error=ServiceUnavailableError(
+                        f"the server restarted while this job was running; it had written {len(job.outputs)} "
+                        "output item(s), so it was not run again"))
+                else:
+                    job.status, job.started_at = "IN_QUEUE", None
+                    self.store.save(job)
+            self.jobs[job.id] = job
+            if job.status == "IN_QUEUE":
+                requeued += 1
+                self._enqueue(job)
+        if expired:
+            self.store.delete(expired)
+        if recovered or requeued:
+            log.info("jobs: %d queued job(s) after restart (%d were running)", requeued, recovered)
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="jobs-sweeper")
+
+    async def stop(self) -> None:
+        """Stop dispatching; running jobs stay IN_PROGRESS in the store (the restart rules apply)."""
+        self.stopping = True
+        tasks = [*self._dispatchers.values(), *self._tasks]
+        if self._sweeper is not None:
+            tasks.append(self._sweeper)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.store.close()
+
+    # -- submit ------------------------------------------------------------------------------
+    async def submit(self, dep: Deployment, event: Any, *, api: Literal["runpod", "yuanrong", "fnstream"],
+                     webhook: str | None = None, execution_timeout: float | None = None,
+                     ttl: float | None = None, job_id: str | None = None) -> Job:
+        """Queue a job of `dep`; returns once it is stored (429 beyond jobs.maxQueued)."""
+        if self.stopping:
+            raise ServiceUnavailableError("the server is shutting down")
+        if self.queued >= self.config.maxQueued:
+            raise JobQueueFullError(f"{self.queued} jobs are queued (jobs.maxQueued); retry later")
+        timeout = dep.spec.timeout if execution_timeout is None else min(execution_timeout, dep.spec.timeout)
+        job = Job(id=job_id or new_job_id(), function=dep.name, tenant=dep.spec.tenant, event=event, api=api,
+                  webhook=webhook, execution_timeout=timeout, ttl=ttl, raw=dep.spec.rawStream)
+        if api == "runpod" and isinstance(event, dict):
+            event["id"] = job.id  # the handler's event is RunPod's job: {"id", "input"}
+        self.jobs[job.id] = job
+        self._enqueue(job)
+        try:
+            await self.store.save(job)
+        except BaseException:
+            self._drop_queued(job)
+            raise
+        return job
+
+    def _drop_queued(self, job: Job) -> None:
+        self.jobs.pop(job.id, None)
+        queue = self._queues.get(job.function)
+        if queue is not None and job.id in queue:
+            queue.remove(job.id)
+            self.queued -= 1
+
+    def _enqueue(self, job: Job) -> None:
+        self._queues.setdefault(job.function, collections.deque()).append(job.id)
+        self.queued += 1
+        task = self._dispatchers.get(job.function)
+        if task is None or task.done():
+            self._dispatchers[job.function] = asyncio.get_running_loop().create_task(
+                self._dispatch(job.function), name=f"jobs-dispatch-{job.function}")
+
+    # -- look up -----------------------------------------------------------------------------
+    def get(self, job_id: str, tenant: str | None = None, function: str | None = None) -> Job:
+        """The job; 404 when unknown, of another tenant (`tenant` given) or of another function."""
+        job = self.jobs.get(job_id)
+        if job is None or (tenant is not None and job.tenant != tenant) or (function is not None
+                                                                            and job.function != function):
+            raise JobNotFoundError(f"job {job_id!r} not found")
+        return job
+
+    def list(self, tenant: str | None = None, function: str | None = None, limit: int = 100) -> list[Job]:
+        jobs = [j for j in self.jobs.values() if (tenant is None or j.tenant == tenant)
+                and (function is None or j.function == function)]
+        return sorted(jobs, key=lambda j: j.created_at, reverse=True)[:limit]
+
+    def changed(self, job: Job) -> asyncio.Event:
+        """An event set at the job's next change (a new output item or a new status)."""
+        event = self._changed.get(job.id)
+        if event is None:
+            event = self._changed[job.id] = asyncio.Event()
+        return event
+
+    def _notify(self, job: Job) -> None:
+        event = self._changed.pop(job.id, None)
+        if event is not None:
+            event.set()
+
+    async def wait(self, job: Job, timeout: float) -> None:
+        """Until the job is final or `timeout` seconds passed."""
+        deadline = time.monotonic() + timeout
+        while not job.final:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(self.changed(job).wait(), left)
+            except TimeoutError:
+                return
+
+    async def follow(self, job: Job, after: int = 0, heartbeat: float | None = None) -> AsyncIterator[list[Any]]:
+        """Batches of output items after item `after`, live, until the job is final and all are out.
+
+        Yields [] after `heartbeat` seconds without a new item (so the caller can ping)."""
+        sent = after
+        while True:
+            event = self.changed(job)
+            if len(job.outputs) > sent:
+                batch = job.outputs[sent:]
+                sent += len(batch)
+                yield batch
+                continue
+            if job.final:
+                return
+            try:
+                await asyncio.wait_for(event.wait(), heartbeat)
+            except TimeoutError:
+                yield []
+
+    # -- change ------------------------------------------------------------------------------
+    def cancel(self, job: Job) -> Job:
+        """Cancel a queued or running job; 409 once it is finished."""
+        if job.final:
+            raise JobStateError(f"job {job.id!r} is already {job.status}; only a queued or running job can "
+                                "be cancelled")
+        inv = self._running.get(job.id)
+        if inv is None:
+            self._finish(job, "CANCELLED", error=_cancelled())
+        else:
+            job.cancel_requested = True
+            inv.cancel("the job was cancelled")
+        return job
+
+    def retry(self, job: Job) -> Job:
+        """Run a FAILED or TIMED_OUT job again (its output starts afresh); 409 otherwise."""
+        if job.status not in ("FAILED", "TIMED_OUT"):
+            raise JobStateError(f"job {job.id!r} is {job.status}; only a FAILED or TIMED_OUT job can be retried")
+        if self.queued >= self.config.maxQueued:
+            raise JobQueueFullError(f"{self.queued} jobs are queued (jobs.maxQueued); retry later")
+        job.status, job.started_at, job.completed_at = "IN_QUEUE", None, None
+        job.result = job.error = job.status_code = None
+        job.aggregated = False
+        job.outputs, job.output_bytes, job.stream_cursor = [], 0, 0
+        job.retried += 1
+        job.created_at = time.time()
+        self.store.clear_outputs(job.id)
+        self.store.save(job)
+        self._notify(job)
+        self._enqueue(job)
+        return job
+
+    def purge(self, function: str) -> int:
+        """Cancel every queued job of `function`; the number cancelled."""
+        queued = [self.jobs[i] for i in self._queues.get(function, ()) if self.jobs[i].status == "IN_QUEUE"]
+        for job in queued:
+            self._finish(job, "CANCELLED", error=_cancelled("the queue was purged"))
+        return len(queued)
+
+    def advance_stream(self, job: Job) -> list[Any]:
+        """RunPod's /stream: the items not returned by /stream before (the cursor is kept)."""
+        items = job.outputs[job.stream_cursor:]
+        if items:
+            job.stream_cursor = len(job.outputs)
+            self.store.save(job)
+        return items
+
+    def counts(self, function: str) -> dict[str, int]:
+        counts = {"completed": 0, "failed": 0, "inProgress": 0, "inQueue": 0, "retried": 0, "cancelled": 0}
+        key = {"COMPLETED": "completed", "FAILED": "failed", "TIMED_OUT": "failed", "IN_PROGRESS": "inProgress",
+               "IN_QUEUE": "inQueue", "CANCELLED": "cancelled"}
+        for job in self.jobs.values():
+            if job.function == function:
+                counts[key[job.status]] += 1
+                counts["retried"] += 1 if job.retried else 0
+        return counts
+
+    # -- run ---------------------------------------------------------------------------------
+    async def _dispatch(self, function: str) -> None:
+        """Start the function's queued jobs in order, each when a concurrency slot is free."""
+        queue = self._queues[function]
+        while queue:
+            job = self.jobs.get(queue[0])
+            if job is None or job.status != "IN_QUEUE":
+                queue.popleft()
+                continue
+            if job.ttl is not None and time.time() > job.created_at + job.ttl:
+                self._finish(job, "TIMED_OUT", error=FunctionTimeoutError(
+                    f"the job's ttl of {job.ttl:g} s passed before it could start"))
+                continue
+            try:
+                dep = self.registry.get(function)
+            except FunctionNotFoundError as exc:
+                self._finish(job, "FAILED", error=exc)
+                continue
+            if dep.inflight >= dep.spec.concurrency:
+                await asyncio.sleep(SLOT_POLL)  # invocations outside jobs free slots too: look again soon
+                continue
+            queue.popleft()
+            self.queued -= 1
+            self._start(job, dep)
+
+    def _start(self, job: Job, dep: Deployment) -> None:
+        args = self.args
+        inv = JobInvocation(dep, job.event, mode="sse", loop=asyncio.get_running_loop(),
+                            buffer_events=args.streamBufferEvents, max_write_size=args.maxWriteSize,
+                            max_response_size=args.maxResponseSize, trace_id=job.id.replace("-", ""))
+        inv.fail_on_error_items = job.api == "runpod"
+        if job.execution_timeout is not None:
+            inv.deadline = min(inv.deadline, inv.started + job.execution_timeout)
+        job.status, job.started_at = "IN_PROGRESS", time.time()
+        try:
+            self.executor.start(inv)
+        except FunctionServiceError as exc:
+            self._finish(job, "FAILED", error=exc)
+            return
+        self._running[job.id] = inv
+        self.store.save(job)
+        self._notify(job)
+        task = asyncio.get_running_loop().create_task(self._collect(job, inv), name=f"job-{job.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _collect(self, job: Job, inv: JobInvocation) -> None:
+        """Read the invocation's output into the job, then record how it ended."""
+        generator_items: list[Any] = []
+        too_large: JobOutputTooLargeError | None = None
+        try:
+            while batch := await inv.channel.get_batch():
+                values = []
+                for payload in batch:
+                    if isinstance(payload, JobItem):
+                        values.append(payload.value)
+                        generator_items.append(payload.value)
+                    else:
+                        values.append(str(payload))
+                    job.output_bytes += len(payload.encode())
+                if job.output_bytes > self.config.maxOutputBytes:
+                    too_large = JobOutputTooLargeError(f"the job's output exceeds jobs.maxOutputBytes "
+                                                       f"({self.config.maxOutputBytes} bytes)")
+                    inv.cancel(too_large.message)
+                    break
+                first = len(job.outputs) + 1
+                job.outputs.extend(values)
+                self._notify(job)
+                self.store.add_outputs(job.id, first, values)
+            try:
+                result = await inv.outcome()
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # the manager is stopping
+                self._finish(job, "FAILED" if too_large else "CANCELLED", error=too_large or _cancelled())
+                return
+            if too_large is not None:
+                self._finish(job, "FAILED", error=too_large)
+                return
+            if result is None and inv.deployment.kind in ("gen", "asyncgen"):
+                result = generator_items  # RunPod's return_aggregate_stream; the sync JSON answer
+                job.aggregated = True
+            if job.api == "runpod" and isinstance(result, dict) and result.get("error"):
+                self._finish(job, "FAILED", error=JobItemError(_error_text(result["error"])))
+                return
+            self._finish(job, "COMPLETED", result=result)
+        except FunctionTimeoutError as exc:
+            self._finish(job, "TIMED_OUT", error=exc)
+        except FunctionServiceError as exc:
+            if self.stopping and isinstance(exc, ServiceUnavailableError):
+                return  # aborted by shutdown: stays IN_PROGRESS in the store (the restart rules apply)
+            self._finish(job, "CANCELLED" if job.cancel_requested else "FAILED",
+                         error=_cancelled() if job.cancel_requested else exc)
+        finally:
+            self._running.pop(job.id, None)
+
+    def _finish(self, job: Job, status: Status, *, result: Any = None, error: FunctionServiceError | None = None) -> None:
+        if job.status == "IN_QUEUE":
+            self.queued -= 1
+        assert status in FINAL
+        job.status, job.completed_at = status, time.time()
+        job.result = result
+        job.error = error.to_dict() if error is not None else None
+        job.status_code = error.status if error is not None else 200
+        self.store.save(job)
+        self._notify(job)
+        for callback in self.on_final:
+            try:
+                callback(job)
+            except Exception:  # noqa: BLE001 - a callback's failure must not lose the job's end
+                log.exception("jobs: on_final callback failed for job %s", job.id)
+
+    # -- expiry ------------------------------------------------------------------------------
+    async def _sweep(self) -> None:
+        interval = min(SWEEP_EVERY, max(0.05, self.config.retentionSeconds / 4))
+        while True:
+            await asyncio.sleep(interval)
+            self.expire()
+
+    def expire(self, now: float | None = None) -> int:
+        """Forget finished jobs older than jobs.retentionSeconds (memory and store)."""
+        limit = (now or time.time()) - self.config.retentionSeconds
+        old = [j.id for j in self.jobs.values() if j.final and j.completed_at is not None and j.completed_at < limit]
+        for job_id in old:
+            del self.jobs[job_id]
+            self._changed.pop(job_id, None)
+        if old:
+            self.store.delete(old)
+        return len(old)
+
+
+def _cancelled(message: str = "the job was cancelled") -> FunctionServiceError:
+    return FunctionServiceError(message, code=200499, status=499)

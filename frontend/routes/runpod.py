@@ -67,7 +67,8 @@ async def _submit(request: web.Request) -> Any:
 @routes.post("/v2/{fn}/run")
 async def run(request: web.Request) -> web.Response:
     job = await _submit(request)
-    return web.json_response({"id": job.id, "status": job.status})
+    # It may have started already while it was being stored; it was acknowledged as queued.
+    return web.json_response({"id": job.id, "status": "IN_QUEUE"})
 
 
 @routes.post("/v2/{fn}/runsync")

@@ -70,10 +70,11 @@ def big(job):
 
 
 def writes_then_returns(event, context):
-    """openYuanrong-style: stream writes, then a result."""
-    for i in range(int(event.get("n", 2))):
+    """openYuanrong-style: stream writes, then a result (RunPod's job event: the input is under "input")."""
+    inp = event.get("input", event)
+    for i in range(int(inp.get("n", 2))):
         if i:
-            time.sleep(float(event.get("delay", 0)))
+            time.sleep(float(inp.get("delay", 0)))
         context.get_stream().write({"n": i})
     return {"ok": True, "got": event}
 

@@ -52,7 +52,8 @@ async def _submit(request: web.Request) -> Any:
     body = await read_json_body(request)
     if not isinstance(body, dict) or "input" not in body:
         raise JobBadRequestError('the request body must be a JSON object with an "input" key')
-    policy = body.get("policy") or {}
+    policy = body.get("policy")
+    policy = {} if policy is None else policy
     if not isinstance(policy, dict):
         raise JobBadRequestError("policy must be an object")
     webhook = body.get("webhook")

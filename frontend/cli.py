@@ -43,7 +43,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"fnstream: {exc.message}", file=sys.stderr)
         return 2
     app = build_app(config, registry)
-    asyncio.run(serve(app, config.frontend.host, config.frontend.port))
+    try:
+        asyncio.run(serve(app, config.frontend.host, config.frontend.port))
+    except FunctionServiceError as exc:  # e.g. the job store is in use by another server
+        print(f"fnstream: {exc.message}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -122,7 +122,7 @@ class SqliteJobStore(JobStore):
         except BlockingIOError:
             lock.close()
             raise ConfigError(f"jobs.path {self.path} is in use by another fnstream server; give each "
-                              "server its own jobs.path (or use jobs.store: redis in cluster mode)") from None
+                              "server its own jobs.path") from None
         lock.write(str(os.getpid()))
         lock.flush()
         self._lock_file = lock

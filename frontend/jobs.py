@@ -8,7 +8,7 @@ then stored jobs are recovered. At stop, dispatching ends and the store is close
 from __future__ import annotations
 
 import logging
-from typing import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
 
 from aiohttp import web
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator
+from typing import Any
 
 __all__ = ("takes_one_parameter", "adapt_handler")
 
@@ -36,7 +37,7 @@ def adapt_handler(func: Callable[..., Any]) -> Callable[..., Any]:
             return await func(event)
         wrapper = coroutine
     elif inspect.isgeneratorfunction(func):
-        def gen(event: Any, context: Any) -> Iterator[Any]:
+        def gen(event: Any, context: Any) -> Generator[Any, Any, Any]:
             return (yield from func(event))
         wrapper = gen
     else:

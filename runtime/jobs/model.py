@@ -114,7 +114,8 @@ class Job:
                 "started_at": self.started_at, "completed_at": self.completed_at, "result": self.result,
                 "error": self.error, "status_code": self.status_code, "webhook": self.webhook,
                 "execution_timeout": self.execution_timeout, "ttl": self.ttl, "retried": self.retried,
-                "raw": self.raw, "aggregated": self.aggregated, "output_bytes": self.output_bytes, "stream_cursor": self.stream_cursor}
+                "raw": self.raw, "aggregated": self.aggregated, "output_bytes": self.output_bytes,
+                "stream_cursor": self.stream_cursor}
 
     @classmethod
     def from_row(cls, row: dict[str, Any], outputs: list[Any]) -> Job:

@@ -13,7 +13,8 @@ import asyncio
 import collections
 import logging
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Literal
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..config import FrontendArgs, JobsConfig
 from ..errors import FunctionNotFoundError, FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError
@@ -177,7 +178,7 @@ class JobManager:
             raise JobNotFoundError(f"job {job_id!r} not found")
         return job
 
-    def list(self, tenant: str | None = None, function: str | None = None, limit: int = 100) -> list[Job]:
+    def list_jobs(self, tenant: str | None = None, function: str | None = None, limit: int = 100) -> list[Job]:
         jobs = [j for j in self.jobs.values() if (tenant is None or j.tenant == tenant)
                 and (function is None or j.function == function)]
         return sorted(jobs, key=lambda j: j.created_at, reverse=True)[:limit]
@@ -379,7 +380,8 @@ class JobManager:
         finally:
             self._running.pop(job.id, None)
 
-    def _finish(self, job: Job, status: Status, *, result: Any = None, error: FunctionServiceError | None = None) -> None:
+    def _finish(self, job: Job, status: Status, *, result: Any = None,
+                error: FunctionServiceError | None = None) -> None:
         if job.status == "IN_QUEUE":
             self.queued -= 1
         assert status in FINAL

@@ -14,9 +14,10 @@ import json
 import logging
 import os
 import sqlite3
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any, Callable, TypeVar
+from typing import IO, Any, TypeVar
 
 from ..errors import ConfigError
 from .model import Job
@@ -54,31 +55,31 @@ class JobStore:
         """Every stored job with its outputs (at start)."""
         return []
 
-    def save(self, job: Job) -> "asyncio.Future[None]":
+    def save(self, job: Job) -> asyncio.Future[None]:
         """Insert or replace the job's fields (not its outputs). Writes are queued at call time,
         so they reach the store in the order made; await the future for durability."""
         return _done()
 
-    def add_outputs(self, job_id: str, first_seq: int, items: list[Any]) -> "asyncio.Future[None]":
+    def add_outputs(self, job_id: str, first_seq: int, items: list[Any]) -> asyncio.Future[None]:
         return _done()
 
-    def clear_outputs(self, job_id: str) -> "asyncio.Future[None]":
+    def clear_outputs(self, job_id: str) -> asyncio.Future[None]:
         return _done()
 
-    def delete(self, job_ids: list[str]) -> "asyncio.Future[None]":
+    def delete(self, job_ids: list[str]) -> asyncio.Future[None]:
         return _done()
 
     async def load_functions(self) -> list[dict[str, Any]]:
         return []
 
-    def save_function(self, name: str, spec: dict[str, Any]) -> "asyncio.Future[None]":
+    def save_function(self, name: str, spec: dict[str, Any]) -> asyncio.Future[None]:
         return _done()
 
-    def delete_function(self, name: str) -> "asyncio.Future[None]":
+    def delete_function(self, name: str) -> asyncio.Future[None]:
         return _done()
 
 
-def _done() -> "asyncio.Future[None]":
+def _done() -> asyncio.Future[None]:
     future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     future.set_result(None)
     return future
@@ -99,7 +100,7 @@ class SqliteJobStore(JobStore):
         self._db: sqlite3.Connection | None = None
         self._lock_file: IO[str] | None = None
 
-    def _run(self, fn: Callable[[sqlite3.Connection], T]) -> "asyncio.Future[T]":
+    def _run(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """Queue `fn` on the store's thread now; the future resolves when it ran."""
         def call() -> T:
             assert self._db is not None, "the job store is not open"
@@ -107,7 +108,7 @@ class SqliteJobStore(JobStore):
 
         return asyncio.get_running_loop().run_in_executor(self._thread, call)
 
-    def _write(self, fn: Callable[[sqlite3.Connection], object]) -> "asyncio.Future[None]":
+    def _write(self, fn: Callable[[sqlite3.Connection], object]) -> asyncio.Future[None]:
         def call(db: sqlite3.Connection) -> None:
             with db:
                 fn(db)
@@ -162,20 +163,20 @@ class SqliteJobStore(JobStore):
 
         return await self._run(read)
 
-    def save(self, job: Job) -> "asyncio.Future[None]":
+    def save(self, job: Job) -> asyncio.Future[None]:
         data = _dumps(job.row())
         return self._write(lambda db: db.execute("INSERT OR REPLACE INTO jobs (id, data) VALUES (?, ?)",
                                                  (job.id, data)))
 
-    def add_outputs(self, job_id: str, first_seq: int, items: list[Any]) -> "asyncio.Future[None]":
+    def add_outputs(self, job_id: str, first_seq: int, items: list[Any]) -> asyncio.Future[None]:
         rows = [(job_id, first_seq + i, _dumps(item)) for i, item in enumerate(items)]
         return self._write(lambda db: db.executemany(
             "INSERT OR REPLACE INTO outputs (job_id, seq, item) VALUES (?, ?, ?)", rows))
 
-    def clear_outputs(self, job_id: str) -> "asyncio.Future[None]":
+    def clear_outputs(self, job_id: str) -> asyncio.Future[None]:
         return self._write(lambda db: db.execute("DELETE FROM outputs WHERE job_id = ?", (job_id,)))
 
-    def delete(self, job_ids: list[str]) -> "asyncio.Future[None]":
+    def delete(self, job_ids: list[str]) -> asyncio.Future[None]:
         ids = [(i,) for i in job_ids]
 
         def remove(db: sqlite3.Connection) -> None:
@@ -190,12 +191,12 @@ class SqliteJobStore(JobStore):
 
         return await self._run(read)
 
-    def save_function(self, name: str, spec: dict[str, Any]) -> "asyncio.Future[None]":
+    def save_function(self, name: str, spec: dict[str, Any]) -> asyncio.Future[None]:
         data = _dumps(spec)
         return self._write(lambda db: db.execute("INSERT OR REPLACE INTO functions (name, spec) VALUES (?, ?)",
                                                  (name, data)))
 
-    def delete_function(self, name: str) -> "asyncio.Future[None]":
+    def delete_function(self, name: str) -> asyncio.Future[None]:
         return self._write(lambda db: db.execute("DELETE FROM functions WHERE name = ?", (name,)))
 
 

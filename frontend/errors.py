@@ -1,7 +1,8 @@
 """Error responses: every error leaves fnstream as JSON, never as aiohttp's text pages.
 
 Function-service routes answer `{"code", "message", "trace_id"}` with `X-Inner-Code`;
-OpenAI-compatible routes (`/v1/...`) answer `{"error": {"message", "type", "code"}}`.
+OpenAI-compatible routes (`/v1/...`, `/v2/{fn}/openai/v1/...`) answer `{"error": {"message", "type", "code"}}`;
+RunPod's routes (`/v2/...`) answer RunPod's `{"error": message}`.
 """
 from __future__ import annotations
 

@@ -287,7 +287,7 @@ class JobManager:
     async def _dispatch(self, function: str) -> None:
         """Start the function's queued jobs in order, each when a concurrency slot is free."""
         queue = self._queues[function]
-        while queue:
+        while queue and not self.stopping:
             job = self.jobs.get(queue[0])
             if job is None or job.status != "IN_QUEUE":
                 queue.popleft()

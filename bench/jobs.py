@@ -19,8 +19,8 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.cluster import QUIET, ROOT, _port, _wait_http
 from bench.client import percentile
+from bench.cluster import QUIET, ROOT, _port, _wait_http
 
 __all__ = ("main", "measure")
 

@@ -364,7 +364,9 @@ class JobManager:
                 self._finish(job, "FAILED", error=too_large)
                 return
             if result is None and inv.deployment.kind in ("gen", "asyncgen"):
-                result = generator_items  # RunPod's return_aggregate_stream; the sync JSON answer
+                # RunPod's return_aggregate_stream; the sync JSON answer. A worker process sends its
+                # generator items as stream writes (text), so there every output item is one.
+                result = generator_items if inv.deployment.executor != "process" else list(job.outputs)
                 job.aggregated = True
             if job.api == "runpod" and isinstance(result, dict) and result.get("error"):
                 self._finish(job, "FAILED", error=JobItemError(_error_text(result["error"])))

@@ -141,3 +141,16 @@ async def test_list_jobs(jobs):
     ids = [await run(jobs, "echo-job", {"k": i}) for i in range(3)]
     listed = (await (await jobs.get("/serverless/v1/jobs?function=echo-job")).json())["jobs"]
     assert {j["id"] for j in listed} == set(ids)
+
+
+async def test_process_executor_job(make_client, deploy_dir):
+    """Jobs run through the ordinary path, so `executor: process` functions work too."""
+    from tests.support.servers import fn, test_config
+
+    client = await make_client(config=test_config(deploy_dir(fn("proc-count", "job_fns.count", executor="process",
+                                                                   instances=1))))
+    job_id = await run(client, "proc-count", {"n": 3, "delay": 0.1})
+    evs = [ev for _, ev in await events(client, job_id)]
+    assert [json.loads(ev["data"])["i"] for ev in evs[:3]] == [0, 1, 2] and evs[-1]["data"] == "[DONE]"
+    body = await (await client.get(f"/v2/proc-count/status/{job_id}")).json()
+    assert body["status"] == "COMPLETED" and [json.loads(i)["i"] for i in body["output"]] == [0, 1, 2]

@@ -35,7 +35,8 @@ JOB_STORE = web.AppKey("job_store", JobStore)
 def attach_jobs(app: web.Application) -> None:
     """Run a JobManager (and its store and webhook sender) for the app's lifetime."""
     config = app[CONFIG]
-    store = build_store(config.jobs.store, config.jobs.path)
+    store = build_store(config.jobs.store, config.jobs.path, redis_url=config.cluster.redisUrl,
+                        prefix=config.cluster.keyPrefix, retention=config.jobs.retentionSeconds)
     manager = JobManager(config.jobs, config.frontend.args, app[REGISTRY], app[EXECUTOR], store)
     webhooks = WebhookSender(config.jobs.webhook)
     manager.on_final.append(webhooks.job_ended)
@@ -97,6 +98,7 @@ def principal_tenant(request: web.Request) -> str | None:
     return principal.tenant if principal is not None else None
 
 
-def find_job(request: web.Request, job_id: str, function: str | None = None) -> Job:
-    """The job, visible to this request's tenant (404 for another tenant's, as for an unknown id)."""
-    return request.app[JOBS].get(job_id, principal_tenant(request), function)
+async def find_job(request: web.Request, job_id: str, function: str | None = None) -> Job:
+    """The job (in cluster mode also one another node runs), visible to this request's tenant
+    (404 for another tenant's, as for an unknown id)."""
+    return await request.app[JOBS].lookup(job_id, principal_tenant(request), function)

@@ -109,7 +109,8 @@ class WebhookConfig(_Strict):
 class JobsConfig(_Strict):
     """Background jobs (runtime/jobs; every key is documented in README.md "Jobs")."""
 
-    store: Literal["sqlite", "memory", "redis"] = "sqlite"
+    store: Literal["auto", "sqlite", "memory", "redis"] = Field(
+        "auto", description="auto: redis in cluster mode (cluster.redisUrl), else sqlite")
     path: Path = Field(Path("fnstream-jobs.sqlite3"), description="sqlite file, relative to the config file")
     maxQueued: int = Field(1000, ge=1, description="jobs waiting to start; beyond, 429")
     maxOutputBytes: int = Field(10 * 1024 * 1024, ge=1, description="output bytes per job; beyond, FAILED")

@@ -89,7 +89,7 @@ async def submit_async(request: web.Request, dep: Deployment, event: Any) -> web
 
 @routes.get("/serverless/v1/functions/async-results/{request_id}")
 async def async_result(request: web.Request) -> web.Response:
-    return web.json_response(find_job(request, request.match_info["request_id"]).yuanrong())
+    return web.json_response((await find_job(request, request.match_info["request_id"])).yuanrong())
 
 
 @routes.get("/serverless/v1/jobs")
@@ -106,17 +106,17 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 @routes.get("/serverless/v1/jobs/{job_id}")
 async def get_job(request: web.Request) -> web.Response:
-    return web.json_response(find_job(request, request.match_info["job_id"]).public())
+    return web.json_response((await find_job(request, request.match_info["job_id"])).public())
 
 
 @routes.get("/serverless/v1/jobs/{job_id}/events")
 async def get_job_events(request: web.Request) -> web.StreamResponse:
-    return await job_events(request, find_job(request, request.match_info["job_id"]))
+    return await job_events(request, await find_job(request, request.match_info["job_id"]))
 
 
 @routes.delete("/serverless/v1/jobs/{job_id}")
 async def cancel_job(request: web.Request) -> web.Response:
     manager = request.app[JOBS]
-    job = manager.cancel(find_job(request, request.match_info["job_id"]))
+    job = await manager.cancel(await find_job(request, request.match_info["job_id"]))
     await manager.wait(job, 5.0)
     return web.json_response(job.public())

@@ -90,15 +90,15 @@ async def runsync(request: web.Request) -> web.Response:
 @routes.get("/v2/{fn}/status/{job_id}")
 async def status(request: web.Request) -> web.Response:
     dep = _function(request)
-    return web.json_response(find_job(request, request.match_info["job_id"], dep.name).runpod())
+    return web.json_response((await find_job(request, request.match_info["job_id"], dep.name)).runpod())
 
 
 async def _stream(request: web.Request) -> web.StreamResponse:
     dep = _function(request)
-    job = find_job(request, request.match_info["job_id"], dep.name)
+    job = await find_job(request, request.match_info["job_id"], dep.name)
     if quality(parse_accept(request.headers.get("Accept")), "text/event-stream", wildcards=False) > 0:
         return await job_events(request, job)
-    items = request.app[JOBS].advance_stream(job)
+    items = await request.app[JOBS].advance_stream(job)
     return web.json_response({"id": job.id, "status": job.status, "stream": [{"output": i} for i in items]})
 
 
@@ -110,7 +110,7 @@ routes.post("/v2/{fn}/stream/{job_id}")(_stream)
 async def cancel(request: web.Request) -> web.Response:
     dep = _function(request)
     manager = request.app[JOBS]
-    job = manager.cancel(find_job(request, request.match_info["job_id"], dep.name))
+    job = await manager.cancel(await find_job(request, request.match_info["job_id"], dep.name))
     await manager.wait(job, 5.0)  # a running job stops at its next step; say how it ended
     return web.json_response({"id": job.id, "status": job.status})
 
@@ -118,7 +118,7 @@ async def cancel(request: web.Request) -> web.Response:
 @routes.post("/v2/{fn}/retry/{job_id}")
 async def retry(request: web.Request) -> web.Response:
     dep = _function(request)
-    job = request.app[JOBS].retry(find_job(request, request.match_info["job_id"], dep.name))
+    job = request.app[JOBS].retry(await find_job(request, request.match_info["job_id"], dep.name))
     return web.json_response({"id": job.id, "status": job.status})
 
 

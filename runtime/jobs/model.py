@@ -58,6 +58,7 @@ class Job:
     stream_cursor: int = 0                  # items already returned by RunPod's /stream
     # Not persisted: set by the runner while the job runs.
     cancel_requested: bool = field(default=False, compare=False)
+    remote: bool = field(default=False, compare=False)  # read from a shared store: another node runs it
 
     @property
     def final(self) -> bool:
@@ -120,3 +121,9 @@ class Job:
     @classmethod
     def from_row(cls, row: dict[str, Any], outputs: list[Any]) -> Job:
         return cls(**row, outputs=outputs)
+
+    def refresh(self, newer: Job, new_outputs: list[Any]) -> None:
+        """Take the stored state of a job another node runs; `new_outputs` follow the ones held."""
+        for key, value in newer.row().items():
+            setattr(self, key, value)
+        self.outputs.extend(new_outputs)

@@ -21,7 +21,7 @@ from ..errors import FunctionNotFoundError, FunctionServiceError, FunctionTimeou
 from ..invocation import Invocation, encode_payload
 from .errors import JobItemError, JobNotFoundError, JobOutputTooLargeError, JobQueueFullError, JobStateError
 from .model import FINAL, Job, Status, new_job_id
-from .store import JobStore
+from .store import JobStore, SharedStore
 
 if TYPE_CHECKING:
     from ..executor import Executor
@@ -32,6 +32,7 @@ __all__ = ("JobManager", "JobInvocation", "JobItem")
 log = logging.getLogger("fnstream.jobs")
 
 SLOT_POLL = 0.02      # seconds between looks for a free slot while a function is at its concurrency
+REMOTE_POLL = 0.05    # seconds between reads of a job another node runs (shared store)
 SWEEP_EVERY = 60.0    # seconds between expiry sweeps (at most)
 
 
@@ -90,6 +91,10 @@ class JobManager:
         self.on_final: list[Callable[[Job], None]] = []
         self.queued = 0
         self.stopping = False
+        # A shared store (Redis, cluster mode): jobs of other nodes are read from it.
+        self.shared: SharedStore | None = store if isinstance(store, SharedStore) else None
+        if self.shared is not None:
+            self.shared.on_cancel = self._cancel_requested
 
     # -- life --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -171,12 +176,25 @@ class JobManager:
 
     # -- look up -----------------------------------------------------------------------------
     def get(self, job_id: str, tenant: str | None = None, function: str | None = None) -> Job:
-        """The job; 404 when unknown, of another tenant (`tenant` given) or of another function."""
+        """A job of this node; 404 when unknown, of another tenant (`tenant` given) or function."""
+        return _visible(self.jobs.get(job_id), job_id, tenant, function)
+
+    async def lookup(self, job_id: str, tenant: str | None = None, function: str | None = None) -> Job:
+        """`get`, or in cluster mode a job another node runs, read from the shared store."""
         job = self.jobs.get(job_id)
-        if job is None or (tenant is not None and job.tenant != tenant) or (function is not None
-                                                                            and job.function != function):
-            raise JobNotFoundError(f"job {job_id!r} not found")
-        return job
+        if job is None and self.shared is not None:
+            job = await self.shared.fetch(job_id)
+            if job is not None:
+                job.remote = True
+        return _visible(job, job_id, tenant, function)
+
+    async def _refresh(self, job: Job) -> None:
+        """Re-read a remote job (its new output items appended)."""
+        assert self.shared is not None
+        newer = await self.shared.fetch(job.id, len(job.outputs))
+        if newer is None:
+            raise JobNotFoundError(f"job {job.id!r} not found (it expired)")
+        job.refresh(newer, newer.outputs)
 
     def list_jobs(self, tenant: str | None = None, function: str | None = None, limit: int = 100) -> list[Job]:
         jobs = [j for j in self.jobs.values() if (tenant is None or j.tenant == tenant)
@@ -202,6 +220,10 @@ class JobManager:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
+            if job.remote:
+                await asyncio.sleep(min(left, REMOTE_POLL))
+                await self._refresh(job)
+                continue
             try:
                 await asyncio.wait_for(self.changed(job).wait(), left)
             except TimeoutError:
@@ -212,26 +234,48 @@ class JobManager:
 
         Yields [] after `heartbeat` seconds without a new item (so the caller can ping)."""
         sent = after
+        quiet_since = time.monotonic()
         while True:
             event = self.changed(job)
             if len(job.outputs) > sent:
                 batch = job.outputs[sent:]
                 sent += len(batch)
+                quiet_since = time.monotonic()
                 yield batch
                 continue
             if job.final:
                 return
+            if job.remote:  # another node runs it: read the shared store again shortly
+                if heartbeat is not None and time.monotonic() - quiet_since >= heartbeat:
+                    quiet_since = time.monotonic()
+                    yield []
+                await asyncio.sleep(REMOTE_POLL)
+                await self._refresh(job)
+                continue
             try:
                 await asyncio.wait_for(event.wait(), heartbeat)
             except TimeoutError:
                 yield []
 
     # -- change ------------------------------------------------------------------------------
-    def cancel(self, job: Job) -> Job:
-        """Cancel a queued or running job; 409 once it is finished."""
+    async def cancel(self, job: Job) -> Job:
+        """Cancel a queued or running job (of any node in cluster mode); 409 once it is finished."""
         if job.final:
             raise JobStateError(f"job {job.id!r} is already {job.status}; only a queued or running job can "
                                 "be cancelled")
+        if job.remote:
+            assert self.shared is not None
+            await self.shared.request_cancel(job.id)
+            return job
+        return self._cancel_local(job)
+
+    def _cancel_requested(self, job_id: str) -> None:
+        """Another node asked to cancel a job (shared store): cancel it if it is ours and still going."""
+        job = self.jobs.get(job_id)
+        if job is not None and not job.final:
+            self._cancel_local(job)
+
+    def _cancel_local(self, job: Job) -> Job:
         inv = self._running.get(job.id)
         if inv is None:
             self._finish(job, "CANCELLED", error=_cancelled())
@@ -244,6 +288,8 @@ class JobManager:
         """Run a FAILED or TIMED_OUT job again (its output starts afresh); 409 otherwise."""
         if job.status not in ("FAILED", "TIMED_OUT"):
             raise JobStateError(f"job {job.id!r} is {job.status}; only a FAILED or TIMED_OUT job can be retried")
+        if job.remote:
+            raise JobStateError(f"job {job.id!r} ran on another node; retry it through that node")
         if self.queued >= self.config.maxQueued:
             raise JobQueueFullError(f"{self.queued} jobs are queued (jobs.maxQueued); retry later")
         job.status, job.started_at, job.completed_at = "IN_QUEUE", None, None
@@ -265,8 +311,11 @@ class JobManager:
             self._finish(job, "CANCELLED", error=_cancelled("the queue was purged"))
         return len(queued)
 
-    def advance_stream(self, job: Job) -> list[Any]:
-        """RunPod's /stream: the items not returned by /stream before (the cursor is kept)."""
+    async def advance_stream(self, job: Job) -> list[Any]:
+        """RunPod's /stream: the items not returned by /stream before (the cursor is kept; in
+        cluster mode in the shared store, so each item is returned once whichever node is asked)."""
+        if self.shared is not None:
+            return await self.shared.advance_cursor(job.id)
         items = job.outputs[job.stream_cursor:]
         if items:
             job.stream_cursor = len(job.outputs)
@@ -416,6 +465,13 @@ class JobManager:
         if old:
             self.store.delete(old)
         return len(old)
+
+
+def _visible(job: Job | None, job_id: str, tenant: str | None, function: str | None) -> Job:
+    if job is None or (tenant is not None and job.tenant != tenant) or (function is not None
+                                                                        and job.function != function):
+        raise JobNotFoundError(f"job {job_id!r} not found")
+    return job
 
 
 def _cancelled(message: str = "the job was cancelled") -> FunctionServiceError:

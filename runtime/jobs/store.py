@@ -22,7 +22,7 @@ from typing import IO, Any, TypeVar
 from ..errors import ConfigError
 from .model import Job
 
-__all__ = ("JobStore", "MemoryJobStore", "SqliteJobStore", "build_store")
+__all__ = ("JobStore", "SharedStore", "MemoryJobStore", "SqliteJobStore", "build_store")
 
 log = logging.getLogger("fnstream.jobs")
 
@@ -83,6 +83,23 @@ def _done() -> asyncio.Future[None]:
     future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     future.set_result(None)
     return future
+
+
+class SharedStore(JobStore):
+    """A store every node of a cluster reads (Redis): jobs of other nodes are found here."""
+
+    on_cancel: Callable[[str], None] | None = None  # set by the runner: a cancel asked on another node
+
+    async def fetch(self, job_id: str, outputs_from: int = 0) -> Job | None:
+        """The stored job with its output items from index `outputs_from` on; None when unknown."""
+        raise NotImplementedError
+
+    async def request_cancel(self, job_id: str) -> None:
+        raise NotImplementedError
+
+    async def advance_cursor(self, job_id: str) -> list[Any]:
+        """RunPod's /stream cursor, shared by every node: the items not returned before."""
+        raise NotImplementedError
 
 
 class MemoryJobStore(JobStore):
@@ -200,9 +217,17 @@ class SqliteJobStore(JobStore):
         return self._write(lambda db: db.execute("DELETE FROM functions WHERE name = ?", (name,)))
 
 
-def build_store(kind: str, path: Path) -> JobStore:
+def build_store(kind: str, path: Path, *, redis_url: str | None = None, prefix: str = "fnstream",
+                retention: float = 3600) -> JobStore:
+    """The store `jobs.store` names; `auto` is redis in cluster mode (`redis_url`), else sqlite."""
+    if kind == "auto":
+        kind = "redis" if redis_url else "sqlite"
     if kind == "sqlite":
         return SqliteJobStore(path)
     if kind == "memory":
         return MemoryJobStore()
-    raise ConfigError(f"jobs.store: {kind!r} is not available in this build (use sqlite or memory)")
+    if not redis_url:
+        raise ConfigError("jobs.store: redis needs cluster mode (cluster.redisUrl)")
+    from .redis_store import connect_store
+
+    return connect_store(redis_url, prefix, retention)

@@ -132,7 +132,7 @@ async def purge_queue(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     dep = _function(request)
     counts = request.app[JOBS].counts(dep.name)
-    running = dep.inflight
+    running = getattr(dep, "inflight", 0)  # cluster mode: a function this node only knows of has none here
     return web.json_response({"jobs": counts,
                               "workers": {"idle": max(0, dep.spec.concurrency - running), "running": running}})
 

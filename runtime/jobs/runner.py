@@ -143,6 +143,9 @@ class JobManager:
         """Queue a job of `dep`; returns once it is stored (429 beyond jobs.maxQueued)."""
         if self.stopping:
             raise ServiceUnavailableError("the server is shutting down")
+        if dep.name not in self.registry:  # cluster mode: known to the cluster, not loadable here
+            raise ServiceUnavailableError(f"this node cannot run function {dep.name!r}; submit its jobs to a "
+                                          "node that runs it")
         if self.queued >= self.config.maxQueued:
             raise JobQueueFullError(f"{self.queued} jobs are queued (jobs.maxQueued); retry later")
         timeout = dep.spec.timeout if execution_timeout is None else min(execution_timeout, dep.spec.timeout)

@@ -69,7 +69,7 @@ async def job_events(request: web.Request, job: Job) -> web.StreamResponse:
             await stream.write(b"".join(frames))
         sent += len(batch)
     end_id = len(job.outputs) + 1
-    if job.error is not None:
+    if job.error is not None and (job.raw or after < end_id):
         await stream.write(encode_event(_dumps(job.error), None if job.raw else end_id))
     elif not job.raw and job.result is not None and not job.aggregated and after < end_id:
         await stream.write(encode_event(_dumps(job.result), end_id))

@@ -97,3 +97,27 @@ async def test_a_second_server_on_the_same_store_is_refused(start_server, tmp_pa
     with pytest.raises(RuntimeError) as info:
         start_server(*args)
     assert "in use by another fnstream server" in str(info.value)
+
+
+async def test_sigterm_leaves_running_jobs_to_the_restart_rules(start_server, tmp_path):
+    """A graceful stop lets jobs finish for shutdownGraceSeconds; one still running without output
+    runs again at the next start, and queued ones run."""
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    (deploy / "fns.yaml").write_text(yaml.safe_dump([fn("quiet", "job_fns.sync_sleeper", concurrency=1)]))
+    args = ("--deploy-dir", str(deploy), "-s", f"jobs.path={tmp_path / 'jobs.sqlite3'}",
+            "-s", "frontend.args.shutdownGraceSeconds=0.2",
+            "-s", f"runtime.codeRoots={json.dumps([str(FUNCTIONS), str(HANDLERS)])}")
+    server = start_server(*args)
+    async with aiohttp.ClientSession() as s:
+        ids = []
+        for seconds in (2, 0.1):
+            async with s.post(f"{server.url}/v2/quiet/run", json={"input": {"seconds": seconds}}) as r:
+                ids.append((await r.json())["id"])
+        await wait_status(s, server.url, "quiet", ids[0], {"IN_PROGRESS"})
+        server.stop()  # SIGTERM: the running job is aborted after the grace, the queued one never started
+        server = start_server(*args)
+        first = await wait_status(s, server.url, "quiet", ids[0], {"COMPLETED", "FAILED"})
+        second = await wait_status(s, server.url, "quiet", ids[1], {"COMPLETED", "FAILED"})
+        assert (first["status"], first["output"]) == ("COMPLETED", "slept")
+        assert second["status"] == "COMPLETED"

@@ -425,6 +425,9 @@ class JobManager:
                 return
             self._finish(job, "COMPLETED", result=result)
         except FunctionTimeoutError as exc:
+            limit = job.execution_timeout
+            if limit is not None and limit < inv.spec.timeout:  # the invocation's message names the function's
+                exc = FunctionTimeoutError(f"the job timed out after its policy.executionTimeout of {limit:g} s")
             self._finish(job, "TIMED_OUT", error=exc)
         except FunctionServiceError as exc:
             if self.stopping and isinstance(exc, ServiceUnavailableError):

@@ -124,7 +124,7 @@ async def test_output_limit_fails_the_job(make_client, job_config):
 async def test_execution_timeout_and_ttl(jobs):
     job = await (await jobs.post("/v2/sleeper/runsync", json={"input": {"seconds": 5},
                                                              "policy": {"executionTimeout": 300}})).json()
-    assert job["status"] == "TIMED_OUT" and "timed out" in job["error"]
+    assert job["status"] == "TIMED_OUT" and "executionTimeout of 0.3 s" in job["error"]
     blocker = await started(jobs, "sleeper", {"seconds": 30})
     resp = await jobs.post("/v2/sleeper/run", json={"input": {}, "policy": {"ttl": 100}})
     job_id = (await resp.json())["id"]

@@ -22,8 +22,16 @@ from runtime.registry import Deployment
 
 from .keys import CONFIG, EXECUTOR, PRINCIPAL, REGISTRY
 
-__all__ = ("JOBS", "WEBHOOKS", "JOB_STORE", "attach_jobs", "remember_functions", "forget_function",
-           "principal_tenant", "find_job")
+__all__ = (
+    "JOBS",
+    "JOB_STORE",
+    "WEBHOOKS",
+    "attach_jobs",
+    "find_job",
+    "forget_function",
+    "principal_tenant",
+    "remember_functions",
+)
 
 log = logging.getLogger("fnstream.frontend")
 

@@ -22,7 +22,7 @@ from ..jobs import JOBS, WEBHOOKS, find_job, principal_tenant
 from ..keys import CONFIG
 from ..sse import DONE_EVENT, EventStream, encode_event
 
-__all__ = ("routes", "submit_async", "job_events", "last_event_id")
+__all__ = ("job_events", "last_event_id", "routes", "submit_async")
 
 routes = web.RouteTableDef()
 

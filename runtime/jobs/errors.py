@@ -3,8 +3,14 @@ from __future__ import annotations
 
 from ..errors import FunctionServiceError
 
-__all__ = ("JobNotFoundError", "JobStateError", "JobQueueFullError", "JobOutputTooLargeError", "JobItemError",
-           "JobBadRequestError")
+__all__ = (
+    "JobBadRequestError",
+    "JobItemError",
+    "JobNotFoundError",
+    "JobOutputTooLargeError",
+    "JobQueueFullError",
+    "JobStateError",
+)
 
 
 class JobNotFoundError(FunctionServiceError, LookupError):

@@ -10,7 +10,7 @@ import inspect
 from collections.abc import AsyncIterator, Callable, Generator
 from typing import Any
 
-__all__ = ("takes_one_parameter", "adapt_handler")
+__all__ = ("adapt_handler", "takes_one_parameter")
 
 
 def takes_one_parameter(func: Callable[..., Any]) -> bool:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-__all__ = ("Job", "Status", "FINAL", "new_job_id", "YUANRONG_STATUS")
+__all__ = ("FINAL", "YUANRONG_STATUS", "Job", "Status", "new_job_id")
 
 Status = Literal["IN_QUEUE", "IN_PROGRESS", "COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"]
 FINAL: frozenset[str] = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..executor import Executor
     from ..registry import Deployment, Registry
 
-__all__ = ("JobManager", "JobInvocation", "JobItem")
+__all__ = ("JobInvocation", "JobItem", "JobManager")
 
 log = logging.getLogger("fnstream.jobs")
 
@@ -426,9 +426,10 @@ class JobManager:
             self._finish(job, "COMPLETED", result=result)
         except FunctionTimeoutError as exc:
             limit = job.execution_timeout
+            timed_out: FunctionServiceError = exc
             if limit is not None and limit < inv.spec.timeout:  # the invocation's message names the function's
-                exc = FunctionTimeoutError(f"the job timed out after its policy.executionTimeout of {limit:g} s")
-            self._finish(job, "TIMED_OUT", error=exc)
+                timed_out = FunctionTimeoutError(f"the job timed out after its policy.executionTimeout of {limit:g} s")
+            self._finish(job, "TIMED_OUT", error=timed_out)
         except FunctionServiceError as exc:
             if self.stopping and isinstance(exc, ServiceUnavailableError):
                 return  # aborted by shutdown: stays IN_PROGRESS in the store (the restart rules apply)
@@ -451,7 +452,7 @@ class JobManager:
         for callback in self.on_final:
             try:
                 callback(job)
-            except Exception:  # noqa: BLE001 - a callback's failure must not lose the job's end
+            except Exception:  # a callback's failure must not lose the job's end
                 log.exception("jobs: on_final callback failed for job %s", job.id)
 
     # -- expiry ------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import IO, Any, TypeVar
 from ..errors import ConfigError
 from .model import Job
 
-__all__ = ("JobStore", "SharedStore", "MemoryJobStore", "SqliteJobStore", "build_store")
+__all__ = ("JobStore", "MemoryJobStore", "SharedStore", "SqliteJobStore", "build_store")
 
 log = logging.getLogger("fnstream.jobs")
 
@@ -132,7 +132,7 @@ class SqliteJobStore(JobStore):
 
         return self._run(call)
 
-    async def open(self) -> None:
+    def _take_lock(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(f"{self.path}.lock", "w")  # noqa: SIM115 - held for the store's lifetime
         try:
@@ -144,6 +144,9 @@ class SqliteJobStore(JobStore):
         lock.write(str(os.getpid()))
         lock.flush()
         self._lock_file = lock
+
+    async def open(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._take_lock)
 
         def connect() -> None:
             db = sqlite3.connect(self.path, check_same_thread=False)

@@ -28,12 +28,25 @@ from runtime.streams import (
 )
 
 __all__ = (
-    "Consumer", "Element", "Producer", "ProducerConfig", "SubscriptionConfig",
-    "create_stream_consumer", "create_stream_producer", "delete_stream",
-    "query_global_consumers_num", "query_global_producers_num",
-    "acreate_stream_consumer", "acreate_stream_producer", "adelete_stream",
-    "aquery_global_consumers_num", "aquery_global_producers_num",
-    "init", "finalize", "is_initialized", "FNSTREAM_SHIM",
+    "FNSTREAM_SHIM",
+    "Consumer",
+    "Element",
+    "Producer",
+    "ProducerConfig",
+    "SubscriptionConfig",
+    "acreate_stream_consumer",
+    "acreate_stream_producer",
+    "adelete_stream",
+    "aquery_global_consumers_num",
+    "aquery_global_producers_num",
+    "create_stream_consumer",
+    "create_stream_producer",
+    "delete_stream",
+    "finalize",
+    "init",
+    "is_initialized",
+    "query_global_consumers_num",
+    "query_global_producers_num",
 )
 
 FNSTREAM_SHIM = True  # tells this module from a real openYuanrong `yr`

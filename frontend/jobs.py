@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 from aiohttp import web
 
-from runtime.errors import FunctionServiceError
+from runtime.errors import FunctionNotFoundError, FunctionServiceError
 from runtime.jobs.model import Job
 from runtime.jobs.runner import JobManager
 from runtime.jobs.store import JobStore, build_store
@@ -53,6 +54,7 @@ def attach_jobs(app: web.Application) -> None:
     app[WEBHOOKS] = webhooks
 
     async def _jobs(app: web.Application) -> AsyncIterator[None]:
+        _route_through_cluster(app, manager)
         await store.open()
         await _restore_functions(app, store)
         await manager.start()
@@ -66,6 +68,32 @@ def attach_jobs(app: web.Application) -> None:
         manager.stopping = True  # before the executor's drain aborts running jobs: they stay IN_PROGRESS
 
     app.on_shutdown.insert(0, _stop_dispatching)
+
+
+def _route_through_cluster(app: web.Application, manager: JobManager) -> None:
+    """Cluster mode: a job this node should not run (role frontend, full, code not loadable here)
+    goes to the cluster's work queue, as an invocation would (see ClusterNode.should_enqueue)."""
+    from .cluster import CLUSTER
+
+    cluster = app.get(CLUSTER)
+    if cluster is None:
+        return
+    registry, args = app[REGISTRY], app[CONFIG].frontend.args
+
+    def target(name: str) -> Any:
+        try:
+            dep: Any = registry.get(name)
+        except FunctionNotFoundError:
+            return cluster.lookup(name)  # FunctionNotFoundError when the cluster does not know it either
+        return dep if cluster.should_enqueue(dep) else None
+
+    async def submit(dep: Any, event: Any) -> Any:
+        return await cluster.submit(dep, event, mode="sse", buffer_events=args.streamBufferEvents,
+                                    max_write_size=args.maxWriteSize, max_response_size=args.maxResponseSize,
+                                    trace_id=None)
+
+    manager.remote_target = target
+    manager.remote_submit = submit
 
 
 async def _restore_functions(app: web.Application, store: JobStore) -> None:

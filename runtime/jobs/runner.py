@@ -13,7 +13,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..config import FrontendArgs, JobsConfig
@@ -84,7 +84,7 @@ class JobManager:
         self.jobs: dict[str, Job] = {}
         self._queues: dict[str, collections.deque[str]] = {}
         self._dispatchers: dict[str, asyncio.Task[None]] = {}
-        self._running: dict[str, JobInvocation] = {}
+        self._running: dict[str, Any] = {}  # JobInvocation, or a cluster RemoteInvocation
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed: dict[str, asyncio.Event] = {}
         self._sweeper: asyncio.Task[None] | None = None
@@ -95,6 +95,11 @@ class JobManager:
         self.shared: SharedStore | None = store if isinstance(store, SharedStore) else None
         if self.shared is not None:
             self.shared.on_cancel = self._cancel_requested
+        # Cluster mode: where a job goes when this node should not run it (set by the frontend).
+        # `remote_target(name)` is the cluster's view of the function when the job must be queued
+        # for the cluster's workers (None: run it here); `remote_submit` queues it.
+        self.remote_target: Callable[[str], Any] | None = None
+        self.remote_submit: Callable[[Any, Any], Awaitable[Any]] | None = None
 
     # -- life --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -143,7 +148,7 @@ class JobManager:
         """Queue a job of `dep`; returns once it is stored (429 beyond jobs.maxQueued)."""
         if self.stopping:
             raise ServiceUnavailableError("the server is shutting down")
-        if dep.name not in self.registry:  # cluster mode: known to the cluster, not loadable here
+        if dep.name not in self.registry and self.remote_target is None:  # known to a cluster, not loadable here
             raise ServiceUnavailableError(f"this node cannot run function {dep.name!r}; submit its jobs to a "
                                           "node that runs it")
         if self.queued >= self.config.maxQueued:
@@ -280,6 +285,9 @@ class JobManager:
 
     def _cancel_local(self, job: Job) -> Job:
         inv = self._running.get(job.id)
+        if inv is None and job.status == "IN_PROGRESS":  # being handed to the cluster's queue
+            job.cancel_requested = True
+            return job
         if inv is None:
             self._finish(job, "CANCELLED", error=_cancelled())
         else:
@@ -348,6 +356,17 @@ class JobManager:
                 self._finish(job, "TIMED_OUT", error=FunctionTimeoutError(
                     f"the job's ttl of {job.ttl:g} s passed before it could start"))
                 continue
+            if self.remote_target is not None:
+                try:
+                    target = self.remote_target(function)
+                except FunctionNotFoundError as exc:
+                    self._finish(job, "FAILED", error=exc)
+                    continue
+                if target is not None:  # the cluster's workers run it (this node is a frontend, or full)
+                    queue.popleft()
+                    self.queued -= 1
+                    self._start_remote(job, target)
+                    continue
             try:
                 dep = self.registry.get(function)
             except FunctionNotFoundError as exc:
@@ -381,7 +400,28 @@ class JobManager:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _collect(self, job: Job, inv: JobInvocation) -> None:
+    def _start_remote(self, job: Job, target: Any) -> None:
+        job.status, job.started_at = "IN_PROGRESS", time.time()
+        self.store.save(job)
+        self._notify(job)
+
+        async def run() -> None:
+            assert self.remote_submit is not None
+            try:
+                inv = await self.remote_submit(target, job.event)
+            except FunctionServiceError as exc:
+                self._finish(job, "FAILED", error=exc)
+                return
+            self._running[job.id] = inv
+            if job.cancel_requested:
+                inv.cancel("the job was cancelled")
+            await self._collect(job, inv)
+
+        task = asyncio.get_running_loop().create_task(run(), name=f"job-{job.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _collect(self, job: Job, inv: Any) -> None:
         """Read the invocation's output into the job, then record how it ended."""
         generator_items: list[Any] = []
         too_large: JobOutputTooLargeError | None = None
@@ -415,10 +455,11 @@ class JobManager:
             if too_large is not None:
                 self._finish(job, "FAILED", error=too_large)
                 return
-            if result is None and inv.deployment.kind in ("gen", "asyncgen"):
+            if result is None and getattr(inv.deployment, "kind", None) in ("gen", "asyncgen"):
                 # RunPod's return_aggregate_stream; the sync JSON answer. A worker process sends its
                 # generator items as stream writes (text), so there every output item is one.
-                result = generator_items if inv.deployment.executor != "process" else list(job.outputs)
+                local_items = getattr(inv.deployment, "executor", None) != "process"
+                result = generator_items if local_items else list(job.outputs)
                 job.aggregated = True
             if job.api == "runpod" and isinstance(result, dict) and result.get("error"):
                 self._finish(job, "FAILED", error=JobItemError(_error_text(result["error"])))

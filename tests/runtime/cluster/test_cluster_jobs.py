@@ -80,3 +80,38 @@ async def test_any_node_answers_for_a_job_another_runs(redis_server, start_serve
             assert (await r.json())["status"] == "CANCELLED"
         async with s.get(f"{b.url}/serverless/v1/jobs/nope") as r:
             assert r.status == 404
+
+
+async def test_a_frontend_node_queues_jobs_for_the_cluster_workers(redis_server, start_server, start_worker):
+    """`cluster.role: frontend`: the job runs on a `fnstream worker`, its items reach the job live."""
+    from tests.support.cluster import CLUSTER_FUNCTIONS
+
+    frontend = start_server("--cluster", redis_server.url, *FAST, "-s", "cluster.role=frontend",
+                            env={"FNSTREAM_LOG": "WARNING"})
+    worker = start_worker(redis_server.url)
+    relay = {"name": "relay", "handler": "relay.handler", "codePath": str(CLUSTER_FUNCTIONS), "timeout": 30}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{frontend.url}/admin/v1/functions", json=relay) as r:
+            assert r.status == 201, await r.text()
+        deadline = time.monotonic() + 15
+        while True:
+            async with s.get(f"{frontend.url}/cluster/v1/status") as r:
+                if any("relay" in w["functions"] for w in (await r.json())["workers"]):
+                    break
+            assert time.monotonic() < deadline, "no worker serves relay"
+            await asyncio.sleep(0.05)
+        async with s.post(f"{frontend.url}/serverless/v1/functions/relay/invocations",
+                          json={"count": 4, "delay_ms": 300}, headers={"X-Invoke-Type": "async"}) as r:
+            assert r.status == 202, await r.text()
+            request_id = (await r.json())["requestId"]
+        got = []
+        async with s.get(f"{frontend.url}/serverless/v1/jobs/{request_id}/events") as r:
+            async for ev in iter_sse(r):
+                got.append((time.monotonic(), ev["data"]))
+        items = [json.loads(d) for _, d in got[:4]]
+        assert [i["i"] for i in items] == [1, 2, 3, 4] and {i["pid"] for i in items} == {worker.pid}
+        assert json.loads(got[4][1]) == {"count": 4, "pid": worker.pid} and got[-1][1] == "[DONE]"
+        assert got[3][0] - got[0][0] > 0.5  # live
+        async with s.get(f"{frontend.url}/serverless/v1/functions/async-results/{request_id}") as r:
+            body = await r.json()
+        assert body["status"] == "completed" and body["respBody"] == {"count": 4, "pid": worker.pid}

@@ -8,19 +8,24 @@ from __future__ import annotations
 import hmac
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from runtime.config import AuthToken
 from runtime.errors import ForbiddenError, UnauthorizedError
+from runtime.principal import Principal
 
 from .keys import CONFIG, PRINCIPAL
 
-__all__ = ("auth_middleware", "required_role", "PRINCIPAL")
+__all__ = ("auth_middleware", "required_role", "principal_of", "PRINCIPAL")
 
-_PUBLIC = ("/healthz",)
+# The console's static files and the API description hold no secrets: the console asks for a
+# token and sends it with every API call it makes.
+_PUBLIC = ("/healthz", "/", "/openapi.json")
+_PUBLIC_PREFIXES = ("/console/",)
 
 
 def required_role(path: str) -> str | None:
-    if path in _PUBLIC:
+    if path in _PUBLIC or path.startswith(_PUBLIC_PREFIXES) or path == "/console":
         return None
     if path.startswith("/invocations/") or path.startswith("/v1/"):
         return "user"
@@ -53,10 +58,20 @@ def _match(presented: str, tokens: list[AuthToken]) -> AuthToken | None:
     return found
 
 
+def principal_of(request: web.Request) -> Principal | None:
+    """Who sent `request`, for the runtime's tenant checks; None when auth is off (anyone may)."""
+    if not request.app[CONFIG].auth.tokens:
+        return None  # no token was checked (and request.get would raise and catch KeyError)
+    token = request.get(PRINCIPAL)
+    return None if token is None else Principal(token.tenant, token.role)
+
+
 @web.middleware
-async def auth_middleware(request: web.Request, handler):
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     tokens = request.app[CONFIG].auth.tokens
     role = required_role(request.path)
+    if role == "developer" and request.path == "/metrics" and request.app[CONFIG].metrics.public:
+        role = None  # metrics.public: true lets a Prometheus without a token scrape
     if not tokens or role is None:
         return await handler(request)
     presented = _presented_token(request)

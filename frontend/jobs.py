@@ -1,27 +1,30 @@
 """Jobs in the HTTP frontend: the job manager's lifetime, the store of admin-deployed functions,
-and the checks every job route shares (tenant, job of this function).
+and the lookup every job route shares (tenant, job of this function).
 
 At start the store is opened, functions deployed through the admin API are deployed again
 (a stored function replaces a `deployDir` manifest of the same name: it is the later change),
-then stored jobs are recovered. At stop, dispatching ends and the store is closed.
+then stored jobs are recovered. The manager is the dispatcher's job queue (`submit_job`) and
+starts jobs through `dispatch`. At shutdown it starts no more jobs before the drain (one of
+the Lifecycle's `stop_intake`), and at cleanup it stops and the store is closed.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
 
 from aiohttp import web
 
-from runtime.errors import FunctionNotFoundError, FunctionServiceError
+from runtime.config import Config
+from runtime.deployment import Deployment
+from runtime.errors import ConfigError, FunctionServiceError
 from runtime.jobs.model import Job
 from runtime.jobs.runner import JobManager
-from runtime.jobs.store import JobStore, build_store
+from runtime.jobs.store import JobStore, MemoryJobStore, SqliteJobStore
 from runtime.jobs.webhooks import WebhookSender
 from runtime.manifest import FunctionSpec
-from runtime.registry import Deployment
 
-from .keys import CONFIG, EXECUTOR, PRINCIPAL, REGISTRY
+from .auth import principal_of
+from .keys import CONFIG, DISPATCHER, LIFECYCLE, REGISTRY
 
 __all__ = (
     "JOBS",
@@ -30,7 +33,6 @@ __all__ = (
     "attach_jobs",
     "find_job",
     "forget_function",
-    "principal_tenant",
     "remember_functions",
 )
 
@@ -44,17 +46,19 @@ JOB_STORE = web.AppKey("job_store", JobStore)
 def attach_jobs(app: web.Application) -> None:
     """Run a JobManager (and its store and webhook sender) for the app's lifetime."""
     config = app[CONFIG]
-    store = build_store(config.jobs.store, config.jobs.path, redis_url=config.cluster.redisUrl,
-                        prefix=config.cluster.keyPrefix, retention=config.jobs.retentionSeconds)
-    manager = JobManager(config.jobs, config.frontend.args, app[REGISTRY], app[EXECUTOR], store)
+    store = _build_store(config)
+    dispatcher = app[DISPATCHER]
+    manager = JobManager(config.jobs, dispatcher, store)
     webhooks = WebhookSender(config.jobs.webhook)
     manager.on_final.append(webhooks.job_ended)
     app[JOB_STORE] = store
     app[JOBS] = manager
     app[WEBHOOKS] = webhooks
+    dispatcher.jobs = manager  # Dispatcher.submit_job: X-Invoke-Type async, RunPod's /run
+    # Before the drain aborts running jobs: they stay IN_PROGRESS (the restart rules apply).
+    app[LIFECYCLE].stop_intake.append(manager.stop_taking)
 
     async def _jobs(app: web.Application) -> AsyncIterator[None]:
-        _route_through_cluster(app, manager)
         await store.open()
         await _restore_functions(app, store)
         await manager.start()
@@ -64,36 +68,21 @@ def attach_jobs(app: web.Application) -> None:
 
     app.cleanup_ctx.append(_jobs)
 
-    async def _stop_dispatching(app: web.Application) -> None:
-        manager.stopping = True  # before the executor's drain aborts running jobs: they stay IN_PROGRESS
 
-    app.on_shutdown.insert(0, _stop_dispatching)
+def _build_store(config: Config) -> JobStore:
+    """The store `jobs.store` names; `auto` is redis in cluster mode (cluster.redisUrl), else sqlite."""
+    kind = config.jobs.store
+    if kind == "auto":
+        kind = "redis" if config.cluster.redisUrl else "sqlite"
+    if kind == "sqlite":
+        return SqliteJobStore(config.jobs.path)
+    if kind == "memory":
+        return MemoryJobStore()
+    if not config.cluster.redisUrl:
+        raise ConfigError("jobs.store: redis needs cluster mode (cluster.redisUrl)")
+    from runtime.cluster.job_store import connect_store  # cluster mode only: it imports redis
 
-
-def _route_through_cluster(app: web.Application, manager: JobManager) -> None:
-    """Cluster mode: a job this node should not run (role frontend, full, code not loadable here)
-    goes to the cluster's work queue, as an invocation would (see ClusterNode.should_enqueue)."""
-    from .cluster import CLUSTER
-
-    cluster = app.get(CLUSTER)
-    if cluster is None:
-        return
-    registry, args = app[REGISTRY], app[CONFIG].frontend.args
-
-    def target(name: str) -> Any:
-        try:
-            dep: Any = registry.get(name)
-        except FunctionNotFoundError:
-            return cluster.lookup(name)  # FunctionNotFoundError when the cluster does not know it either
-        return dep if cluster.should_enqueue(dep) else None
-
-    async def submit(dep: Any, event: Any) -> Any:
-        return await cluster.submit(dep, event, mode="sse", buffer_events=args.streamBufferEvents,
-                                    max_write_size=args.maxWriteSize, max_response_size=args.maxResponseSize,
-                                    trace_id=None)
-
-    manager.remote_target = target
-    manager.remote_submit = submit
+    return connect_store(config.cluster.redisUrl, config.cluster.keyPrefix, config.jobs.retentionSeconds)
 
 
 async def _restore_functions(app: web.Application, store: JobStore) -> None:
@@ -126,15 +115,7 @@ async def forget_function(app: web.Application, name: str) -> None:
         await store.delete_function(name)
 
 
-def principal_tenant(request: web.Request) -> str | None:
-    """The tenant of the request's token; None when auth is off (every job is visible)."""
-    if not request.app[CONFIG].auth.tokens:
-        return None
-    principal = request.get(PRINCIPAL)
-    return principal.tenant if principal is not None else None
-
-
 async def find_job(request: web.Request, job_id: str, function: str | None = None) -> Job:
     """The job (in cluster mode also one another node runs), visible to this request's tenant
     (404 for another tenant's, as for an unknown id)."""
-    return await request.app[JOBS].lookup(job_id, principal_tenant(request), function)
+    return await request.app[JOBS].lookup(job_id, principal_of(request), function)

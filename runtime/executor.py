@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from .context import Context
-from .errors import FunctionServiceError, FunctionTimeoutError, HandlerError, ServiceUnavailableError
+from .errors import FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError, handler_failure
 from .invocation import Invocation, drain_generator
+from .logs import set_log_context
 from .process.executor import ProcessExecutor
 
 __all__ = ("Executor",)
@@ -27,12 +30,6 @@ log = logging.getLogger("fnstream.runtime")
 DEADLINE_TICK = 0.05  # seconds between deadline checks
 
 
-def _handler_failure(exc: BaseException) -> HandlerError:
-    if isinstance(exc, SystemExit):
-        return HandlerError(f"Fail to run user call handler. err: the handler called sys.exit({exc.code!r})")
-    return HandlerError(f"Fail to run user call handler. err: {type(exc).__name__}: {exc}")
-
-
 class Executor:
     """Starts invocations and owns the thread pool for sync handlers."""
 
@@ -40,12 +37,13 @@ class Executor:
         self._pool = ThreadPoolExecutor(thread_pool_size, thread_name_prefix="fnstream-handler")
         self.process = ProcessExecutor()  # `executor: process` functions run on worker processes
         self.active: set[Invocation] = set()
-        self._watchdog: asyncio.Task | None = None
+        self._watchdog: asyncio.Task[Any] | None = None
 
-    def run_sync(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
-        return asyncio.get_running_loop().run_in_executor(self._pool, fn)
+    def run_sync(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
+        # In a copy of the caller's context: log records of thread handlers keep the invocation's tags.
+        return asyncio.get_running_loop().run_in_executor(self._pool, contextvars.copy_context().run, fn)
 
-    def start(self, inv: Invocation, *, inline: bool = False) -> "asyncio.Task[Any] | None":
+    def start(self, inv: Invocation, *, inline: bool = False) -> asyncio.Task[Any] | None:
         """Take a concurrency slot (429 when full) and run the invocation in its own task.
 
         With `inline`, a plain-JSON call of an `async def` handler does not get a task: it runs in
@@ -122,10 +120,12 @@ class Executor:
     async def _run(self, inv: Invocation) -> Any:
         inv.entered = True
         dep = inv.deployment
-        thread_future: asyncio.Future | None = None
+        set_log_context(inv.trace_id, dep.name, inv.id)
+        thread_future: asyncio.Future[Any] | None = None
         try:
             await dep.ensure_initialized(self.run_sync)
-            ctx = Context(dep, inv)
+            ctx = Context(dep.spec, inv)
+            assert dep.code is not None  # in-process deployments have their code loaded
             handler = dep.code.handler
             if dep.kind == "async":
                 result = await handler(inv.event, ctx)
@@ -150,22 +150,22 @@ class Executor:
                 dep.failures += 1
                 log.error("function %s invocation %s raised:\n%s", dep.name, inv.id,
                           "".join(traceback.format_exception(exc)))
-                raise _handler_failure(exc) from None
+                raise handler_failure(exc) from None
             raise
         except FunctionServiceError:
             # Raised by fnstream itself (timeout, init failure, a refused write...): already clear.
             dep.failures += 1
             raise
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - anything the user's code raised
+        except (Exception, SystemExit) as exc:
             dep.failures += 1
             log.error("function %s invocation %s raised:\n%s", dep.name, inv.id,
                       "".join(traceback.format_exception(exc)))
-            raise _handler_failure(exc) from None
+            raise handler_failure(exc) from None
         finally:
             inv.channel.close()
             if thread_future is not None and not thread_future.done():
                 # The thread cannot be killed: its slot is freed when it really ends.
-                def _thread_ended(future: asyncio.Future) -> None:
+                def _thread_ended(future: asyncio.Future[Any]) -> None:
                     dep.release()
                     if not future.cancelled() and future.exception() is not None:
                         log.info("function %s: abandoned invocation %s ended: %r", dep.name, inv.id,
@@ -177,7 +177,9 @@ class Executor:
 
     @staticmethod
     def _call_in_thread(inv: Invocation, ctx: Context) -> Any:
-        result = inv.deployment.code.handler(inv.event, ctx)
+        code = inv.deployment.code
+        assert code is not None
+        result = code.handler(inv.event, ctx)
         if inspect.isgenerator(result):
             return drain_generator(result, inv.add_item_blocking)
         return result

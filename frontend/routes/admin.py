@@ -1,14 +1,19 @@
 """Admin API: deploy, redeploy, list, show and delete function services.
 
-`POST /admin/v1/functions` takes a manifest (YAML or JSON; one function or a list). Relative
+`POST /admin/v1/functions` takes a manifest (YAML or JSON; one function or a list) of new
+functions; `PUT /admin/v1/functions` deploys or redeploys the functions of one. Relative
 `codePath`s in a posted manifest are resolved against the first configured code root.
 """
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
+from runtime.deployment import Deployment
 from runtime.errors import BadRequestError
 from runtime.manifest import FunctionSpec, parse_manifest
 
@@ -21,9 +26,9 @@ __all__ = ("routes",)
 routes = web.RouteTableDef()
 
 
-def _base_dir(request: web.Request) -> Path:
-    roots = request.app[REGISTRY].code_roots
-    return roots[0] if roots else Path.cwd()
+def _parse(text: str, code_roots: list[Path]) -> list[FunctionSpec]:
+    """Parse a posted manifest against the first code root, else the working directory (a system call)."""
+    return parse_manifest(text, "request body", code_roots[0] if code_roots else Path.cwd())
 
 
 async def _specs_from_body(request: web.Request) -> list[FunctionSpec]:
@@ -34,10 +39,11 @@ async def _specs_from_body(request: web.Request) -> list[FunctionSpec]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise BadRequestError("manifest body is not UTF-8") from None
-    return parse_manifest(text, "request body", _base_dir(request))
+    # Off the loop: YAML parsing, the working directory and resolving code paths touch the file system.
+    return await asyncio.to_thread(_parse, text, list(request.app[REGISTRY].code_roots))
 
 
-def _deployed(deps) -> dict:
+def _deployed(deps: Iterable[Deployment]) -> dict[str, Any]:
     functions = [d.describe() for d in deps]
     return {"code": 0, "message": "SUCCESS", "function": functions[0], "functions": functions}
 
@@ -48,6 +54,14 @@ async def create_functions(request: web.Request) -> web.Response:
     deps = await request.app[REGISTRY].adeploy(specs, replace=False)
     await remember_functions(request.app, deps)  # [jobs hook] comes back after a restart
     return web.json_response(_deployed(deps), status=201)
+
+
+@routes.put("/admin/v1/functions")
+async def deploy_functions(request: web.Request) -> web.Response:
+    """Deploy or redeploy every function of the manifest: all of them or none (`fnstream deploy`)."""
+    specs = await _specs_from_body(request)
+    deps = await request.app[REGISTRY].adeploy(specs)
+    return web.json_response(_deployed(deps), status=200)
 
 
 @routes.get("/admin/v1/functions")

@@ -14,12 +14,14 @@ from typing import Any
 
 from aiohttp import web
 
+from runtime.deployment import FunctionRef
 from runtime.errors import BadRequestError
-from runtime.jobs.model import Job
-from runtime.registry import Deployment
+from runtime.jobs.model import Job, JobRequest
+from runtime.principal import Principal
 
-from ..jobs import JOBS, WEBHOOKS, find_job, principal_tenant
-from ..keys import CONFIG
+from ..auth import principal_of
+from ..jobs import JOBS, WEBHOOKS, find_job
+from ..keys import CONFIG, DISPATCHER
 from ..sse import DONE_EVENT, EventStream, encode_event
 
 __all__ = ("job_events", "last_event_id", "routes", "submit_async")
@@ -78,12 +80,14 @@ async def job_events(request: web.Request, job: Job) -> web.StreamResponse:
     return await stream.finish()
 
 
-async def submit_async(request: web.Request, dep: Deployment, event: Any) -> web.Response:
+async def submit_async(request: web.Request, principal: Principal | None, function: FunctionRef,
+                       event: Any) -> web.Response:
     """[jobs hook, invoke route] `X-Invoke-Type: async`: store the job, answer 202 {"requestId"}."""
     webhook = request.headers.get("X-Webhook-Url")
     if webhook is not None:
         webhook = request.app[WEBHOOKS].check_url(webhook)
-    job = await request.app[JOBS].submit(dep, event, api="yuanrong", webhook=webhook)
+    job = await request.app[DISPATCHER].submit_job(principal, function, event,
+                                                   JobRequest(api="yuanrong", webhook=webhook))
     return web.json_response({"requestId": job.id}, status=202, headers={"X-Async-Request-Id": job.id})
 
 
@@ -100,7 +104,7 @@ async def list_jobs(request: web.Request) -> web.Response:
         raise BadRequestError("limit must be an integer") from None
     if not 1 <= limit <= 1000:
         raise BadRequestError("limit must be between 1 and 1000")
-    jobs = request.app[JOBS].list_jobs(principal_tenant(request), request.query.get("function"), limit)
+    jobs = request.app[JOBS].list_jobs(principal_of(request), request.query.get("function"), limit)
     return web.json_response({"jobs": [j.public() for j in jobs]})
 
 

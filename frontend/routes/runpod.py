@@ -13,16 +13,16 @@ from typing import Any
 
 from aiohttp import web
 
-from runtime.errors import ForbiddenError
+from runtime.deployment import Deployment, FunctionRef
 from runtime.jobs.errors import JobBadRequestError
-from runtime.registry import Deployment
+from runtime.jobs.model import Job, JobRequest
 
+from ..auth import principal_of
 from ..body import read_json_body
-from ..jobs import JOBS, WEBHOOKS, find_job, principal_tenant
-from ..keys import CONFIG
+from ..jobs import JOBS, WEBHOOKS, find_job
+from ..keys import CONFIG, DISPATCHER
 from ..negotiation import parse_accept, quality
 from . import openai
-from .invoke import find_function
 from .jobs import job_events
 
 __all__ = ("routes",)
@@ -30,12 +30,9 @@ __all__ = ("routes",)
 routes = web.RouteTableDef()
 
 
-def _function(request: web.Request) -> Deployment:
-    dep = find_function(request.app, request.match_info["fn"])
-    tenant = principal_tenant(request)
-    if tenant is not None and tenant != dep.spec.tenant:
-        raise ForbiddenError(f"tenant {tenant!r} may not use endpoint {dep.name!r} of tenant {dep.spec.tenant!r}")
-    return dep
+def _function(request: web.Request) -> FunctionRef:
+    """The endpoint's function (the endpoint id is its name), here or known to the cluster; 404/403."""
+    return request.app[DISPATCHER].find(principal_of(request), request.match_info["fn"])
 
 
 def _milliseconds(policy: dict[str, Any], key: str) -> float | None:
@@ -47,8 +44,8 @@ def _milliseconds(policy: dict[str, Any], key: str) -> float | None:
     return value / 1000
 
 
-async def _submit(request: web.Request) -> Any:
-    dep = _function(request)
+async def _submit(request: web.Request) -> Job:
+    function = _function(request)
     body = await read_json_body(request)
     if not isinstance(body, dict) or "input" not in body:
         raise JobBadRequestError('the request body must be a JSON object with an "input" key')
@@ -60,9 +57,9 @@ async def _submit(request: web.Request) -> Any:
     if webhook is not None:
         webhook = request.app[WEBHOOKS].check_url(webhook)
     event = {"id": None, "input": body["input"]}
-    return await request.app[JOBS].submit(dep, event, api="runpod", webhook=webhook,
-                                          execution_timeout=_milliseconds(policy, "executionTimeout"),
-                                          ttl=_milliseconds(policy, "ttl"))
+    job_request = JobRequest(api="runpod", webhook=webhook, execution_timeout=_milliseconds(policy, "executionTimeout"),
+                             ttl=_milliseconds(policy, "ttl"))
+    return await request.app[DISPATCHER].submit_job(principal_of(request), function, event, job_request)
 
 
 @routes.post("/v2/{fn}/run")
@@ -132,7 +129,7 @@ async def purge_queue(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     dep = _function(request)
     counts = request.app[JOBS].counts(dep.name)
-    running = getattr(dep, "inflight", 0)  # cluster mode: a function this node only knows of has none here
+    running = dep.inflight if isinstance(dep, Deployment) else 0  # cluster mode: known here, run elsewhere
     return web.json_response({"jobs": counts,
                               "workers": {"idle": max(0, dep.spec.concurrency - running), "running": running}})
 
@@ -150,4 +147,5 @@ async def openai_completions(request: web.Request) -> web.StreamResponse:
 @routes.get("/v2/{fn}/openai/v1/models")
 async def openai_models(request: web.Request) -> web.Response:
     dep = _function(request)
-    return web.json_response({"object": "list", "data": [openai.model_object(m, dep) for m in dep.spec.models]})
+    models = dep.spec.served_models()  # models and aliases; the function's name when it lists none
+    return web.json_response({"object": "list", "data": [openai.model_object(m, dep) for m in models]})

@@ -12,7 +12,7 @@ import asyncio
 import base64
 import json
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import msgpack
 from aiohttp import web
@@ -81,7 +81,7 @@ def _float_param(request: web.Request, query: str) -> float | None:
 class _SSE:
     """Elements as Server-Sent Events."""
 
-    headers: dict[str, str] = {}
+    headers: ClassVar[dict[str, str]] = {}
     ping = PING
 
     @staticmethod
@@ -103,18 +103,18 @@ class _SSE:
         return encode_event(terminator_text(el.data), el.id)
 
     @staticmethod
-    def end(payload: dict) -> bytes:
+    def end(payload: dict[str, Any]) -> bytes:
         return encode_event(json.dumps(payload, ensure_ascii=False), event="end")
 
     @staticmethod
-    def error(payload: dict) -> bytes:
+    def error(payload: dict[str, Any]) -> bytes:
         return encode_event(json.dumps(payload, ensure_ascii=False), event="error")
 
 
 class _Msgpack:
     """Elements as a stream of msgpack maps `{id, data}`; nil objects are heartbeats."""
 
-    headers = {"Content-Type": MSGPACK}
+    headers: ClassVar[dict[str, str]] = {"Content-Type": MSGPACK}
     ping = msgpack.packb(None)
 
     @staticmethod
@@ -130,11 +130,11 @@ class _Msgpack:
         return msgpack.packb({"id": el.id, "data": el.data, "end": "terminator"}, use_bin_type=True)
 
     @staticmethod
-    def end(payload: dict) -> bytes:
+    def end(payload: dict[str, Any]) -> bytes:
         return msgpack.packb({"end": payload.pop("reason"), **payload}, use_bin_type=True)
 
     @staticmethod
-    def error(payload: dict) -> bytes:
+    def error(payload: dict[str, Any]) -> bytes:
         return msgpack.packb({"error": payload}, use_bin_type=True)
 
 
@@ -181,8 +181,9 @@ async def _subscribe(request: web.Request, name: str | None) -> web.StreamRespon
     return await out.finish()
 
 
-async def _pump(out: EventStream, fmt, sub: AbstractSubscription, idle: float, expect: int | None,
-                heartbeat: float, asked_terminator: str | None, config_terminators: list[str]) -> None:
+async def _pump(out: EventStream, fmt: type[_SSE | _Msgpack], sub: AbstractSubscription, idle: float,
+                expect: int | None, heartbeat: float, asked_terminator: str | None,
+                config_terminators: list[str]) -> None:
     """Forward elements until a terminator, expect_num, the idle timeout or an error."""
     loop = asyncio.get_running_loop()
     stream_term: str | None = None
@@ -275,7 +276,8 @@ def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
                 try:
                     values.append(json.loads(line))
                 except RecursionError:
-                    raise BadRequestError(f"body is neither a JSON array nor NDJSON: line {n} is nested too deeply") from None
+                    raise BadRequestError(
+                        f"body is neither a JSON array nor NDJSON: line {n} is nested too deeply") from None
                 except json.JSONDecodeError as exc:
                     raise BadRequestError(f"body is neither a JSON array nor NDJSON: line {n}: {exc.msg} "
                                           f"at column {exc.colno}") from None

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-__all__ = ("FINAL", "YUANRONG_STATUS", "Job", "Status", "new_job_id")
+__all__ = ("FINAL", "YUANRONG_STATUS", "Api", "Job", "JobRequest", "Status", "new_job_id")
 
+Api = Literal["runpod", "yuanrong", "fnstream"]  # which API submitted it (and whose views it follows)
 Status = Literal["IN_QUEUE", "IN_PROGRESS", "COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"]
 FINAL: frozenset[str] = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
 YUANRONG_STATUS: dict[str, str] = {"IN_QUEUE": "pending", "IN_PROGRESS": "running", "COMPLETED": "completed",
@@ -31,6 +32,16 @@ def _rfc3339(seconds: float | None) -> str | None:
     return None if seconds is None else datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """How a job was asked for (Dispatcher.submit_job): the API, a webhook, the policy's limits."""
+
+    api: Api = "fnstream"
+    webhook: str | None = None                # already checked against jobs.webhook.allowedHosts
+    execution_timeout: float | None = None    # seconds; capped at the function's timeout
+    ttl: float | None = None                  # seconds from creation until it must have started
+
+
 @dataclass
 class Job:
     """A job's state. `outputs` are the JSON-able items in order (item n has event id n)."""
@@ -39,7 +50,7 @@ class Job:
     function: str
     tenant: str
     event: Any
-    api: Literal["runpod", "yuanrong", "fnstream"] = "fnstream"
+    api: Api = "fnstream"
     status: Status = "IN_QUEUE"
     created_at: float = field(default_factory=time.time)
     started_at: float | None = None

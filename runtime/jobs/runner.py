@@ -1,8 +1,9 @@
 """Runs jobs: a queue per function, started through the ordinary invocation path as slots free up.
 
-A job is an `Invocation` in streaming mode started by the `Executor` like any request; its
-channel batches become the job's numbered output items. Queued jobs wait for the function's
-`concurrency` (a free slot) instead of getting 429; `jobs.maxQueued` bounds the waiting.
+A job is a streaming invocation started by `Dispatcher.dispatch` like any request (here, or
+queued for a cluster worker: the dispatcher decides); its channel batches become the job's
+numbered output items. Queued jobs wait for the function's `concurrency` (a free slot) instead
+of getting 429; `jobs.maxQueued` bounds the waiting.
 Every change is written through to the store; submit waits for the write, so an acknowledged
 job survives kill -9. After a restart: queued jobs run, a running job with no output runs
 again, a running job with output is FAILED saying the server restarted.
@@ -13,58 +14,30 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
-from ..config import FrontendArgs, JobsConfig
-from ..errors import FunctionNotFoundError, FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError
-from ..invocation import Invocation, encode_payload
+from ..config import JobsConfig
+from ..deployment import Deployment, FunctionRef
+from ..dispatch import InvokeOptions
+from ..errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError
+from ..invocation import Invocation, Item, encode_payload
+from ..principal import Principal
 from .errors import JobItemError, JobNotFoundError, JobOutputTooLargeError, JobQueueFullError, JobStateError
-from .model import FINAL, Job, Status, new_job_id
+from .model import FINAL, Job, JobRequest, Status, new_job_id
 from .store import JobStore, SharedStore
 
 if TYPE_CHECKING:
-    from ..executor import Executor
-    from ..registry import Deployment, Registry
+    from ..dispatch import Dispatcher
+    from ..surface import InvocationSurface
 
-__all__ = ("JobInvocation", "JobItem", "JobManager")
+__all__ = ("JobManager",)
 
 log = logging.getLogger("fnstream.jobs")
 
 SLOT_POLL = 0.02      # seconds between looks for a free slot while a function is at its concurrency
 REMOTE_POLL = 0.05    # seconds between reads of a job another node runs (shared store)
 SWEEP_EVERY = 60.0    # seconds between expiry sweeps (at most)
-
-
-class JobItem(str):
-    """A generator item in the channel: its text, plus the value the handler yielded."""
-
-    value: Any
-
-    @classmethod
-    def of(cls, item: Any) -> JobItem:
-        text = cls(encode_payload(item))
-        text.value = text if isinstance(item, (str, bytes, bytearray, memoryview)) else item
-        return text
-
-
-class JobInvocation(Invocation):
-    """An Invocation whose generator items keep their value (RunPod's stream items are objects),
-    and, for RunPod jobs, a yielded dict with an `error` key ends the job as FAILED."""
-
-    fail_on_error_items = False
-
-    async def add_item(self, item: Any) -> None:
-        await self.stream.write(JobItem.of(item))
-        self._check_item(item)
-
-    def add_item_blocking(self, item: Any) -> None:
-        self.stream.write(JobItem.of(item))
-        self._check_item(item)
-
-    def _check_item(self, item: Any) -> None:
-        if self.fail_on_error_items and isinstance(item, dict) and item.get("error"):
-            raise JobItemError(_error_text(item["error"]))
 
 
 def _error_text(error: Any) -> str:
@@ -74,17 +47,14 @@ def _error_text(error: Any) -> str:
 class JobManager:
     """Every job of this server: submit, look up, follow, cancel, retry, purge, expire."""
 
-    def __init__(self, config: JobsConfig, args: FrontendArgs, registry: Registry, executor: Executor,
-                 store: JobStore) -> None:
+    def __init__(self, config: JobsConfig, dispatcher: Dispatcher, store: JobStore) -> None:
         self.config = config
-        self.args = args
-        self.registry = registry
-        self.executor = executor
+        self.dispatcher = dispatcher
         self.store = store
         self.jobs: dict[str, Job] = {}
         self._queues: dict[str, collections.deque[str]] = {}
         self._dispatchers: dict[str, asyncio.Task[None]] = {}
-        self._running: dict[str, Any] = {}  # JobInvocation, or a cluster RemoteInvocation
+        self._running: dict[str, InvocationSurface] = {}  # here, or relayed from a cluster worker
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed: dict[str, asyncio.Event] = {}
         self._sweeper: asyncio.Task[None] | None = None
@@ -95,11 +65,6 @@ class JobManager:
         self.shared: SharedStore | None = store if isinstance(store, SharedStore) else None
         if self.shared is not None:
             self.shared.on_cancel = self._cancel_requested
-        # Cluster mode: where a job goes when this node should not run it (set by the frontend).
-        # `remote_target(name)` is the cluster's view of the function when the job must be queued
-        # for the cluster's workers (None: run it here); `remote_submit` queues it.
-        self.remote_target: Callable[[str], Any] | None = None
-        self.remote_submit: Callable[[Any, Any], Awaitable[Any]] | None = None
 
     # -- life --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -130,6 +95,11 @@ class JobManager:
             log.info("jobs: %d queued job(s) after restart (%d were running)", requeued, recovered)
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="jobs-sweeper")
 
+    async def stop_taking(self) -> None:
+        """Start no more jobs (Lifecycle.stop_intake: before the drain aborts the running ones, which
+        then stay IN_PROGRESS in the store and the restart rules apply)."""
+        self.stopping = True
+
     async def stop(self) -> None:
         """Stop dispatching; running jobs stay IN_PROGRESS in the store (the restart rules apply)."""
         self.stopping = True
@@ -142,21 +112,18 @@ class JobManager:
         await self.store.close()
 
     # -- submit ------------------------------------------------------------------------------
-    async def submit(self, dep: Deployment, event: Any, *, api: Literal["runpod", "yuanrong", "fnstream"],
-                     webhook: str | None = None, execution_timeout: float | None = None,
-                     ttl: float | None = None, job_id: str | None = None) -> Job:
-        """Queue a job of `dep`; returns once it is stored (429 beyond jobs.maxQueued)."""
+    async def submit(self, function: FunctionRef, event: Any, request: JobRequest) -> Job:
+        """Queue a job of `function` (Dispatcher.submit_job checked the tenant); returns once it is
+        stored (429 beyond jobs.maxQueued)."""
         if self.stopping:
             raise ServiceUnavailableError("the server is shutting down")
-        if dep.name not in self.registry and self.remote_target is None:  # known to a cluster, not loadable here
-            raise ServiceUnavailableError(f"this node cannot run function {dep.name!r}; submit its jobs to a "
-                                          "node that runs it")
         if self.queued >= self.config.maxQueued:
             raise JobQueueFullError(f"{self.queued} jobs are queued (jobs.maxQueued); retry later")
-        timeout = dep.spec.timeout if execution_timeout is None else min(execution_timeout, dep.spec.timeout)
-        job = Job(id=job_id or new_job_id(), function=dep.name, tenant=dep.spec.tenant, event=event, api=api,
-                  webhook=webhook, execution_timeout=timeout, ttl=ttl, raw=dep.spec.rawStream)
-        if api == "runpod" and isinstance(event, dict):
+        spec = function.spec
+        limit = spec.timeout if request.execution_timeout is None else min(request.execution_timeout, spec.timeout)
+        job = Job(id=new_job_id(), function=spec.name, tenant=spec.tenant, event=event, api=request.api,
+                  webhook=request.webhook, execution_timeout=limit, ttl=request.ttl, raw=spec.rawStream)
+        if request.api == "runpod" and isinstance(event, dict):
             event["id"] = job.id  # the handler's event is RunPod's job: {"id", "input"}
         self.jobs[job.id] = job
         self._enqueue(job)
@@ -183,18 +150,19 @@ class JobManager:
                 self._dispatch(job.function), name=f"jobs-dispatch-{job.function}")
 
     # -- look up -----------------------------------------------------------------------------
-    def get(self, job_id: str, tenant: str | None = None, function: str | None = None) -> Job:
-        """A job of this node; 404 when unknown, of another tenant (`tenant` given) or function."""
-        return _visible(self.jobs.get(job_id), job_id, tenant, function)
+    def get(self, job_id: str, principal: Principal | None = None, function: str | None = None) -> Job:
+        """A job of this node; 404 when unknown, of another tenant than the principal's, or of
+        another function (as for an unknown id: a job's existence is not another tenant's business)."""
+        return _visible(self.jobs.get(job_id), job_id, principal, function)
 
-    async def lookup(self, job_id: str, tenant: str | None = None, function: str | None = None) -> Job:
+    async def lookup(self, job_id: str, principal: Principal | None = None, function: str | None = None) -> Job:
         """`get`, or in cluster mode a job another node runs, read from the shared store."""
         job = self.jobs.get(job_id)
         if job is None and self.shared is not None:
             job = await self.shared.fetch(job_id)
             if job is not None:
                 job.remote = True
-        return _visible(job, job_id, tenant, function)
+        return _visible(job, job_id, principal, function)
 
     async def _refresh(self, job: Job) -> None:
         """Re-read a remote job (its new output items appended)."""
@@ -204,8 +172,10 @@ class JobManager:
             raise JobNotFoundError(f"job {job.id!r} not found (it expired)")
         job.refresh(newer, newer.outputs)
 
-    def list_jobs(self, tenant: str | None = None, function: str | None = None, limit: int = 100) -> list[Job]:
-        jobs = [j for j in self.jobs.values() if (tenant is None or j.tenant == tenant)
+    def list_jobs(self, principal: Principal | None = None, function: str | None = None,
+                  limit: int = 100) -> list[Job]:
+        """This node's jobs the principal may see (all when auth is off), newest first."""
+        jobs = [j for j in self.jobs.values() if (principal is None or j.tenant == principal.tenant)
                 and (function is None or j.function == function)]
         return sorted(jobs, key=lambda j: j.created_at, reverse=True)[:limit]
 
@@ -356,110 +326,95 @@ class JobManager:
                 self._finish(job, "TIMED_OUT", error=FunctionTimeoutError(
                     f"the job's ttl of {job.ttl:g} s passed before it could start"))
                 continue
-            if self.remote_target is not None:
-                try:
-                    target = self.remote_target(function)
-                except FunctionNotFoundError as exc:
-                    self._finish(job, "FAILED", error=exc)
-                    continue
-                if target is not None:  # the cluster's workers run it (this node is a frontend, or full)
-                    queue.popleft()
-                    self.queued -= 1
-                    self._start_remote(job, target)
-                    continue
-            try:
-                dep = self.registry.get(function)
-            except FunctionNotFoundError as exc:
-                self._finish(job, "FAILED", error=exc)
-                continue
-            if dep.inflight >= dep.spec.concurrency:
+            if not await self._start(job):
                 await asyncio.sleep(SLOT_POLL)  # invocations outside jobs free slots too: look again soon
-                continue
-            queue.popleft()
-            self.queued -= 1
-            self._start(job, dep)
 
-    def _start(self, job: Job, dep: Deployment) -> None:
-        args = self.args
-        inv = JobInvocation(dep, job.event, mode="sse", loop=asyncio.get_running_loop(),
-                            buffer_events=args.streamBufferEvents, max_write_size=args.maxWriteSize,
-                            max_response_size=args.maxResponseSize, trace_id=job.id.replace("-", ""))
-        inv.fail_on_error_items = job.api == "runpod"
-        if job.execution_timeout is not None:
-            inv.deadline = min(inv.deadline, inv.started + job.execution_timeout)
-        job.status, job.started_at = "IN_PROGRESS", time.time()
+    async def _start(self, job: Job) -> bool:
+        """Dispatch the first queued job as the tenant it was submitted for (a function since
+        redeployed for another tenant does not run it); False while the function is at its
+        concurrency here (it stays first in its queue)."""
+        principal = Principal(job.tenant, "user")
+        options = InvokeOptions(mode="sse", trace_id=job.id.replace("-", ""), keep_items=True,
+                                timeout=job.execution_timeout)
+        job.status, job.started_at = "IN_PROGRESS", time.time()  # being dispatched: see _cancel_local
         try:
-            self.executor.start(inv)
-        except FunctionServiceError as exc:
-            self._finish(job, "FAILED", error=exc)
-            return
+            function = self.dispatcher.find(principal, job.function)
+            inv = await self.dispatcher.dispatch(principal, function, job.event, options)
+        except ConcurrencyLimitError:
+            job.status, job.started_at = "IN_QUEUE", None
+            return False
+        except FunctionServiceError as exc:  # not deployed (any more), another tenant's, no cluster worker...
+            job.status = "IN_QUEUE"
+            self._finish(job, "FAILED", error=exc)  # the loop drops it from the queue
+            return True
+        queue = self._queues[job.function]
+        queue.remove(job.id)  # the first, unless the queue changed while a cluster submit was awaited
+        self.queued -= 1
         self._running[job.id] = inv
         self.store.save(job)
         self._notify(job)
-        task = asyncio.get_running_loop().create_task(self._collect(job, inv), name=f"job-{job.id}")
+        if job.cancel_requested:
+            inv.cancel("the job was cancelled")
+        task = asyncio.get_running_loop().create_task(self._collect(job, function, inv), name=f"job-{job.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return True
 
-    def _start_remote(self, job: Job, target: Any) -> None:
-        job.status, job.started_at = "IN_PROGRESS", time.time()
-        self.store.save(job)
-        self._notify(job)
+    @staticmethod
+    def _error_item(job: Job, value: Any) -> FunctionServiceError | None:
+        """RunPod: a generator item `{"error": ...}` ends the job as FAILED with that error."""
+        if job.api == "runpod" and isinstance(value, dict) and value.get("error"):
+            return JobItemError(_error_text(value["error"]))
+        return None
 
-        async def run() -> None:
-            assert self.remote_submit is not None
-            try:
-                inv = await self.remote_submit(target, job.event)
-            except FunctionServiceError as exc:
-                self._finish(job, "FAILED", error=exc)
-                return
-            self._running[job.id] = inv
-            if job.cancel_requested:
-                inv.cancel("the job was cancelled")
-            await self._collect(job, inv)
-
-        task = asyncio.get_running_loop().create_task(run(), name=f"job-{job.id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _collect(self, job: Job, inv: Any) -> None:
+    async def _collect(self, job: Job, function: FunctionRef, inv: InvocationSurface) -> None:
         """Read the invocation's output into the job, then record how it ended."""
         generator_items: list[Any] = []
-        too_large: JobOutputTooLargeError | None = None
+        stopped: FunctionServiceError | None = None  # output too large, or RunPod's error item
         try:
-            while batch := await inv.channel.get_batch():
+            while not stopped and (batch := await inv.channel.get_batch()):
                 values = []
                 for payload in batch:
-                    if isinstance(payload, JobItem):
+                    if isinstance(payload, Item):
                         values.append(payload.value)
                         generator_items.append(payload.value)
+                        stopped = self._error_item(job, payload.value)
                     else:
                         values.append(str(payload))
                     job.output_bytes += len(payload.encode())
+                    if stopped:
+                        break  # RunPod: a yielded {"error": ...} ends the job; what follows is not output
                 if job.output_bytes > self.config.maxOutputBytes:
-                    too_large = JobOutputTooLargeError(f"the job's output exceeds jobs.maxOutputBytes "
-                                                       f"({self.config.maxOutputBytes} bytes)")
-                    inv.cancel(too_large.message)
+                    stopped = JobOutputTooLargeError(f"the job's output exceeds jobs.maxOutputBytes "
+                                                     f"({self.config.maxOutputBytes} bytes)")
+                    inv.cancel(stopped.message)
                     break
                 first = len(job.outputs) + 1
                 job.outputs.extend(values)
                 self._notify(job)
                 self.store.add_outputs(job.id, first, values)
+                if stopped:
+                    inv.cancel(stopped.message)
             try:
                 result = await inv.outcome()
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise  # the manager is stopping
-                self._finish(job, "FAILED" if too_large else "CANCELLED", error=too_large or _cancelled())
+                self._finish(job, "FAILED" if stopped else "CANCELLED", error=stopped or _cancelled())
                 return
-            if too_large is not None:
-                self._finish(job, "FAILED", error=too_large)
+            except FunctionServiceError:
+                if stopped is None:
+                    raise
+                result = None  # the cancel that `stopped` caused
+            if stopped is not None:
+                self._finish(job, "FAILED", error=stopped)
                 return
-            if result is None and getattr(inv.deployment, "kind", None) in ("gen", "asyncgen"):
-                # RunPod's return_aggregate_stream; the sync JSON answer. A worker process sends its
-                # generator items as stream writes (text), so there every output item is one.
-                local_items = getattr(inv.deployment, "executor", None) != "process"
-                result = generator_items if local_items else list(job.outputs)
+            if result is None and isinstance(function, Deployment) and function.kind in ("gen", "asyncgen"):
+                # RunPod's return_aggregate_stream; the sync JSON answer. A worker process (or a cluster
+                # worker) sends its generator items as stream writes (text), so there every output item is one.
+                in_process = isinstance(inv, Invocation) and function.executor != "process"
+                result = generator_items if in_process else list(job.outputs)
                 job.aggregated = True
             if job.api == "runpod" and isinstance(result, dict) and result.get("error"):
                 self._finish(job, "FAILED", error=JobItemError(_error_text(result["error"])))
@@ -515,9 +470,9 @@ class JobManager:
         return len(old)
 
 
-def _visible(job: Job | None, job_id: str, tenant: str | None, function: str | None) -> Job:
-    if job is None or (tenant is not None and job.tenant != tenant) or (function is not None
-                                                                        and job.function != function):
+def _visible(job: Job | None, job_id: str, principal: Principal | None, function: str | None) -> Job:
+    if job is None or (principal is not None and job.tenant != principal.tenant) or (
+            function is not None and job.function != function):
         raise JobNotFoundError(f"job {job_id!r} not found")
     return job
 

@@ -22,7 +22,7 @@ from typing import IO, Any, TypeVar
 from ..errors import ConfigError
 from .model import Job
 
-__all__ = ("JobStore", "MemoryJobStore", "SharedStore", "SqliteJobStore", "build_store")
+__all__ = ("JobStore", "MemoryJobStore", "SharedStore", "SqliteJobStore")
 
 log = logging.getLogger("fnstream.jobs")
 
@@ -163,12 +163,12 @@ class SqliteJobStore(JobStore):
             if self._db is not None:
                 self._db.close()
                 self._db = None
+            if self._lock_file is not None:
+                self._lock_file.close()
+                self._lock_file = None
 
         await asyncio.get_running_loop().run_in_executor(self._thread, disconnect)
-        self._thread.shutdown(wait=True)
-        if self._lock_file is not None:
-            self._lock_file.close()
-            self._lock_file = None
+        await asyncio.to_thread(self._thread.shutdown)  # joining the (now idle) thread: off the loop too
 
     async def load(self) -> list[Job]:
         def read(db: sqlite3.Connection) -> list[Job]:
@@ -218,19 +218,3 @@ class SqliteJobStore(JobStore):
 
     def delete_function(self, name: str) -> asyncio.Future[None]:
         return self._write(lambda db: db.execute("DELETE FROM functions WHERE name = ?", (name,)))
-
-
-def build_store(kind: str, path: Path, *, redis_url: str | None = None, prefix: str = "fnstream",
-                retention: float = 3600) -> JobStore:
-    """The store `jobs.store` names; `auto` is redis in cluster mode (`redis_url`), else sqlite."""
-    if kind == "auto":
-        kind = "redis" if redis_url else "sqlite"
-    if kind == "sqlite":
-        return SqliteJobStore(path)
-    if kind == "memory":
-        return MemoryJobStore()
-    if not redis_url:
-        raise ConfigError("jobs.store: redis needs cluster mode (cluster.redisUrl)")
-    from .redis_store import connect_store
-
-    return connect_store(redis_url, prefix, retention)

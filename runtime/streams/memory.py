@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Sequence
+from collections.abc import Sequence
 
 from .broker import AbstractBroker, AbstractSubscription, BrokerSettings, Element, StreamOptions, StreamStats
 from .errors import (
@@ -28,7 +28,7 @@ __all__ = ("MemoryBroker", "MemorySubscription")
 class MemorySubscription(AbstractSubscription):
     """A bounded buffer of live elements behind a (bounded) replay of retained ones."""
 
-    def __init__(self, stream: "_Stream", capacity: int, replay: list[Element],
+    def __init__(self, stream: _Stream, capacity: int, replay: list[Element],
                  lost: tuple[int, int] | None, start_id: int) -> None:
         self.name = stream.name
         self._stream = stream

@@ -32,7 +32,7 @@ async def ollama_style(job):
     """The shape of runpod-worker-ollama's handler: self-framed SSE strings (rawStream: true)."""
     inp = job["input"]
     words = str(inp.get("prompt", "hi there")).split()
-    for i, word in enumerate(words):
+    for word in words:
         await asyncio.sleep(float(inp.get("delay", 0)))
         chunk = {"id": "chatcmpl-job", "object": "chat.completion.chunk",
                  "choices": [{"index": 0, "delta": {"content": word + " "}, "finish_reason": None}]}

@@ -56,14 +56,14 @@ async def test_last_event_id_resumes_and_reads_are_not_destructive(jobs):
     await wait_final(jobs, job_id)
     full = [ev for _, ev in await events(jobs, job_id)]
     assert [ev["data"] for ev in full] == ['{"n":0}', '{"n":1}', '{"n":2}',
-                                            '{"ok":true,"got":{"id":"%s","input":{"n":3}}}' % job_id, "[DONE]"]
+                                            f'{{"ok":true,"got":{{"id":"{job_id}","input":{{"n":3}}}}}}', "[DONE]"]
     assert [ev["id"] for ev in full[:4]] == ["1", "2", "3", "4"]
     resumed = [ev for _, ev in await events(jobs, job_id, {"Last-Event-ID": "2"})]
     assert resumed == full[2:]
     after_result = [ev for _, ev in await events(jobs, job_id, {"Last-Event-ID": "4"})]
     assert [ev["data"] for ev in after_result] == ["[DONE]"]
     resp = await jobs.get(f"/serverless/v1/jobs/{job_id}/events?lastEventId=3")
-    assert [ev["data"] for _, ev in await read_events(resp)][0].startswith('{"ok":true')
+    assert next(ev["data"] for _, ev in await read_events(resp)).startswith('{"ok":true')
 
 
 async def test_resume_while_running(jobs):

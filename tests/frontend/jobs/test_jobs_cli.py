@@ -19,13 +19,13 @@ def test_invoke_async_and_follow(server):
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip()
     assert len(job_id) == 36
-    proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", "job", job_id, "--follow", "--url", server.url],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
     arrivals = []
-    for line in proc.stdout:
-        arrivals.append((time.monotonic(), line.rstrip("\n")))
-    assert proc.wait(30) == 0
+    with subprocess.Popen([sys.executable, "-m", "frontend.cli", "job", job_id, "--follow", "--url", server.url],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            arrivals.append((time.monotonic(), line.rstrip("\n")))
+        assert proc.wait(30) == 0
     assert len(arrivals) == 9 and arrivals[-1][0] - arrivals[0][0] > 0.3  # printed as they came
     shown = cli("job", job_id, url=server.url)
     assert shown.returncode == 0 and json.loads(shown.stdout)["status"] == "COMPLETED"

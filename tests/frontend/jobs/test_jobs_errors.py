@@ -58,7 +58,8 @@ async def test_unknown_function_and_job(jobs):
     for method, path in (("GET", "/serverless/v1/jobs/nope"), ("GET", "/serverless/v1/jobs/nope/events"),
                          ("DELETE", "/serverless/v1/jobs/nope")):
         assert (await fnstream_error(await jobs.request(method, path), 404))["code"] == 200404
-    body = await fnstream_error(await jobs.post(INVOKE.format("nope"), json={}, headers={"X-Invoke-Type": "async"}), 404)
+    resp = await jobs.post(INVOKE.format("nope"), json={}, headers={"X-Invoke-Type": "async"})
+    body = await fnstream_error(resp, 404)
     assert body["code"] == 150424
 
 
@@ -94,7 +95,8 @@ async def test_retry_runs_a_failed_job_again(jobs):
 
 
 async def test_bad_query_values(jobs):
-    assert "wait must be" in await runpod_error(await jobs.post("/v2/echo-job/runsync?wait=soon", json={"input": {}}), 400)
+    resp = await jobs.post("/v2/echo-job/runsync?wait=soon", json={"input": {}})
+    assert "wait must be" in await runpod_error(resp, 400)
     job_id = (await (await jobs.post("/v2/echo-job/runsync", json={"input": {}})).json())["id"]
     resp = await jobs.get(f"/serverless/v1/jobs/{job_id}/events", headers={"Last-Event-ID": "x1"})
     assert "Last-Event-ID" in (await fnstream_error(resp, 400))["message"]
@@ -180,3 +182,30 @@ async def test_tenants_never_see_each_others_jobs(make_client, deploy_dir):
     assert (await (await client.get("/serverless/v1/jobs", headers=bob)).json())["jobs"] == []
     resp = await client.post(INVOKE.format("alice-fn"), json={}, headers={**bob, "X-Invoke-Type": "async"})
     assert resp.status == 403
+
+
+async def test_a_queued_job_runs_only_as_the_tenant_it_was_submitted_for(make_client, deploy_dir):
+    """The job runner dispatches as the job's tenant: a function redeployed under the same name for
+    another tenant does not run the first tenant's queued job (403, FAILED)."""
+    from tests.support.servers import test_config
+
+    spec = fn("shared-name", "job_fns.sleeper", tenant="alice", concurrency=1)
+    config = test_config(deploy_dir(spec), **{"auth.tokens": TOKENS})
+    client = await make_client(config=config)
+    alice = {"Authorization": "Bearer alice-user"}
+    running = (await (await client.post("/v2/shared-name/run", json={"input": {"seconds": 0.5}},
+                                        headers=alice)).json())["id"]
+    queued = (await (await client.post("/v2/shared-name/run", json={"input": {"seconds": 0}},
+                                       headers=alice)).json())["id"]
+    resp = await client.put("/admin/v1/functions/shared-name", json={**spec, "tenant": "bob"},
+                            headers={"Authorization": "Bearer bob-dev"})  # one atomic redeploy
+    assert resp.status == 200, await resp.text()
+    for _ in range(100):
+        state = await (await client.get(f"/serverless/v1/jobs/{queued}", headers=alice)).json()
+        if state["status"] not in ("IN_QUEUE", "IN_PROGRESS"):
+            break
+        await asyncio.sleep(0.05)
+    assert state["status"] == "FAILED" and state["error"]["code"] == 200403, state
+    assert "tenant 'alice' may not use function 'shared-name'" in state["error"]["message"]
+    first = await (await client.get(f"/serverless/v1/jobs/{running}", headers=alice)).json()
+    assert first["status"] in ("IN_PROGRESS", "COMPLETED")  # it had started on alice's deployment

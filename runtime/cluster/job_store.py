@@ -18,10 +18,10 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from .model import Job
-from .store import SharedStore
+from ..jobs.model import Job
+from ..jobs.store import SharedStore
 
-__all__ = ("RedisJobStore",)
+__all__ = ("RedisJobStore", "connect_store")
 
 log = logging.getLogger("fnstream.jobs")
 
@@ -91,7 +91,7 @@ class RedisJobStore(SharedStore):
                 await op()
                 if not future.done():
                     future.set_result(None)
-            except Exception as exc:  # noqa: BLE001 - reported to whoever awaits the write
+            except Exception as exc:
                 log.warning("jobs: a Redis write failed: %s", exc)
                 if not future.done():
                     future.set_exception(exc)
@@ -113,7 +113,7 @@ class RedisJobStore(SharedStore):
                         self.on_cancel(data.decode() if isinstance(data, bytes) else str(data))
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - Redis went away: listen again shortly
+            except Exception as exc:
                 log.info("jobs: cancel channel lost (%s); resubscribing", exc)
                 await asyncio.sleep(0.5)
 
@@ -181,7 +181,7 @@ class RedisJobStore(SharedStore):
 
 
 def connect_store(url: str, prefix: str, retention: float) -> RedisJobStore:
-    from ..cluster.settings import connect
+    from .settings import connect
 
     client: aioredis.Redis = connect(url)  # type: ignore[assignment]
     return RedisJobStore(client, prefix, retention)

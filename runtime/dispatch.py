@@ -1,0 +1,135 @@
+"""The runtime's one entry point for running a function: `Dispatcher.dispatch`.
+
+A route resolves who asks (a `Principal`, or None when auth is off), reads the event, and calls
+`dispatch(principal, function, event, options)`. The dispatcher decides once where it runs: here
+(the executor picks async, thread or process) or, in cluster mode, queued for a worker. Either
+way the caller gets an InvocationSurface (runtime/surface.py) and only has to speak HTTP.
+The tenant check (runtime/principal.py) runs here too, so no route can forget it.
+
+Background jobs (runtime/jobs) take the same door: `submit_job` checks the tenant and hands the
+job to the node's job manager, which runs it later through `dispatch` (with a job's options:
+its own timeout, generator items kept as values).
+
+Extension points: `InvokeOptions` grows fields for new kinds of invocation, and `Principal`
+(runtime/principal.py) is the value tenant scoping keys on.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .deployment import Deployment, FunctionRef
+from .errors import FunctionNotFoundError, ServiceUnavailableError
+from .executor import Executor
+from .invocation import Invocation
+from .principal import Principal, check_tenant
+from .registry import Registry
+from .surface import InvocationSurface, Mode
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .jobs.model import Job, JobRequest
+
+__all__ = ("InvokeOptions", "Limits", "Dispatcher", "ClusterRoute", "JobQueue")
+
+
+@dataclass(frozen=True, slots=True)
+class InvokeOptions:
+    """How to run one invocation."""
+
+    mode: Mode = "json"
+    trace_id: str | None = None
+    # A plain JSON call of an `async def` handler may run in the caller's own task (Executor.start).
+    inline: bool = False
+    # Seconds, when shorter than the function's timeout (a job's policy.executionTimeout).
+    timeout: float | None = None
+    # Streaming generator items reach the channel as `Item`s with their values (a job's output).
+    keep_items: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-invocation bounds (frontend.args): output buffer, one write, the whole answer."""
+
+    buffer_events: int = 100
+    max_write_size: int = 4 * 1024 * 1024
+    max_response_size: int = 6 * 1024 * 1024
+
+    @classmethod
+    def from_config(cls, config: Config) -> Limits:
+        args = config.frontend.args
+        return cls(args.streamBufferEvents, args.maxWriteSize, args.maxResponseSize)
+
+
+class ClusterRoute(Protocol):
+    """What dispatch asks of a cluster node (runtime/cluster/node.py ClusterNode)."""
+
+    def lookup(self, ref: str) -> FunctionRef: ...
+    def should_enqueue(self, function: FunctionRef) -> bool: ...
+    async def submit(self, function: FunctionRef, event: Any, *, mode: Mode, buffer_events: int,
+                     max_write_size: int, max_response_size: int, trace_id: str | None,
+                     timeout: float | None = None) -> InvocationSurface: ...
+
+
+class JobQueue(Protocol):
+    """What dispatch asks of the node's job manager (runtime/jobs/runner.py JobManager)."""
+
+    async def submit(self, function: FunctionRef, event: Any, request: JobRequest) -> Job: ...
+
+
+class Dispatcher:
+    """Finds functions and runs invocations, here or on the cluster."""
+
+    def __init__(self, registry: Registry, executor: Executor, limits: Limits = Limits(),
+                 cluster: ClusterRoute | None = None) -> None:
+        self.registry = registry
+        self.executor = executor
+        self.limits = limits
+        self.cluster = cluster  # set when the node joins a cluster
+        self.jobs: JobQueue | None = None  # set when the node runs background jobs
+
+    def find(self, principal: Principal | None, ref: str) -> FunctionRef:
+        """The function `ref` names, deployed here or (cluster mode) known to the cluster; 404/403."""
+        function: FunctionRef
+        try:
+            function = self.registry.get(ref)
+        except FunctionNotFoundError:
+            if self.cluster is None:
+                raise
+            function = self.cluster.lookup(ref)
+        check_tenant(principal, function.spec)
+        return function
+
+    async def dispatch(self, principal: Principal | None, function: FunctionRef | str, event: Any,
+                       options: InvokeOptions = InvokeOptions()) -> InvocationSurface:
+        """Start `function` with `event`; the running invocation, to read and await."""
+        if isinstance(function, str):
+            function = self.find(principal, function)
+        else:
+            check_tenant(principal, function.spec)
+        limits = self.limits
+        cluster = self.cluster
+        if cluster is not None and cluster.should_enqueue(function):
+            return await cluster.submit(function, event, mode=options.mode, buffer_events=limits.buffer_events,
+                                        max_write_size=limits.max_write_size,
+                                        max_response_size=limits.max_response_size, trace_id=options.trace_id,
+                                        timeout=options.timeout)
+        assert isinstance(function, Deployment)  # a RemoteFunction is always enqueued
+        inv = Invocation(function, event, mode=options.mode, loop=asyncio.get_running_loop(),
+                         buffer_events=limits.buffer_events, max_write_size=limits.max_write_size,
+                         max_response_size=limits.max_response_size, trace_id=options.trace_id,
+                         timeout=options.timeout, keep_items=options.keep_items)
+        self.executor.start(inv, inline=options.inline)
+        return inv
+
+    async def submit_job(self, principal: Principal | None, function: FunctionRef | str, event: Any,
+                         request: JobRequest) -> Job:
+        """Store a background job of `function` (it runs later, through `dispatch`); the job, once stored."""
+        if isinstance(function, str):
+            function = self.find(principal, function)
+        else:
+            check_tenant(principal, function.spec)
+        if self.jobs is None:
+            raise ServiceUnavailableError("this node runs no background jobs")
+        return await self.jobs.submit(function, event, request)

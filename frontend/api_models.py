@@ -10,12 +10,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from runtime.jobs.model import Api, Status
 from runtime.streams import StreamStats
 
 __all__ = ("ErrorBody", "OpenAIError", "OpenAIErrorBody", "Health", "FunctionStatus", "FunctionInfo", "FunctionList",
            "FunctionOne", "Deployed", "Deleted", "PublishResult", "StreamList", "StreamDeleted", "SessionInfo",
            "SessionInterrupted", "SessionEnded",
-           "ChatCompletionRequest", "CompletionRequest", "ModelList", "Model", "ClusterStatus")
+           "ChatCompletionRequest", "CompletionRequest", "ModelList", "Model", "ClusterStatus", "JobInfo", "JobList",
+           "AsyncAccepted", "AsyncResult", "RunpodErrorBody", "RunpodPolicy", "RunpodRequest", "RunpodQueued",
+           "RunpodStatus", "RunpodStream", "RunpodPurged", "RunpodHealth")
 
 
 class ErrorBody(BaseModel):
@@ -161,3 +164,90 @@ class ModelList(BaseModel):
 class ClusterStatus(BaseModel):
     model_config = ConfigDict(extra="allow")
     cluster: bool
+
+
+# -- jobs (runtime/jobs/model.py builds these views) -------------------------------------------
+class JobInfo(BaseModel):
+    """fnstream's view of a job (its output items are on /events)."""
+
+    id: str
+    function: str
+    tenant: str
+    status: Status
+    api: Api = Field(description="the API that submitted it")
+    createdAt: str | None = Field(description="RFC 3339")
+    startedAt: str | None
+    completedAt: str | None
+    delayTime: int = Field(description="ms queued")
+    executionTime: int = Field(description="ms running")
+    outputCount: int
+    outputBytes: int
+    result: Any = Field(None, description="what a plain JSON invoke would have answered")
+    error: dict[str, Any] | None = Field(None, description="{code, message}")
+    statusCode: int | None = None
+    retries: int = 0
+
+
+class JobList(BaseModel):
+    jobs: list[JobInfo] = Field(description="this tenant's jobs on this node, newest first")
+
+
+class AsyncAccepted(BaseModel):
+    """openYuanrong's answer to `X-Invoke-Type: async` (also in the X-Async-Request-Id header)."""
+
+    requestId: str
+
+
+class AsyncResult(BaseModel):
+    requestId: str
+    status: Literal["pending", "running", "completed", "failed", "cancelled"]
+    statusCode: int | None = Field(None, description="once finished: the sync call's HTTP status")
+    respBody: Any = Field(None, description="once finished: the sync call's JSON answer, or its error")
+
+
+class RunpodErrorBody(BaseModel):
+    """Errors of RunPod's routes (`/v2/{fn}/...`), as the runpod SDK reads them."""
+
+    error: str
+
+
+class RunpodPolicy(BaseModel):
+    executionTimeout: int | None = Field(None, description="ms; shortens the function's timeout")
+    ttl: int | None = Field(None, description="ms the job may wait in the queue")
+
+
+class RunpodRequest(BaseModel):
+    input: Any = Field(description="the handler's event is {id: JOB_ID, input}")
+    webhook: str | None = Field(None, description="POSTed the status object when the job ends")
+    policy: RunpodPolicy | None = None
+
+
+class RunpodQueued(BaseModel):
+    id: str
+    status: Status
+
+
+class RunpodStatus(BaseModel):
+    id: str
+    status: Status
+    delayTime: int
+    executionTime: int
+    output: Any = Field(None, description="once COMPLETED")
+    error: str | None = Field(None, description="once FAILED, TIMED_OUT or CANCELLED")
+    retries: int | None = None
+
+
+class RunpodStream(BaseModel):
+    id: str
+    status: Status
+    stream: list[dict[str, Any]] = Field(description="[{output: item}, ...]: the items not returned before")
+
+
+class RunpodPurged(BaseModel):
+    removed: int
+    status: Literal["completed"] = "completed"
+
+
+class RunpodHealth(BaseModel):
+    jobs: dict[str, int] = Field(description="completed, failed, inProgress, inQueue, retried, cancelled")
+    workers: dict[str, int] = Field(description="idle and running concurrency slots of the function here")

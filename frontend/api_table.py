@@ -8,6 +8,8 @@ from __future__ import annotations
 from runtime.manifest import FunctionSpec
 
 from .api_models import (
+    AsyncAccepted,
+    AsyncResult,
     ChatCompletionRequest,
     ClusterStatus,
     CompletionRequest,
@@ -16,9 +18,17 @@ from .api_models import (
     FunctionList,
     FunctionOne,
     Health,
+    JobInfo,
+    JobList,
     Model,
     ModelList,
     PublishResult,
+    RunpodHealth,
+    RunpodPurged,
+    RunpodQueued,
+    RunpodRequest,
+    RunpodStatus,
+    RunpodStream,
     SessionEnded,
     SessionInterrupted,
     StreamDeleted,
@@ -37,7 +47,16 @@ _MANIFEST = {"model": FunctionSpec, "types": ("application/yaml", "application/j
 _EVENT = {"description": "the event handed to the handler: any JSON value"}
 _INVOKE_DOC = ("The result as JSON, or with `Accept: text/event-stream` every `context.get_stream().write()` as "
                "one SSE event the moment it is written (`id:` 1, 2, ...), the result as the last event, then "
-               "`data: [DONE]`. Errors after the first event arrive as a last event `{code, message}`.")
+               "`data: [DONE]`. Errors after the first event arrive as a last event `{code, message}`. "
+               "With `X-Invoke-Type: async` it runs as a background job instead: 202 `{requestId}`.")
+_ASYNC = (Param("X-Invoke-Type", "header", "`async`: run it as a background job (202 {requestId})"),
+          Param("X-Webhook-Url", "header", "with async: POSTed the result when the job ends"))
+_JOB_EVENTS = ("SSE: output item n as `id: n`, live while the job runs, then the result (or error) event and "
+               "`data: [DONE]`; reads never consume, any number of readers.")
+_LAST_EVENT = (Param("Last-Event-ID", "header", "resume after this item"),
+               Param("lastEventId", "query", "as Last-Event-ID (EventSource cannot set headers)"))
+_RUNPOD_BODY = {"model": RunpodRequest}
+_OPENAI_ERRORS = (400, 404, 429, 500)
 _SUBSCRIBE = (Param("Last-Event-ID", "header", "resume after this element id"),
               Param("X-Timeout-Ms", "header", "end after this long without an element (event: end)"),
               Param("X-Expect-Num", "header", "end after this many elements"),
@@ -52,11 +71,12 @@ document(
     # -- invoke
     Op("POST", "/serverless/v1/functions/{ref}/invocations", "invoke", "Invoke a function (JSON or SSE)",
        description=_INVOKE_DOC + " `{ref}` is the function's name or URN.", body=_EVENT, ok=SSE | {"json": _EVENT},
-       params=(_ACCEPT, _SESSION, *_TRACE), errors=(400, 404, 406, 413, 429, 500, 503, 504), role="user"),
+       accepted=AsyncAccepted, params=(_ACCEPT, _SESSION, *_TRACE, *_ASYNC),
+       errors=(400, 404, 406, 413, 429, 500, 503, 504), role="user"),
     Op("POST", "/invocations/{tenant}/{namespace}/{function}/", "invoke",
        "Invoke by tenant, namespace, function[:version]",
-       description=_INVOKE_DOC, body=_EVENT, ok=SSE | {"json": _EVENT}, params=(_ACCEPT, _SESSION, *_TRACE),
-       errors=(400, 404, 406, 413, 429, 500, 503, 504), role="user"),
+       description=_INVOKE_DOC, body=_EVENT, ok=SSE | {"json": _EVENT}, accepted=AsyncAccepted,
+       params=(_ACCEPT, _SESSION, *_TRACE, *_ASYNC), errors=(400, 404, 406, 413, 429, 500, 503, 504), role="user"),
     # -- instance sessions (runtime/sessions.py)
     Op("POST", "/serverless/v1/functions/{ref}/sessions/{session_id}/interrupt", "sessions",
        "Interrupt a session's running invocations",
@@ -66,6 +86,46 @@ document(
     Op("DELETE", "/serverless/v1/functions/{ref}/sessions/{session_id}", "sessions", "End a session",
        description="The session ends (its instance is free again); invocations still running finish.",
        ok=SessionEnded, errors=(403, 404), role="user"),
+    # -- jobs (README "Jobs")
+    Op("GET", "/serverless/v1/functions/async-results/{request_id}", "jobs", "openYuanrong: an async invocation's "
+       "state, and its answer once finished", ok=AsyncResult, errors=(404,), role="user"),
+    Op("GET", "/serverless/v1/jobs", "jobs", "This tenant's jobs, newest first", ok=JobList, errors=(400,),
+       params=(Param("function", "query", "only this function's"), Param("limit", "query", "1-1000, default 100")),
+       role="user"),
+    Op("GET", "/serverless/v1/jobs/{job_id}", "jobs", "One job", ok=JobInfo, errors=(404,), role="user"),
+    Op("GET", "/serverless/v1/jobs/{job_id}/events", "jobs", "A job's output items as live SSE",
+       description=_JOB_EVENTS, ok=SSE, params=_LAST_EVENT, errors=(400, 404), role="user"),
+    Op("DELETE", "/serverless/v1/jobs/{job_id}", "jobs", "Cancel a queued or running job", ok=JobInfo,
+       errors=(404, 409), role="user"),
+    # -- RunPod's serverless endpoint API (the runpod SDK; the endpoint id is the function name)
+    Op("POST", "/v2/{fn}/run", "runpod", "Submit a job", body=_RUNPOD_BODY, ok=RunpodQueued,
+       errors=(400, 404, 429, 503), role="user"),
+    Op("POST", "/v2/{fn}/runsync", "runpod", "Submit a job and wait for it (up to ?wait= ms)", body=_RUNPOD_BODY,
+       ok=RunpodStatus, params=(Param("wait", "query", "ms to wait (default and cap jobs.runsyncWaitMs)"),),
+       errors=(400, 404, 429, 503), role="user"),
+    Op("GET", "/v2/{fn}/status/{job_id}", "runpod", "A job's status (and output once completed)", ok=RunpodStatus,
+       errors=(404,), role="user"),
+    Op("GET", "/v2/{fn}/stream/{job_id}", "runpod", "The output items not returned by /stream before",
+       description="With `Accept: text/event-stream`: " + _JOB_EVENTS, ok=SSE | {"json": {"model": RunpodStream}},
+       params=(_ACCEPT, *_LAST_EVENT), errors=(404,), role="user"),
+    Op("POST", "/v2/{fn}/stream/{job_id}", "runpod", "The output items not returned by /stream before (as GET)",
+       ok=SSE | {"json": {"model": RunpodStream}}, params=(_ACCEPT, *_LAST_EVENT), errors=(404,), role="user"),
+    Op("POST", "/v2/{fn}/cancel/{job_id}", "runpod", "Cancel a job", ok=RunpodQueued, errors=(404, 409),
+       role="user"),
+    Op("POST", "/v2/{fn}/retry/{job_id}", "runpod", "Run a FAILED or TIMED_OUT job again", ok=RunpodQueued,
+       errors=(404, 409, 429), role="user"),
+    Op("POST", "/v2/{fn}/purge-queue", "runpod", "Cancel the function's queued jobs", ok=RunpodPurged,
+       errors=(404,), role="user"),
+    Op("GET", "/v2/{fn}/health", "runpod", "Job counts and concurrency slots of the function", ok=RunpodHealth,
+       errors=(404,), role="user"),
+    Op("POST", "/v2/{fn}/openai/v1/chat/completions", "runpod", "OpenAI chat completions served by function fn",
+       body=ChatCompletionRequest, ok=SSE | {"json": {"description": "a chat.completion object"}},
+       errors=_OPENAI_ERRORS, role="user"),
+    Op("POST", "/v2/{fn}/openai/v1/completions", "runpod", "OpenAI text completions served by function fn",
+       body=CompletionRequest, ok=SSE | {"json": {"description": "a text_completion object"}},
+       errors=_OPENAI_ERRORS, role="user"),
+    Op("GET", "/v2/{fn}/openai/v1/models", "runpod", "The models function fn serves", ok=ModelList, errors=(404,),
+       role="user"),
     # -- admin
     Op("POST", "/admin/v1/functions", "admin", "Deploy one function or a list (YAML or JSON manifest)",
        body=_MANIFEST,

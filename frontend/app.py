@@ -25,9 +25,10 @@ from . import (
 from .auth import auth_middleware
 from .cors import cors_middleware, install_cors
 from .errors import error_middleware
+from .jobs import attach_jobs
 from .keys import BROKER, CONFIG, DISPATCHER, EXECUTOR, LIFECYCLE, REGISTRY, TRACE_ID
 from .metrics import install_metrics
-from .routes import admin, console, health, invoke, openai, sessions, streams
+from .routes import admin, console, health, invoke, jobs, openai, runpod, sessions, streams
 from .server import FnstreamRunner, raise_fd_limit, start_site
 from .tracing import add_trace_headers
 
@@ -82,6 +83,8 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app.add_routes(admin.routes)
     app.add_routes(streams.routes)
     app.add_routes(openai.routes)
+    app.add_routes(jobs.routes)    # [jobs] /serverless/v1/jobs..., async-results
+    app.add_routes(runpod.routes)  # [jobs] RunPod's /v2/{fn}/...
     app.add_routes(console.routes)
     app.add_routes(openapi.routes)  # described by the rows of api_table
     install_cors(app)
@@ -114,6 +117,8 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     if config.cluster.redisUrl:  # cluster mode: registry, queue and streams shared through Redis
         from .cluster import attach_cluster
         attach_cluster(app)
+    # [jobs] job store, runner and webhooks; after the cluster node, so recovered jobs start once it runs
+    attach_jobs(app)
     return app
 
 

@@ -29,6 +29,8 @@ def required_role(path: str) -> str | None:
         return None
     if path.startswith("/invocations/") or path.startswith("/v1/"):
         return "user"
+    if path.startswith(("/v2/", "/serverless/v1/jobs", "/serverless/v1/functions/async-results/")):
+        return "user"  # [jobs] jobs are invocations: a user token sees its own tenant's
     if path.startswith("/serverless/v1/functions/") and (path.rstrip("/").endswith("/invocations")
                                                          or "/sessions/" in path):
         return "user"  # invoking, and interrupting or ending one's own X-Instance-Session

@@ -1,4 +1,4 @@
-"""The `fnstream` command: serve, deploy, functions, delete, invoke."""
+"""The `fnstream` command: serve, deploy, functions, delete, invoke (also --async), job, subscribe, publish."""
 from __future__ import annotations
 
 import argparse
@@ -68,7 +68,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 2
         from .reload import Reloader
         app.cleanup_ctx.append(Reloader(registry, config.runtime.deployDir or Path.cwd() / "deploy").context)
-    eventloop.run(serve(app, config.frontend.host, config.frontend.port), config.frontend.loop)
+    try:
+        eventloop.run(serve(app, config.frontend.host, config.frontend.port), config.frontend.loop)
+    except FunctionServiceError as exc:  # e.g. the job store is in use by another server
+        print(f"fnstream: {exc.message}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -153,6 +157,8 @@ def cmd_invoke(args: argparse.Namespace) -> int:
         return 2
     client = _client(args)
     path = f"/serverless/v1/functions/{args.name}/invocations"
+    if args.async_:
+        return _submit_job(client, path, event)
     if not args.stream:
         return _report(*asyncio.run(client.call("POST", path, json_body=event)))
 
@@ -167,6 +173,46 @@ def cmd_invoke(args: argparse.Namespace) -> int:
                 return 0 if r.status < 400 else 1
 
     return asyncio.run(run())
+
+
+def _submit_job(client: Client, path: str, event: object) -> int:
+    """`invoke --async`: print the job id (a request id of openYuanrong's async invocation)."""
+    status, body = asyncio.run(client.call("POST", path, json_body=event, headers={"X-Invoke-Type": "async"}))
+    if status != 202 or not isinstance(body, dict):
+        return _report(status, body)
+    print(body["requestId"])
+    return 0
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    """Show a job; with --follow print its output items as they arrive, then exit 0 if it completed."""
+    client = _client(args)
+    path = f"/serverless/v1/jobs/{urllib.parse.quote(args.id, safe='')}"
+    if not args.follow:
+        status, body = asyncio.run(client.call("GET", path))
+        return _report(status, body)
+
+    async def run() -> int:
+        headers = {"Accept": "text/event-stream"}
+        if args.from_id is not None:
+            headers["Last-Event-ID"] = str(args.from_id)
+        async with client.session() as s:
+            async with s.get(client.url + path + "/events", headers=headers) as r:
+                if r.content_type != "text/event-stream":
+                    return _report(r.status, await r.text())
+                async for ev in iter_sse(r):
+                    if ev["data"] != "[DONE]":
+                        print(ev["data"], flush=True)
+        status, body = await client.call("GET", path)
+        if status >= 400 or not isinstance(body, dict):
+            return _report(status, body)
+        print(f"fnstream: job {args.id} {body['status']}", file=sys.stderr)
+        return 0 if body["status"] == "COMPLETED" else 1
+
+    try:
+        return asyncio.run(run())
+    except KeyboardInterrupt:
+        return 130
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
@@ -249,6 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--data", default="{}", help="JSON event (default {})")
     p.add_argument("--stream", action="store_true", help="ask for Server-Sent Events and print them as they arrive")
+    p.add_argument("--async", dest="async_", action="store_true",
+                   help="run it as a background job (X-Invoke-Type: async) and print the job id")
+    p = client_command("job", "show a job (fnstream invoke --async, RunPod /run), or follow its output", cmd_job)
+    p.add_argument("id")
+    p.add_argument("--follow", "-f", action="store_true", help="print each output item as it arrives, until the end")
+    p.add_argument("--from-id", type=int, help="with --follow: resume after this item")
     p = client_command("subscribe", "print a named stream's elements as they arrive, until its terminator",
                        cmd_subscribe)
     p.add_argument("name")

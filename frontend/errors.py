@@ -1,7 +1,8 @@
 """Error responses: every error leaves fnstream as JSON, never as aiohttp's text pages.
 
 Function-service routes answer `{"code", "message", "trace_id"}` with `X-Inner-Code`;
-OpenAI-compatible routes (`/v1/...`) answer `{"error": {"message", "type", "code"}}`.
+OpenAI-compatible routes (`/v1/...`, `/v2/{fn}/openai/v1/...`) answer `{"error": {"message", "type", "code"}}`;
+RunPod's routes (`/v2/...`) answer RunPod's `{"error": message}`.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from runtime.errors import FunctionServiceError
 from .keys import TRACE_ID
 from .tracing import trace_id_of
 
-__all__ = ("error_response", "error_middleware", "http_error_code", "is_openai_path", "openai_error_body")
+__all__ = ("error_response", "error_middleware", "http_error_code", "is_openai_path", "is_runpod_path",
+           "openai_error_body")
 
 log = logging.getLogger("fnstream.frontend")
 
@@ -31,7 +33,12 @@ def http_error_code(status: int) -> int:
 
 
 def is_openai_path(path: str) -> bool:
-    return path.startswith("/v1/")
+    return path.startswith("/v1/") or (path.startswith("/v2/") and "/openai/v1/" in path)
+
+
+def is_runpod_path(path: str) -> bool:
+    """[jobs] RunPod's /v2/{fn}/... routes answer RunPod's error shape `{"error": message}`."""
+    return path.startswith("/v2/")
 
 
 def openai_error_body(status: int, message: str, code: str | int | None = None) -> dict[str, Any]:
@@ -46,6 +53,8 @@ def error_response(request: web.Request, exc: FunctionServiceError) -> web.Respo
         headers["X-Trace-Id"] = trace_id
     if is_openai_path(request.path):
         body = openai_error_body(exc.status, exc.message, exc.code)
+    elif is_runpod_path(request.path):
+        body = {"error": exc.message}
     else:
         body = exc.to_dict()
         if trace_id:

@@ -39,7 +39,8 @@ class Op:
 
     `body`: a pydantic model, or a dict with `model` and/or `description` and `types`.
     `ok`: a pydantic model, or a dict with any of `sse`, `json` (a model or a schema description),
-    `text` (a content type), `redirect` (a status). `role`: the token role needed (`user`, or
+    `text` (a content type), `redirect` (a status). `accepted`: the 202 answer's model, when the
+    route can also answer 202 (a background job). `role`: the token role needed (`user`, or
     `developer` by default); `public`: no token at all.
     """
 
@@ -51,6 +52,7 @@ class Op:
     body: Any = None
     ok: Any = None
     status: int = 200
+    accepted: Any = None
     errors: tuple[int, ...] = ()
     params: tuple[Param, ...] = ()
     role: str = "developer"
@@ -112,9 +114,10 @@ def _schema(value: Any, schemas: _Schemas) -> dict[str, Any]:
 
 
 def _error_body(op: Op, schemas: _Schemas) -> dict[str, Any]:
-    from .api_models import ErrorBody, OpenAIErrorBody
+    from .api_models import ErrorBody, OpenAIErrorBody, RunpodErrorBody
+    from .errors import is_openai_path, is_runpod_path
 
-    model = OpenAIErrorBody if op.path.startswith("/v1/") else ErrorBody
+    model = OpenAIErrorBody if is_openai_path(op.path) else RunpodErrorBody if is_runpod_path(op.path) else ErrorBody
     return {"application/json": {"schema": schemas.ref(model)}}
 
 
@@ -166,6 +169,9 @@ def _operation(op: Op, schemas: _Schemas, auth_on: bool) -> dict[str, Any]:
             out["requestBody"]["description"] = op.body["description"]
     status, success = _success(op, schemas)
     responses = {status: success}
+    if op.accepted is not None:
+        responses["202"] = {"description": "accepted as a background job",
+                            "content": {"application/json": {"schema": _schema(op.accepted, schemas)}}}
     codes = set(op.errors)
     if not op.public:
         codes |= {401, 403}

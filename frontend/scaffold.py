@@ -118,7 +118,8 @@ PROJECT = Path(__file__).resolve().parent.parent
 
 
 async def _invoke_hello():
-    app = build_app(load_config(PROJECT / "config" / "default.yaml"))
+    # A job store of its own (in memory): a running `fnstream serve` holds the project's file.
+    app = build_app(load_config(PROJECT / "config" / "default.yaml", ["jobs.store=memory"]))
     async with TestClient(TestServer(app, **SERVER_KWARGS)) as client:
         resp = await client.post("/serverless/v1/functions/hello/invocations", json={{}},
                                  headers={{"Accept": "text/event-stream"}})

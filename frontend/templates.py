@@ -92,18 +92,21 @@ async def handler(event, context):
     yield _chunk(model, {{}}, "stop")
 '''
 
-_RUNPOD = '''"""{name}: a RunPod-style streaming handler — the job's `input` in, one stream event per yield.
+_RUNPOD = '''"""{name}: a RunPod serverless handler — `handler(job)` takes the job ({{"id", "input"}}) and no
+context, as on RunPod; each yield is one output item, streamed as it is produced.
 
-POST {{"input": {{"prompt": "..."}}}} to /serverless/v1/functions/{name}/invocations.
+As a job (the runpod SDK, endpoint id "{name}", base URL http://HOST:PORT/v2): POST
+{{"input": {{"prompt": "..."}}}} to /v2/{name}/run, then read /v2/{name}/stream/ID or /status/ID
+(the output is the list of items). Invoked directly, the same body streams over SSE.
 """
 import time
 
 
-def handler(event, context):
-    job_input = event.get("input", {{}}) if isinstance(event, dict) else {{}}
+def handler(job):
+    job_input = job.get("input") or {{}}
     prompt = str(job_input.get("prompt", "hello from runpod"))
     for word in prompt.split():
-        yield {{"output": word}}
+        yield {{"word": word}}
         time.sleep(0.1)
 '''
 
@@ -133,7 +136,7 @@ TEMPLATES: Final[dict[str, Template]] = {
     "openai": Template("OpenAI chat completions chunks on /v1/chat/completions", _OPENAI,
                        "models: [{name}]\n"
                        "# modelAliases: {{gpt-4o-mini: {name}}}   # answer clients that pin OpenAI names\n"),
-    "runpod": Template("RunPod-style generator reading the job's input", _RUNPOD,
+    "runpod": Template("RunPod serverless handler(job), a generator over the job input", _RUNPOD,
                        example_data='{"input": {"prompt": "streams word by word"}}'),
     "process": Template("CPU-bound work in worker processes", _PROCESS, "executor: process\ninstances: 2\n",
                         example_data='{"limit": 20000}'),

@@ -15,7 +15,8 @@ from .errors import ConfigError
 
 __all__ = ("Config", "FrontendConfig", "FrontendArgs", "FrontendLimits", "RuntimeConfig", "AuthConfig",
            "AuthToken", "StreamsConfig", "OpenAIConfig", "ClusterConfig", "CorsConfig", "MetricsConfig",
-           "LoggingConfig", "load_config", "DEFAULT_CONFIG_PATH", "packaged_default_config")
+           "LoggingConfig", "JobsConfig", "WebhookConfig", "load_config", "DEFAULT_CONFIG_PATH",
+           "packaged_default_config")
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "default.yaml"
 
@@ -136,6 +137,28 @@ class ClusterConfig(_Strict):
     workerConcurrency: int = Field(64, ge=1, description="invocations a worker node runs at once")
 
 
+class WebhookConfig(_Strict):
+    """Job-end webhook deliveries (runtime/jobs/webhooks.py)."""
+
+    timeoutSeconds: float = Field(10, gt=0, description="per delivery attempt")
+    attempts: int = Field(4, ge=1, le=10, description="first try plus retries after 1 s, 2 s, 4 s, ...")
+    queueSize: int = Field(1000, ge=1, description="deliveries waiting or in progress; beyond, dropped and logged")
+    allowedHosts: list[str] = Field(default_factory=list, description="hosts a webhook may call; empty = any")
+
+
+class JobsConfig(_Strict):
+    """Background jobs (runtime/jobs; every key is documented in README.md "Jobs")."""
+
+    store: Literal["auto", "sqlite", "memory", "redis"] = Field(
+        "auto", description="auto: redis in cluster mode (cluster.redisUrl), else sqlite")
+    path: Path = Field(Path("fnstream-jobs.sqlite3"), description="sqlite file, relative to the config file")
+    maxQueued: int = Field(1000, ge=1, description="jobs waiting to start; beyond, 429")
+    maxOutputBytes: int = Field(10 * 1024 * 1024, ge=1, description="output bytes per job; beyond, FAILED")
+    retentionSeconds: float = Field(3600, gt=0, description="finished jobs and their output expire after this")
+    runsyncWaitMs: int = Field(90_000, ge=0, description="default and maximum wait of /runsync")
+    webhook: WebhookConfig = WebhookConfig()
+
+
 class MetricsConfig(_Strict):
     """`GET /metrics` (frontend/metrics.py)."""
 
@@ -156,6 +179,7 @@ class Config(_Strict):
     streams: StreamsConfig = StreamsConfig()
     openai: OpenAIConfig = OpenAIConfig()
     cluster: ClusterConfig = ClusterConfig()
+    jobs: JobsConfig = JobsConfig()
     metrics: MetricsConfig = MetricsConfig()
     logging: LoggingConfig = LoggingConfig()
     source: str = Field("<defaults>", exclude=True, description="where this config came from")
@@ -194,6 +218,7 @@ def _resolve_paths(cfg: Config, base: Path) -> None:
     cfg.runtime.codeRoots = [(base / p).resolve() for p in cfg.runtime.codeRoots]
     if cfg.runtime.deployDir is not None:
         cfg.runtime.deployDir = (base / cfg.runtime.deployDir).resolve()
+    cfg.jobs.path = (base / cfg.jobs.path).resolve()
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),

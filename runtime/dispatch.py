@@ -6,8 +6,12 @@ A route resolves who asks (a `Principal`, or None when auth is off), reads the e
 way the caller gets an InvocationSurface (runtime/surface.py) and only has to speak HTTP.
 The tenant check (runtime/principal.py) runs here too, so no route can forget it.
 
-Extension points: `InvokeOptions` grows fields for new kinds of invocation (e.g. a background
-job, or `session`: an X-Instance-Session turn, runtime/sessions.py), and `Principal`
+Background jobs (runtime/jobs) take the same door: `submit_job` checks the tenant and hands the
+job to the node's job manager, which runs it later through `dispatch` (with a job's options:
+its own timeout, generator items kept as values).
+
+Extension points: `InvokeOptions` grows fields for new kinds of invocation (e.g. `session`: an
+X-Instance-Session turn, runtime/sessions.py), and `Principal`
 (runtime/principal.py) is the value tenant scoping keys on.
 """
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .deployment import Deployment, FunctionRef
-from .errors import FunctionNotFoundError
+from .errors import FunctionNotFoundError, ServiceUnavailableError
 from .executor import Executor
 from .invocation import Invocation
 from .principal import Principal, check_tenant
@@ -27,8 +31,9 @@ from .surface import InvocationSurface, Mode
 
 if TYPE_CHECKING:
     from .config import Config
+    from .jobs.model import Job, JobRequest
 
-__all__ = ("InvokeOptions", "Limits", "Dispatcher", "ClusterRoute")
+__all__ = ("InvokeOptions", "Limits", "Dispatcher", "ClusterRoute", "JobQueue")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +47,10 @@ class InvokeOptions:
     # An X-Instance-Session turn: run within the function's session of that id (opened if new). Only
     # an invocation run here has one; one queued for another cluster node is not pinned.
     session: SessionRequest | None = None
+    # Seconds, when shorter than the function's timeout (a job's policy.executionTimeout).
+    timeout: float | None = None
+    # Streaming generator items reach the channel as `Item`s with their values (a job's output).
+    keep_items: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +73,14 @@ class ClusterRoute(Protocol):
     def lookup(self, ref: str) -> FunctionRef: ...
     def should_enqueue(self, function: FunctionRef) -> bool: ...
     async def submit(self, function: FunctionRef, event: Any, *, mode: Mode, buffer_events: int,
-                     max_write_size: int, max_response_size: int, trace_id: str | None) -> InvocationSurface: ...
+                     max_write_size: int, max_response_size: int, trace_id: str | None,
+                     timeout: float | None = None) -> InvocationSurface: ...
+
+
+class JobQueue(Protocol):
+    """What dispatch asks of the node's job manager (runtime/jobs/runner.py JobManager)."""
+
+    async def submit(self, function: FunctionRef, event: Any, request: JobRequest) -> Job: ...
 
 
 class Dispatcher:
@@ -76,6 +92,7 @@ class Dispatcher:
         self.executor = executor
         self.limits = limits
         self.cluster = cluster  # set when the node joins a cluster
+        self.jobs: JobQueue | None = None  # set when the node runs background jobs
 
     def find(self, principal: Principal | None, ref: str) -> FunctionRef:
         """The function `ref` names, deployed here or (cluster mode) known to the cluster; 404/403."""
@@ -101,12 +118,25 @@ class Dispatcher:
         if cluster is not None and cluster.should_enqueue(function):
             return await cluster.submit(function, event, mode=options.mode, buffer_events=limits.buffer_events,
                                         max_write_size=limits.max_write_size,
-                                        max_response_size=limits.max_response_size, trace_id=options.trace_id)
+                                        max_response_size=limits.max_response_size, trace_id=options.trace_id,
+                                        timeout=options.timeout)
         assert isinstance(function, Deployment)  # a RemoteFunction is always enqueued
         inv = Invocation(function, event, mode=options.mode, loop=asyncio.get_running_loop(),
                          buffer_events=limits.buffer_events, max_write_size=limits.max_write_size,
-                         max_response_size=limits.max_response_size, trace_id=options.trace_id)
+                         max_response_size=limits.max_response_size, trace_id=options.trace_id,
+                         timeout=options.timeout, keep_items=options.keep_items)
         if options.session is not None:
             inv.session = function.sessions.open(options.session)  # 429 when the table is full
         self.executor.start(inv, inline=options.inline)
         return inv
+
+    async def submit_job(self, principal: Principal | None, function: FunctionRef | str, event: Any,
+                         request: JobRequest) -> Job:
+        """Store a background job of `function` (it runs later, through `dispatch`); the job, once stored."""
+        if isinstance(function, str):
+            function = self.find(principal, function)
+        else:
+            check_tenant(principal, function.spec)
+        if self.jobs is None:
+            raise ServiceUnavailableError("this node runs no background jobs")
+        return await self.jobs.submit(function, event, request)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .deployment import Deployment
     from .sessions import Session
 
-__all__ = ("Invocation", "StreamWriter", "encode_payload", "encode_write", "encode_json", "encode_result",
+__all__ = ("Invocation", "Item", "StreamWriter", "encode_payload", "encode_write", "encode_json", "encode_result",
            "new_trace_id", "drain_generator", "WRITTEN", "Written")
 
 log = logging.getLogger("fnstream.runtime")
@@ -112,12 +112,29 @@ class Written:
 WRITTEN = Written()
 
 
+class Item(str):
+    """A generator item in the channel of an invocation that keeps items (`keep_items`): its text,
+    plus the value the handler yielded (a background job's output items are the values)."""
+
+    value: Any
+
+    @classmethod
+    def of(cls, item: Any) -> Item:
+        text = cls(encode_payload(item))
+        text.value = text if isinstance(item, (str, bytes, bytearray, memoryview)) else item
+        return text
+
+
 class Invocation:
-    """A single call of a deployed function, run here (satisfies InvocationSurface and HandlerInvocation)."""
+    """A single call of a deployed function, run here (satisfies InvocationSurface and HandlerInvocation).
+
+    `timeout` shortens the function's own (a job's policy); with `keep_items`, a streaming
+    invocation's generator items reach the channel as `Item`s, keeping their values."""
 
     def __init__(self, deployment: Deployment, event: Any, *, mode: Mode, loop: asyncio.AbstractEventLoop,
                  buffer_events: int = 100, max_write_size: int = 4 * 1024 * 1024,
-                 max_response_size: int = 6 * 1024 * 1024, trace_id: str | None = None) -> None:
+                 max_response_size: int = 6 * 1024 * 1024, trace_id: str | None = None,
+                 timeout: float | None = None, keep_items: bool = False) -> None:
         self.id = new_trace_id()
         self.trace_id = trace_id or new_trace_id()
         self.deployment = deployment
@@ -126,7 +143,8 @@ class Invocation:
         self.mode: Mode = resolve_mode(mode, self.spec)
         self.loop = loop
         self.started = time.monotonic()
-        self.deadline = self.started + self.spec.timeout
+        self.deadline = self.started + (self.spec.timeout if timeout is None else min(timeout, self.spec.timeout))
+        self.keep_items = keep_items
         # The channel and the writer are made on first use: a plain JSON call whose handler never
         # calls `context.get_stream()` needs neither (see `channel`, `stream`).
         self._buffer_events = buffer_events
@@ -262,13 +280,13 @@ class Invocation:
     # -- generator items ---------------------------------------------------------------------
     def add_item_blocking(self, item: Any) -> None:
         if self.streaming:
-            self.stream.write(item)
+            self.stream.write(Item.of(item) if self.keep_items else item)
         else:
             self._aggregate(item)
 
     async def add_item(self, item: Any) -> None:
         if self.streaming:
-            await self.stream.write(item)
+            await self.stream.write(Item.of(item) if self.keep_items else item)
         else:
             self._aggregate(item)
 

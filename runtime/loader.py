@@ -15,7 +15,11 @@ from types import ModuleType
 from typing import Any, cast
 
 from .errors import DeployError
+from .jobs.handler_style import adapt_handler
 from .manifest import FunctionSpec
+from .yr_compat import install as install_yr_shim
+
+install_yr_shim()  # [jobs hook] openYuanrong handler code may `import yr` (no real yr installed)
 
 __all__ = ("LoadedCode", "load_code", "check_code_root", "check_code_location")
 
@@ -131,4 +135,5 @@ def load_code(spec: FunctionSpec, code_roots: list[Path]) -> LoadedCode:
 
     handler = resolve("handler", spec.handler)
     assert handler is not None
+    handler = adapt_handler(handler)  # [jobs hook] `def handler(job)`: RunPod-style, one parameter
     return LoadedCode(handler, resolve("initializer", spec.initializer), resolve("preStop", spec.preStop))

@@ -70,7 +70,7 @@ const PANELS = {
   invoke: { refresh: refreshFunctions, every: 3000 },
   streams: { refresh: refreshStreams, every: 1000 },
   metrics: { refresh: refreshMetrics, every: 1000 },
-  jobs: { refresh: () => refreshPending("jobs"), every: 0 },
+  jobs: { refresh: refreshJobs, every: 2000 },
   sessions: { refresh: () => refreshPending("sessions"), every: 0 },
   apidocs: { refresh: refreshDocs, every: 0 },
 };
@@ -471,11 +471,29 @@ function drawChart() {
   g.fillText("last 60 s, per second", w - 130, h - 8);
 }
 
-// -- jobs and sessions (other branches) ---------------------------------------------------------
+// -- jobs -------------------------------------------------------------------------------------
+async function refreshJobs() {
+  const r = await api("GET", "serverless/v1/jobs?limit=100");
+  $("jobs-error").textContent = r.ok ? "" : errorText(r.data);
+  if (!r.ok) return;
+  const jobs = r.data.jobs || [];
+  $("jobs-state").textContent = jobs.length ? "" : "No jobs yet (fnstream invoke NAME --async, or RunPod's /v2/NAME/run).";
+  $("jobs-table").tBodies[0].replaceChildren(...jobs.map((j) => {
+    const tr = document.createElement("tr");
+    tr.dataset.id = j.id;
+    tr.dataset.status = j.status;
+    const error = j.error ? j.error.message : "";
+    tr.append(cell(j.id), cell(j.function), cell(j.status), cell(j.api), cell(j.createdAt),
+      cell(j.delayTime, "num"), cell(j.executionTime, "num"), cell(j.outputCount, "num"), cell(error));
+    return tr;
+  }));
+}
+
+// -- sessions (another branch) ------------------------------------------------------------------
 async function refreshPending(kind) {
   const r = await api("GET", "openapi.json");
   if (!r.ok) return;
-  const words = kind === "jobs" ? ["/jobs", "async-results", "/run", "/status/"] : ["/sessions"];
+  const words = ["/sessions"];
   const paths = Object.keys(r.data.paths || {}).filter((p) => words.some((w) => p.includes(w)));
   if (paths.length) $(kind + "-state").textContent = "Routes on this server: " + paths.join(", ");
 }

@@ -18,6 +18,7 @@ from runtime.errors import BadRequestError
 from runtime.manifest import FunctionSpec, parse_manifest
 
 from ..body import read_body
+from ..jobs import forget_function, remember_functions
 from ..keys import REGISTRY
 
 __all__ = ("routes",)
@@ -51,6 +52,7 @@ def _deployed(deps: Iterable[Deployment]) -> dict[str, Any]:
 async def create_functions(request: web.Request) -> web.Response:
     specs = await _specs_from_body(request)
     deps = await request.app[REGISTRY].adeploy(specs, replace=False)
+    await remember_functions(request.app, deps)  # [jobs hook] comes back after a restart
     return web.json_response(_deployed(deps), status=201)
 
 
@@ -81,10 +83,12 @@ async def redeploy_function(request: web.Request) -> web.Response:
     if len(specs) != 1 or specs[0].name != name:
         raise BadRequestError(f"PUT /admin/v1/functions/{name} takes exactly one function named {name!r}")
     deps = await registry.adeploy(specs)
+    await remember_functions(request.app, deps)  # [jobs hook]
     return web.json_response(_deployed(deps), status=200)
 
 
 @routes.delete("/admin/v1/functions/{name}")
 async def delete_function(request: web.Request) -> web.Response:
     dep = request.app[REGISTRY].delete(request.match_info["name"])
+    await forget_function(request.app, dep.name)  # [jobs hook]
     return web.json_response({"code": 0, "message": "deleted", "function": dep.spec.public()})

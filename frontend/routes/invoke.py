@@ -1,7 +1,8 @@
 """Invoke routes: JSON results, or live Server-Sent Events of every stream write.
 
 `POST /serverless/v1/functions/{name-or-URN}/invocations` and the short route
-`POST /invocations/{tenant}/{namespace}/{function[:version]}/`.
+`POST /invocations/{tenant}/{namespace}/{function[:version]}/`. With `X-Invoke-Type: async`
+(openYuanrong) the invocation runs as a background job instead: 202 `{"requestId"}` (routes/jobs.py).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from ..metrics import FUNCTION, INVOCATION, counted
 from ..negotiation import parse_accept, quality
 from ..respond import answer
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
+from .jobs import submit_async
 
 __all__ = ("routes", "negotiate_mode")
 
@@ -64,6 +66,8 @@ async def _invoke(request: web.Request, ref: str) -> web.StreamResponse:
     principal = principal_of(request)
     function = request.app[DISPATCHER].find(principal, ref)  # 404/403 before the body is read
     event = await read_json_body(request)
+    if request.headers.get("X-Invoke-Type", "").strip().lower() == "async":  # [jobs] openYuanrong async
+        return await submit_async(request, principal, function, event)
     mode = negotiate_mode(request.headers.get("Accept"), request.app[CONFIG].frontend.args.enableEvent)
     return await _run(request, principal, function, event, mode, _session_of(request))
 

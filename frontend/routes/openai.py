@@ -33,7 +33,7 @@ from ..metrics import FUNCTION, INVOCATION, counted
 from ..respond import answer
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 
-__all__ = ("routes", "CHAT_ROUTE", "COMPLETIONS_ROUTE")
+__all__ = ("routes", "CHAT_ROUTE", "COMPLETIONS_ROUTE", "serve_openai", "model_object")
 
 log = logging.getLogger("fnstream.frontend")
 routes = web.RouteTableDef()
@@ -54,7 +54,8 @@ def _model_not_found(model: str) -> web.Response:
 
 
 @counted  # frontend/metrics.py: one count per invocation, by function and outcome
-async def _serve(request: web.Request, route: str) -> web.StreamResponse:
+async def _serve(request: web.Request, route: str, function_name: str | None = None) -> web.StreamResponse:
+    """`function_name`: [jobs hook] RunPod's `/v2/{function}/openai/v1/...` names the function itself."""
     body = await read_json_body(request)
     if not isinstance(body, dict):
         raise BadRequestError("the request body must be a JSON object")
@@ -66,7 +67,7 @@ async def _serve(request: web.Request, route: str) -> web.StreamResponse:
         raise BadRequestError("missing required parameter 'model' (a string)")
     dispatcher = request.app[DISPATCHER]
     principal = principal_of(request)
-    function = dispatcher.find(principal, _function_names(request)[route])
+    function = dispatcher.find(principal, function_name or _function_names(request)[route])
     request[FUNCTION] = function.spec.name
     served = function.spec.served_models()
     if function.spec.models and model not in served:
@@ -150,6 +151,9 @@ def _single_object(inv: InvocationSurface, parts: list[str], result: Any) -> dic
     return answer
 
 
+serve_openai = _serve
+
+
 @routes.post(CHAT_ROUTE)
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _serve(request, CHAT_ROUTE)
@@ -177,6 +181,9 @@ def _served_models(request: web.Request) -> dict[str, FunctionRef]:
 def _model_object(model: str, dep: FunctionRef) -> dict[str, Any]:
     # `created` is when the model was made; fnstream does not know it, so 0.
     return {"id": model, "object": "model", "created": 0, "owned_by": dep.spec.tenant}
+
+
+model_object = _model_object
 
 
 @routes.get("/v1/models")

@@ -52,12 +52,14 @@ class WorkQueue:
         self._cleanup: set[asyncio.Task[Any]] = set()
 
     async def submit(self, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int, max_write_size: int,
-                     max_response_size: int, trace_id: str | None) -> RemoteInvocation:
+                     max_response_size: int, trace_id: str | None, timeout: float | None = None) -> RemoteInvocation:
+        """Queue one invocation; `timeout` shortens the function's own (a job's executionTimeout)."""
+        seconds = spec.timeout if timeout is None else min(timeout, spec.timeout)
         inv = RemoteInvocation(self, spec, event, mode=mode, buffer_events=buffer_events,
-                               max_response_size=max_response_size, trace_id=trace_id)
+                               max_response_size=max_response_size, trace_id=trace_id, timeout=seconds)
         entry: dict[FieldT, EncodableT] = {
                  "id": inv.id, "function": spec.name, "event": json.dumps(event), "mode": inv.mode,
-                 "trace": inv.trace_id, "deadline": repr(time.time() + spec.timeout), "buffer": str(buffer_events),
+                 "trace": inv.trace_id, "deadline": repr(time.time() + seconds), "buffer": str(buffer_events),
                  "maxWrite": str(max_write_size), "maxResponse": str(max_response_size)}
         try:
             await self.redis.xadd(self.keys.queue(spec.name), entry)
@@ -91,7 +93,7 @@ class RemoteInvocation:
     FunctionServiceError), `cancel()`. The worker already encoded the answer (generator items folded in)."""
 
     def __init__(self, queue: WorkQueue, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int,
-                 max_response_size: int, trace_id: str | None) -> None:
+                 max_response_size: int, trace_id: str | None, timeout: float | None = None) -> None:
         self.queue = queue
         self.id = uuid.uuid4().hex
         self.trace_id = trace_id or new_trace_id()
@@ -100,7 +102,7 @@ class RemoteInvocation:
         self.mode: Mode = resolve_mode(mode, spec)
         self.loop = asyncio.get_running_loop()
         self.started = time.monotonic()
-        self.deadline = self.started + spec.timeout
+        self.deadline = self.started + (spec.timeout if timeout is None else timeout)
         self.buffer_events = buffer_events
         self.max_response_size = max_response_size
         self.channel: OutputChannel[str] = OutputChannel(self.loop, buffer_events)

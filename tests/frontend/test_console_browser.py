@@ -122,10 +122,16 @@ def test_console_panels_stream_live_stop_and_subscribe(browser, server, tmp_path
         page.wait_for_timeout(700)
     page.wait_for_function("() => state.metrics.points.some(p => p.inv > 0)")
     page.screenshot(path=str(tmp_path / "console-metrics.png"), full_page=True)
-    for panel in ("jobs", "sessions"):
-        page.click(f"#tabs button[data-panel={panel}]")
-        page.wait_for_timeout(200)
-        page.screenshot(path=str(tmp_path / f"console-{panel}.png"), full_page=True)
+    req = urllib.request.Request(server.url + "/serverless/v1/functions/hello/invocations", data=b"{}",
+                                 headers={"X-Invoke-Type": "async"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        job_id = json.loads(resp.read())["requestId"]
+    page.click("#tabs button[data-panel=jobs]")
+    page.wait_for_selector(f"#jobs-table tr[data-id='{job_id}'][data-status=COMPLETED]")  # the 2 s refresh
+    page.screenshot(path=str(tmp_path / "console-jobs.png"), full_page=True)
+    page.click("#tabs button[data-panel=sessions]")
+    page.wait_for_timeout(200)
+    page.screenshot(path=str(tmp_path / "console-sessions.png"), full_page=True)
     page.click("#tabs button[data-panel=apidocs]")
     page.wait_for_selector("details.op[data-path='/serverless/v1/functions/{ref}/invocations']")
     page.click("details.op[data-path='/serverless/v1/functions/{ref}/invocations'] summary")

@@ -148,7 +148,7 @@ async def test_plain_template_answers_json(project):
 @pytest.mark.parametrize("template, event, expect", [
     ("stream", {"count": 3}, [{"event": "this is a stream", "n": i} for i in (1, 2, 3)] + ["ok"]),
     ("generator", {"count": 3}, [{"n": i, "of": 3} for i in (1, 2, 3)]),
-    ("runpod", {"input": {"prompt": "one two three"}}, [{"output": w} for w in ("one", "two", "three")]),
+    ("runpod", {"input": {"prompt": "one two three"}}, [{"word": w} for w in ("one", "two", "three")]),
 ])
 async def test_streaming_templates_send_each_event_while_the_handler_runs(project, template, event, expect):
     resp = await project.post(f"/serverless/v1/functions/t-{template}/invocations", json=event, headers=SSE)
@@ -157,6 +157,15 @@ async def test_streaming_templates_send_each_event_while_the_handler_runs(projec
     assert [json.loads(ev["data"]) for _, ev in events[:-1]] == expect and events[-1][1]["data"] == "[DONE]"
     # The handler sleeps between events: the first arrived well before the last was produced.
     assert events[len(expect) - 1][0] - events[0][0] >= 0.15
+
+
+async def test_runpod_template_runs_as_a_runpod_job(project):
+    resp = await project.post("/v2/t-runpod/runsync", json={"input": {"prompt": "one two"}})
+    assert resp.status == 200
+    body = await resp.json()
+    assert body["status"] == "COMPLETED" and body["output"] == [{"word": "one"}, {"word": "two"}]
+    stream = await (await project.post(f"/v2/t-runpod/stream/{body['id']}")).json()
+    assert stream["stream"] == [{"output": {"word": "one"}}, {"output": {"word": "two"}}]
 
 
 async def test_process_template_runs_in_a_worker_process(project):

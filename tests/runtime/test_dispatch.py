@@ -2,14 +2,14 @@
 returns answers through the InvocationSurface (encoded result, generator items aggregated)."""
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 
 from runtime.dispatch import Dispatcher, InvokeOptions
-from runtime.errors import ForbiddenError, FunctionNotFoundError
+from runtime.errors import ForbiddenError, FunctionNotFoundError, ServiceUnavailableError
 from runtime.executor import Executor
+from runtime.jobs.model import Job, JobRequest
 from runtime.manifest import parse_manifest
 from runtime.principal import Principal
 from runtime.registry import Registry
@@ -17,11 +17,16 @@ from tests.support.servers import HANDLERS
 
 
 @pytest.fixture
-async def dispatcher():
-    registry = Registry([HANDLERS])
+def specs():
+    """Parsed before the loop runs (resolving codePath touches the file system)."""
     manifest = json.dumps([{"name": "none-d", "handler": "testfns.returns_none", "codePath": str(HANDLERS)},
                            {"name": "gen-d", "handler": "testfns.gen", "codePath": str(HANDLERS), "tenant": "acme"}])
-    specs = await asyncio.to_thread(parse_manifest, manifest, "test", HANDLERS)  # resolves paths: off the loop
+    return parse_manifest(manifest, "test", HANDLERS)
+
+
+@pytest.fixture
+async def dispatcher(specs):
+    registry = Registry([HANDLERS])
     await registry.adeploy(specs)
     executor = Executor(4)
     yield Dispatcher(registry, executor)
@@ -54,3 +59,38 @@ async def test_encoded_result_by_mode(dispatcher):
     while batch := await inv.channel.get_batch():
         batches.extend(batch)
     assert batches == ['{"i":0}', '{"i":1}'] and await inv.encoded_result() is None
+
+
+class _Queue:
+    """A job queue that records what reached it (the JobManager's place behind submit_job)."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, object, JobRequest]] = []
+
+    async def submit(self, function, event, request):
+        self.got.append((function.spec.name, event, request))
+        return Job(id="j-1", function=function.spec.name, tenant=function.spec.tenant, event=event, api=request.api)
+
+
+async def test_submit_job_checks_the_tenant_then_hands_the_job_to_the_queue(dispatcher):
+    with pytest.raises(ServiceUnavailableError, match="no background jobs"):
+        await dispatcher.submit_job(None, "gen-d", {}, JobRequest())
+    dispatcher.jobs = queue = _Queue()
+    request = JobRequest(api="runpod", execution_timeout=1.5)
+    with pytest.raises(ForbiddenError, match="tenant 'default' may not use function 'gen-d'"):
+        await dispatcher.submit_job(Principal("default", "user"), "gen-d", {}, request)
+    with pytest.raises(ForbiddenError):
+        await dispatcher.submit_job(Principal("default", "user"), dispatcher.find(None, "gen-d"), {}, request)
+    job = await dispatcher.submit_job(Principal("acme", "user"), "gen-d", {"n": 1}, request)
+    assert job.tenant == "acme" and queue.got == [("gen-d", {"n": 1}, request)]
+
+
+async def test_job_options_shorten_the_deadline_and_keep_generator_values(dispatcher):
+    inv = await dispatcher.dispatch(None, "gen-d", {"n": 2}, InvokeOptions(mode="sse", keep_items=True, timeout=2.5))
+    assert inv.deadline - inv.started == pytest.approx(2.5)  # the function's own timeout is longer
+    items = []
+    while batch := await inv.channel.get_batch():
+        items.extend(batch)
+    assert items == ['{"i":0}', '{"i":1}'] and [i.value for i in items] == [{"i": 0}, {"i": 1}]
+    inv = await dispatcher.dispatch(None, "gen-d", {"n": 1}, InvokeOptions(mode="sse", timeout=10_000))
+    assert inv.deadline - inv.started == pytest.approx(inv.spec.timeout)  # never beyond the function's

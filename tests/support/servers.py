@@ -26,8 +26,14 @@ HELLO_BYTES = (b'id: 1\ndata: {"event": "this is a stream"}\n\n'
                b"data: [DONE]\n\n")
 
 
+def fresh_jobs_path() -> str:
+    """A job store file of its own, so no test recovers another test's jobs."""
+    return str(Path(tempfile.mkdtemp(prefix="fnstream-jobs-")) / "jobs.sqlite3")
+
+
 def make_config(**sections):
-    """The shipped default config with `sections` merged in (dotted keys allowed)."""
+    """The shipped default config with `sections` merged in (dotted keys allowed); a fresh job store."""
+    sections.setdefault("jobs.path", fresh_jobs_path())
     overrides = [f"{k}={json.dumps(v)}" for k, v in sections.items()]
     return load_config(ROOT / "config" / "default.yaml", overrides)
 
@@ -82,6 +88,8 @@ class ServerProcess(FnstreamProcess):
     def __init__(self, *args: str, env: dict | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        if not any("jobs." in a for a in args):
+            args = (*args, "-s", f"jobs.path={fresh_jobs_path()}")
         super().__init__("serve", "--port", str(self.port), *args, env=env)
         self._wait_ready()
 

@@ -1,0 +1,220 @@
+"""Where jobs (and admin-deployed functions) are kept: SQLite by default, or memory.
+
+The runner keeps every live job in memory and writes each change through to the store, so reads
+never wait for the disk; the store is what a restarted server comes back from. SQLite work runs
+on one thread of its own, in submission order, never on the event loop. WAL with
+`synchronous=NORMAL`: a committed write survives the process being killed (kill -9); only a
+power loss may take the last commits. One server per file: a lock file says so at start.
+"""
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+from ..errors import ConfigError
+from .model import Job
+
+__all__ = ("JobStore", "MemoryJobStore", "SharedStore", "SqliteJobStore")
+
+log = logging.getLogger("fnstream.jobs")
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS outputs (job_id TEXT NOT NULL, seq INTEGER NOT NULL, item TEXT NOT NULL,
+                                    PRIMARY KEY (job_id, seq));
+CREATE TABLE IF NOT EXISTS functions (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
+"""
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class JobStore:
+    """The memory store (nothing survives a restart); the base of the durable ones."""
+
+    durable = False
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def load(self) -> list[Job]:
+        """Every stored job with its outputs (at start)."""
+        return []
+
+    def save(self, job: Job) -> asyncio.Future[None]:
+        """Insert or replace the job's fields (not its outputs). Writes are queued at call time,
+        so they reach the store in the order made; await the future for durability."""
+        return _done()
+
+    def add_outputs(self, job_id: str, first_seq: int, items: list[Any]) -> asyncio.Future[None]:
+        return _done()
+
+    def clear_outputs(self, job_id: str) -> asyncio.Future[None]:
+        return _done()
+
+    def delete(self, job_ids: list[str]) -> asyncio.Future[None]:
+        return _done()
+
+    async def load_functions(self) -> list[dict[str, Any]]:
+        return []
+
+    def save_function(self, name: str, spec: dict[str, Any]) -> asyncio.Future[None]:
+        return _done()
+
+    def delete_function(self, name: str) -> asyncio.Future[None]:
+        return _done()
+
+
+def _done() -> asyncio.Future[None]:
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    future.set_result(None)
+    return future
+
+
+class SharedStore(JobStore):
+    """A store every node of a cluster reads (Redis): jobs of other nodes are found here."""
+
+    on_cancel: Callable[[str], None] | None = None  # set by the runner: a cancel asked on another node
+
+    async def fetch(self, job_id: str, outputs_from: int = 0) -> Job | None:
+        """The stored job with its output items from index `outputs_from` on; None when unknown."""
+        raise NotImplementedError
+
+    async def request_cancel(self, job_id: str) -> None:
+        raise NotImplementedError
+
+    async def advance_cursor(self, job_id: str) -> list[Any]:
+        """RunPod's /stream cursor, shared by every node: the items not returned before."""
+        raise NotImplementedError
+
+
+class MemoryJobStore(JobStore):
+    """`jobs.store: memory`: jobs live only as long as the process (the runner holds them)."""
+
+
+class SqliteJobStore(JobStore):
+    """`jobs.store: sqlite`: one file, one writer thread, WAL."""
+
+    durable = True
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="fnstream-jobs-sqlite")
+        self._db: sqlite3.Connection | None = None
+        self._lock_file: IO[str] | None = None
+
+    def _run(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Queue `fn` on the store's thread now; the future resolves when it ran."""
+        def call() -> T:
+            assert self._db is not None, "the job store is not open"
+            return fn(self._db)
+
+        return asyncio.get_running_loop().run_in_executor(self._thread, call)
+
+    def _write(self, fn: Callable[[sqlite3.Connection], object]) -> asyncio.Future[None]:
+        def call(db: sqlite3.Connection) -> None:
+            with db:
+                fn(db)
+
+        return self._run(call)
+
+    def _take_lock(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(f"{self.path}.lock", "w")  # noqa: SIM115 - held for the store's lifetime
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise ConfigError(f"jobs.path {self.path} is in use by another fnstream server; give each "
+                              "server its own jobs.path") from None
+        lock.write(str(os.getpid()))
+        lock.flush()
+        self._lock_file = lock
+
+    async def open(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._take_lock)
+
+        def connect() -> None:
+            db = sqlite3.connect(self.path, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+            self._db = db
+
+        await asyncio.get_running_loop().run_in_executor(self._thread, connect)
+        log.info("jobs stored in %s", self.path)
+
+    async def close(self) -> None:
+        def disconnect() -> None:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+            if self._lock_file is not None:
+                self._lock_file.close()
+                self._lock_file = None
+
+        await asyncio.get_running_loop().run_in_executor(self._thread, disconnect)
+        await asyncio.to_thread(self._thread.shutdown)  # joining the (now idle) thread: off the loop too
+
+    async def load(self) -> list[Job]:
+        def read(db: sqlite3.Connection) -> list[Job]:
+            outputs: dict[str, list[Any]] = {}
+            for job_id, item in db.execute("SELECT job_id, item FROM outputs ORDER BY job_id, seq"):
+                outputs.setdefault(job_id, []).append(json.loads(item))
+            jobs = []
+            for (data,) in db.execute("SELECT data FROM jobs"):
+                row = json.loads(data)
+                jobs.append(Job.from_row(row, outputs.get(row["id"], [])))
+            return sorted(jobs, key=lambda j: j.created_at)
+
+        return await self._run(read)
+
+    def save(self, job: Job) -> asyncio.Future[None]:
+        data = _dumps(job.row())
+        return self._write(lambda db: db.execute("INSERT OR REPLACE INTO jobs (id, data) VALUES (?, ?)",
+                                                 (job.id, data)))
+
+    def add_outputs(self, job_id: str, first_seq: int, items: list[Any]) -> asyncio.Future[None]:
+        rows = [(job_id, first_seq + i, _dumps(item)) for i, item in enumerate(items)]
+        return self._write(lambda db: db.executemany(
+            "INSERT OR REPLACE INTO outputs (job_id, seq, item) VALUES (?, ?, ?)", rows))
+
+    def clear_outputs(self, job_id: str) -> asyncio.Future[None]:
+        return self._write(lambda db: db.execute("DELETE FROM outputs WHERE job_id = ?", (job_id,)))
+
+    def delete(self, job_ids: list[str]) -> asyncio.Future[None]:
+        ids = [(i,) for i in job_ids]
+
+        def remove(db: sqlite3.Connection) -> None:
+            db.executemany("DELETE FROM jobs WHERE id = ?", ids)
+            db.executemany("DELETE FROM outputs WHERE job_id = ?", ids)
+
+        return self._write(remove)
+
+    async def load_functions(self) -> list[dict[str, Any]]:
+        def read(db: sqlite3.Connection) -> list[dict[str, Any]]:
+            return [json.loads(spec) for (spec,) in db.execute("SELECT spec FROM functions ORDER BY name")]
+
+        return await self._run(read)
+
+    def save_function(self, name: str, spec: dict[str, Any]) -> asyncio.Future[None]:
+        data = _dumps(spec)
+        return self._write(lambda db: db.execute("INSERT OR REPLACE INTO functions (name, spec) VALUES (?, ?)",
+                                                 (name, data)))
+
+    def delete_function(self, name: str) -> asyncio.Future[None]:
+        return self._write(lambda db: db.execute("DELETE FROM functions WHERE name = ?", (name,)))

@@ -1,0 +1,108 @@
+"""Webhooks: when a job with a webhook ends, POST its result there, retrying with backoff.
+
+openYuanrong's body `{"requestId","status","statusCode","result" (base64 of the body),"error",
+"completedAt"}` with `X-Async-Request-Id`; RunPod jobs get RunPod's status object. Attempts wait
+1 s, 2 s, 4 s ... between them (`jobs.webhook.attempts`, each bounded by `timeoutSeconds`);
+failures are logged, never retried forever. At most `queueSize` deliveries are pending; beyond,
+a delivery is dropped and logged. `allowedHosts` (empty = any) keeps a job from making the server
+call internal addresses.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import urllib.parse
+from typing import Any
+
+import aiohttp
+
+from ..config import WebhookConfig
+from .errors import JobBadRequestError
+from .model import YUANRONG_STATUS, Job
+
+__all__ = ("WebhookSender", "webhook_body")
+
+log = logging.getLogger("fnstream.jobs")
+
+MAX_URL = 2048
+
+
+def webhook_body(job: Job) -> dict[str, Any]:
+    if job.api != "yuanrong":
+        return job.runpod()
+    answer = job.result if job.error is None else job.error
+    body = json.dumps(answer, ensure_ascii=False, separators=(",", ":")).encode()
+    return {"requestId": job.id, "status": YUANRONG_STATUS[job.status], "statusCode": job.status_code,
+            "result": base64.b64encode(body).decode(), "error": (job.error or {}).get("message", ""),
+            "completedAt": job.completed_at_rfc3339()}
+
+
+class WebhookSender:
+    """Delivers job-end webhooks in the background (one task per delivery, bounded in number)."""
+
+    def __init__(self, config: WebhookConfig, *, backoff: float = 1.0) -> None:
+        self.config = config
+        self.backoff = backoff
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._session: aiohttp.ClientSession | None = None
+        self.delivered = 0
+        self.failed = 0
+        self.dropped = 0
+
+    def check_url(self, url: Any) -> str:
+        """The URL if a webhook may call it; 400 otherwise."""
+        if not isinstance(url, str) or not url or len(url) > MAX_URL:
+            raise JobBadRequestError(f"webhook must be an http(s) URL of at most {MAX_URL} characters")
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise JobBadRequestError(f"webhook {url!r} is not an http(s) URL")
+        allowed = [h.lower() for h in self.config.allowedHosts]
+        if allowed and parts.hostname.lower() not in allowed:
+            raise JobBadRequestError(f"webhook host {parts.hostname!r} is not in jobs.webhook.allowedHosts")
+        return url
+
+    def job_ended(self, job: Job) -> None:
+        """The JobManager's on_final callback."""
+        if job.webhook is None:
+            return
+        if len(self._tasks) >= self.config.queueSize:
+            self.dropped += 1
+            log.warning("webhook of job %s dropped: %d deliveries pending (jobs.webhook.queueSize)",
+                        job.id, len(self._tasks))
+            return
+        task = asyncio.get_running_loop().create_task(self._deliver(job.id, job.webhook, webhook_body(job)),
+                                                      name=f"webhook-{job.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _deliver(self, job_id: str, url: str, body: dict[str, Any]) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        headers = {"X-Async-Request-Id": job_id}
+        timeout = aiohttp.ClientTimeout(total=self.config.timeoutSeconds)
+        for attempt in range(1, self.config.attempts + 1):
+            try:
+                async with self._session.post(url, json=body, headers=headers, timeout=timeout,
+                                              allow_redirects=False) as resp:
+                    if 200 <= resp.status < 300:
+                        self.delivered += 1
+                        return
+                    problem = f"HTTP {resp.status}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            if attempt < self.config.attempts:
+                delay = self.backoff * 2 ** (attempt - 1)
+                log.info("webhook of job %s: attempt %d failed (%s); retrying in %g s", job_id, attempt, problem, delay)
+                await asyncio.sleep(delay)
+            else:
+                self.failed += 1
+                log.warning("webhook of job %s to %s failed after %d attempts: %s", job_id, url, attempt, problem)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,117 @@
+"""Cluster mode: jobs in Redis, so any frontend answers /status, /stream and /events of a job
+another node runs, and a cancel sent to any node stops it."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import yaml
+
+from frontend.client import iter_sse
+from tests.support.cluster import FAST
+from tests.support.servers import FUNCTIONS, HANDLERS, fn
+
+
+def node_args(url: str, deploy) -> list[str]:
+    return ["--cluster", url, *FAST, "-s", "cluster.role=all", "--deploy-dir", str(deploy),
+            "-s", f"runtime.codeRoots={json.dumps([str(FUNCTIONS), str(HANDLERS)])}"]
+
+
+async def wait_status(s, base, fn_name, job_id, want, limit=20.0) -> dict:
+    deadline = time.monotonic() + limit
+    while True:
+        async with s.get(f"{base}/v2/{fn_name}/status/{job_id}") as r:
+            assert r.status == 200, await r.text()
+            body = await r.json()
+        if body["status"] in want:
+            return body
+        assert time.monotonic() < deadline, body
+        await asyncio.sleep(0.05)
+
+
+async def test_any_node_answers_for_a_job_another_runs(redis_server, start_server, tmp_path):
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    (deploy / "fns.yaml").write_text(yaml.safe_dump([fn("count", "job_fns.count"),
+                                                     fn("sleeper", "job_fns.sleeper")]))
+    a = start_server(*node_args(redis_server.url, deploy), env={"FNSTREAM_LOG": "WARNING"})
+    b = start_server(*node_args(redis_server.url, deploy), env={"FNSTREAM_LOG": "WARNING"})
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{a.url}/v2/count/run", json={"input": {"n": 4, "delay": 0.3}}) as r:
+            job_id = (await r.json())["id"]
+        # B reads the job A runs: live SSE, items as produced
+        got = []
+        async with s.get(f"{b.url}/serverless/v1/jobs/{job_id}/events") as r:
+            assert r.status == 200
+            async for ev in iter_sse(r):
+                got.append((time.monotonic(), ev))
+        items = [json.loads(ev["data"]) for _, ev in got[:-1]]
+        assert [i["i"] for i in items] == [0, 1, 2, 3] and got[-1][1]["data"] == "[DONE]"
+        assert [ev["id"] for _, ev in got[:-1]] == ["1", "2", "3", "4"]
+        assert got[3][0] - got[0][0] > 0.5  # live, not all at the end
+        body = await wait_status(s, b.url, "count", job_id, {"COMPLETED"})
+        assert body["output"] == items
+        async with s.get(f"{b.url}/serverless/v1/jobs/{job_id}/events", headers={"Last-Event-ID": "3"}) as r:
+            assert [ev["data"] for ev in [e async for e in iter_sse(r)]][-1] == "[DONE]"
+
+        # RunPod's /stream cursor is shared: asked of either node, each item comes back once
+        async with s.post(f"{a.url}/v2/count/run", json={"input": {"n": 6, "delay": 0.1}}) as r:
+            job_id = (await r.json())["id"]
+        seen = []
+        for turn in range(200):
+            base = (a, b)[turn % 2].url
+            async with s.get(f"{base}/v2/count/stream/{job_id}") as r:
+                body = await r.json()
+            seen += [c["output"]["i"] for c in body["stream"]]
+            if body["status"] == "COMPLETED" and not body["stream"]:
+                break
+            await asyncio.sleep(0.05)
+        assert seen == [0, 1, 2, 3, 4, 5]
+
+        # a cancel asked of B stops the job running on A
+        async with s.post(f"{a.url}/v2/sleeper/run", json={"input": {"seconds": 30}}) as r:
+            job_id = (await r.json())["id"]
+        await wait_status(s, b.url, "sleeper", job_id, {"IN_PROGRESS"})
+        async with s.post(f"{b.url}/v2/sleeper/cancel/{job_id}") as r:
+            assert await r.json() == {"id": job_id, "status": "CANCELLED"}
+        async with s.get(f"{a.url}/serverless/v1/jobs/{job_id}") as r:
+            assert (await r.json())["status"] == "CANCELLED"
+        async with s.get(f"{b.url}/serverless/v1/jobs/nope") as r:
+            assert r.status == 404
+
+
+async def test_a_frontend_node_queues_jobs_for_the_cluster_workers(redis_server, start_server, start_worker):
+    """`cluster.role: frontend`: the job runs on a `fnstream worker`, its items reach the job live."""
+    from tests.support.cluster import CLUSTER_FUNCTIONS
+
+    frontend = start_server("--cluster", redis_server.url, *FAST, "-s", "cluster.role=frontend",
+                            env={"FNSTREAM_LOG": "WARNING"})
+    worker = start_worker(redis_server.url)
+    relay = {"name": "relay", "handler": "relay.handler", "codePath": str(CLUSTER_FUNCTIONS), "timeout": 30}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{frontend.url}/admin/v1/functions", json=relay) as r:
+            assert r.status == 201, await r.text()
+        deadline = time.monotonic() + 15
+        while True:
+            async with s.get(f"{frontend.url}/cluster/v1/status") as r:
+                if any("relay" in w["functions"] for w in (await r.json())["workers"]):
+                    break
+            assert time.monotonic() < deadline, "no worker serves relay"
+            await asyncio.sleep(0.05)
+        async with s.post(f"{frontend.url}/serverless/v1/functions/relay/invocations",
+                          json={"count": 4, "delay_ms": 300}, headers={"X-Invoke-Type": "async"}) as r:
+            assert r.status == 202, await r.text()
+            request_id = (await r.json())["requestId"]
+        got = []
+        async with s.get(f"{frontend.url}/serverless/v1/jobs/{request_id}/events") as r:
+            async for ev in iter_sse(r):
+                got.append((time.monotonic(), ev["data"]))
+        items = [json.loads(d) for _, d in got[:4]]
+        assert [i["i"] for i in items] == [1, 2, 3, 4] and {i["pid"] for i in items} == {worker.pid}
+        assert json.loads(got[4][1]) == {"count": 4, "pid": worker.pid} and got[-1][1] == "[DONE]"
+        assert got[3][0] - got[0][0] > 0.5  # live
+        async with s.get(f"{frontend.url}/serverless/v1/functions/async-results/{request_id}") as r:
+            body = await r.json()
+        assert body["status"] == "completed" and body["respBody"] == {"count": 4, "pid": worker.pid}

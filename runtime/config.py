@@ -46,9 +46,12 @@ class RuntimeConfig(_Strict):
 
 
 class AuthToken(_Strict):
-    token: str = Field(min_length=1)
-    tenant: str = "default"
-    role: Literal["user", "developer"] = "user"
+    """A token, the tenant it belongs to and its role: `user` invokes, `developer` also manages its
+    tenant's functions and streams, `admin` manages every tenant's (frontend/tenancy.py)."""
+
+    token: str = Field(min_length=1, pattern=r"^\S+$", description="no whitespace: tokens are matched exactly")
+    tenant: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+    role: Literal["user", "developer", "admin"] = "user"
 
 
 class AuthConfig(_Strict):

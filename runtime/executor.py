@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import inspect
 import logging
 import time
@@ -19,6 +21,7 @@ from .context import Context
 from .errors import FunctionServiceError, FunctionTimeoutError, HandlerError, ServiceUnavailableError
 from .invocation import Invocation, drain_generator
 from .process.executor import ProcessExecutor
+from .streams.tenancy import current_tenant
 
 __all__ = ("Executor",)
 
@@ -43,7 +46,9 @@ class Executor:
         self._watchdog: asyncio.Task | None = None
 
     def run_sync(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
-        return asyncio.get_running_loop().run_in_executor(self._pool, fn)
+        # The thread sees the caller's context: its tenant scopes the handler's named streams.
+        call = functools.partial(contextvars.copy_context().run, fn)
+        return asyncio.get_running_loop().run_in_executor(self._pool, call)
 
     def start(self, inv: Invocation, *, inline: bool = False) -> "asyncio.Task[Any] | None":
         """Take a concurrency slot (429 when full) and run the invocation in its own task.
@@ -123,6 +128,7 @@ class Executor:
         inv.entered = True
         dep = inv.deployment
         thread_future: asyncio.Future | None = None
+        tenant_token = current_tenant.set(dep.spec.tenant)  # named streams are the function's tenant's
         try:
             await dep.ensure_initialized(self.run_sync)
             ctx = Context(dep, inv)
@@ -162,6 +168,7 @@ class Executor:
                       "".join(traceback.format_exception(exc)))
             raise _handler_failure(exc) from None
         finally:
+            current_tenant.reset(tenant_token)
             inv.channel.close()
             if thread_future is not None and not thread_future.done():
                 # The thread cannot be killed: its slot is freed when it really ends.

@@ -11,9 +11,11 @@ from aiohttp import web
 
 from runtime.errors import BadRequestError
 from runtime.manifest import FunctionSpec, parse_manifest
+from runtime.registry import Deployment
 
 from ..body import read_body
 from ..keys import REGISTRY
+from ..tenancy import check_manage, may_see, owned_specs
 
 __all__ = ("routes",)
 
@@ -33,7 +35,15 @@ async def _specs_from_body(request: web.Request) -> list[FunctionSpec]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise BadRequestError("manifest body is not UTF-8") from None
-    return parse_manifest(text, "request body", _base_dir(request))
+    specs = parse_manifest(text, "request body", _base_dir(request))
+    return owned_specs(request, specs)  # the token's tenant unless it names another (admin only)
+
+
+def _managed(request: web.Request, name: str) -> Deployment:
+    """The deployment named `name`, if the token may manage it (403 for another tenant's)."""
+    dep = request.app[REGISTRY].get(name)
+    check_manage(request, dep.spec.tenant, f"function {name!r}")
+    return dep
 
 
 def _deployed(deps) -> dict:
@@ -50,19 +60,20 @@ async def create_functions(request: web.Request) -> web.Response:
 
 @routes.get("/admin/v1/functions")
 async def list_functions(request: web.Request) -> web.Response:
-    return web.json_response({"functions": [d.describe() for d in request.app[REGISTRY].list()]})
+    deps = [d for d in request.app[REGISTRY].list() if may_see(request, d.spec.tenant)]
+    return web.json_response({"functions": [d.describe() for d in deps]})
 
 
 @routes.get("/admin/v1/functions/{name}")
 async def get_function(request: web.Request) -> web.Response:
-    return web.json_response({"function": request.app[REGISTRY].get(request.match_info["name"]).describe()})
+    return web.json_response({"function": _managed(request, request.match_info["name"]).describe()})
 
 
 @routes.put("/admin/v1/functions/{name}")
 async def redeploy_function(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     registry = request.app[REGISTRY]
-    registry.get(name)  # 404 when there is nothing to redeploy
+    _managed(request, name)  # 404 when there is nothing to redeploy, 403 when it is another tenant's
     specs = await _specs_from_body(request)
     if len(specs) != 1 or specs[0].name != name:
         raise BadRequestError(f"PUT /admin/v1/functions/{name} takes exactly one function named {name!r}")
@@ -72,5 +83,7 @@ async def redeploy_function(request: web.Request) -> web.Response:
 
 @routes.delete("/admin/v1/functions/{name}")
 async def delete_function(request: web.Request) -> web.Response:
-    dep = request.app[REGISTRY].delete(request.match_info["name"])
+    name = request.match_info["name"]
+    _managed(request, name)
+    dep = request.app[REGISTRY].delete(name)
     return web.json_response({"code": 0, "message": "deleted", "function": dep.spec.public()})

@@ -22,14 +22,18 @@ from runtime.streams import (
     AbstractSubscription,
     Element,
     StreamOptions,
+    StreamStats,
     SubscriptionEndedError,
     terminator_set,
     terminator_text,
     validate_stream_name,
 )
 
+from runtime.streams.tenancy import qualify, tenant_of, unqualify
+
 from ..body import read_body
 from ..keys import BROKER, CONFIG
+from ..tenancy import stream_tenant
 from ..negotiation import parse_accept, quality
 from ..sse import PING, EventStream, encode_comment, encode_event
 
@@ -150,6 +154,7 @@ async def _subscribe(request: web.Request, name: str | None) -> web.StreamRespon
     if name is None:
         raise BadRequestError("parameter X-Stream-Name (or ?stream=) is missing")
     name = validate_stream_name(name)
+    key = qualify(stream_tenant(request), name)
     cfg = request.app[CONFIG].streams
     timeout_ms = _int_param(request, "X-Timeout-Ms", "timeout_ms", 0)
     idle = (cfg.subscribeTimeoutMs if timeout_ms is None else timeout_ms) / 1000
@@ -166,7 +171,7 @@ async def _subscribe(request: web.Request, name: str | None) -> web.StreamRespon
                                   "(write other bytes as \\xHH escapes)") from None
     fmt = _format(request.headers.get("Accept"))
     heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds
-    sub = await request.app[BROKER].subscribe(name, from_id=from_id)
+    sub = await request.app[BROKER].subscribe(key, from_id=from_id)
     try:
         out = EventStream(request, headers={"X-Stream-Name": name, **fmt.headers})
         await out.write(fmt.opened(name))
@@ -309,32 +314,40 @@ def _publish_options(request: web.Request) -> StreamOptions | None:
                          terminator=terminator)
 
 
+def _stats(tenant: str, stats: StreamStats) -> dict[str, Any]:
+    return {**stats.to_dict(), "name": unqualify(tenant, stats.name)}
+
+
 @routes.post("/serverless/v1/streams/{name:.+}")
 async def publish(request: web.Request) -> web.Response:
     name = validate_stream_name(request.match_info["name"])
+    tenant = stream_tenant(request)
+    key = qualify(tenant, name)
     options = _publish_options(request)
     timeout_ms = _int_param(request, "X-Timeout-Ms", "timeout_ms", 0)
     elements = parse_elements(await read_body(request), request.content_type)
     broker = request.app[BROKER]
     broker.check_elements(elements)  # all or nothing: refuse before anything is published
     if options is not None:
-        await broker.configure(name, options)
-    ids = await broker.publish(name, elements, timeout=None if timeout_ms is None else timeout_ms / 1000)
-    stats = await broker.stats(name)
-    return web.json_response({"stream": name, "ids": ids, "stats": stats.to_dict()})
+        await broker.configure(key, options)
+    ids = await broker.publish(key, elements, timeout=None if timeout_ms is None else timeout_ms / 1000)
+    stats = await broker.stats(key)
+    return web.json_response({"stream": name, "ids": ids, "stats": _stats(tenant, stats)})
 
 
 @routes.get("/serverless/v1/streams")
 async def list_streams(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
+    tenant = stream_tenant(request)
     one = request.query.get("stream")
     if one is not None:
-        return web.json_response({"streams": [(await broker.stats(validate_stream_name(one))).to_dict()]})
-    return web.json_response({"streams": [s.to_dict() for s in await broker.list()]})
+        return web.json_response({"streams": [_stats(tenant, await broker.stats(qualify(tenant, one)))]})
+    mine = [_stats(tenant, s) for s in await broker.list() if tenant_of(s.name) == tenant]
+    return web.json_response({"streams": mine})
 
 
 @routes.delete("/serverless/v1/streams/{name:.+}")
 async def delete_stream(request: web.Request) -> web.Response:
     name = validate_stream_name(request.match_info["name"])
-    await request.app[BROKER].delete(name)
+    await request.app[BROKER].delete(qualify(stream_tenant(request), name))
     return web.json_response({"code": 0, "message": "SUCCESS", "deleted": name})

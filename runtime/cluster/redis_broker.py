@@ -29,7 +29,7 @@ from runtime.streams.errors import (
     SubscriptionCutError,
     SubscriptionEndedError,
 )
-from runtime.streams.names import validate_stream_name
+from runtime.streams.names import MAX_QUALIFIED_NAME_LENGTH, validate_stream_name
 
 from .settings import REDIS_DOWN, ClusterUnavailableError
 
@@ -184,7 +184,7 @@ class RedisBroker(AbstractBroker):
         return _text(await self._call(self._count(keys=[self.keys(name)[1]], args=[field, by])))
 
     async def _ensure(self, name: str) -> tuple[str, str]:
-        keys = self.keys(validate_stream_name(name))
+        keys = self.keys(validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH))
         # Idempotent steps, so no transaction (the index and the stream are on different cluster slots).
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hsetnx(keys[1], "seq", 0)
@@ -258,7 +258,7 @@ class RedisBroker(AbstractBroker):
         await self.count(name, "producers", -1)
 
     async def stats(self, name: str) -> StreamStats:
-        keys = self.keys(validate_stream_name(name))
+        keys = self.keys(validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH))
         meta = {k.decode(): v.decode("utf-8", "replace") for k, v in (await self._call(self.redis.hgetall(keys[1]))).items()}
         if not meta:
             raise StreamNotFoundError(f"stream {name!r} does not exist")
@@ -282,7 +282,7 @@ class RedisBroker(AbstractBroker):
         return out
 
     async def delete(self, name: str) -> None:
-        keys = self.keys(validate_stream_name(name))
+        keys = self.keys(validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH))
         removed = await self._call(self.redis.delete(*keys))
         await self._call(self.redis.srem(self.index, name))
         if not removed:

@@ -179,6 +179,9 @@ class AbstractBroker(abc.ABC):
     """Named streams: publish, subscribe (optionally from an id), stats, list, delete."""
 
     settings: BrokerSettings
+    #: True when the other side of this broker qualifies names with the tenant (a worker's proxy:
+    #: the frontend's StreamBridge does it); else the handler API qualifies them (tenancy.py).
+    scoped_remotely: bool = False
 
     def check_elements(self, elements: Sequence[bytes]) -> None:
         """Refuse the whole batch if one element is empty or over `max_element_size`."""

@@ -20,7 +20,7 @@ from .errors import (
     SubscriptionCutError,
     SubscriptionEndedError,
 )
-from .names import validate_stream_name
+from .names import MAX_QUALIFIED_NAME_LENGTH, validate_stream_name
 
 __all__ = ("MemoryBroker", "MemorySubscription")
 
@@ -291,13 +291,13 @@ class MemoryBroker(AbstractBroker):
         self._streams: dict[str, _Stream] = {}
 
     def _get(self, name: str) -> _Stream:
-        stream = self._streams.get(validate_stream_name(name))
+        stream = self._streams.get(validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH))
         if stream is None:
             raise StreamNotFoundError(f"stream {name!r} does not exist")
         return stream
 
     def _get_or_create(self, name: str) -> _Stream:
-        stream = self._streams.get(validate_stream_name(name))
+        stream = self._streams.get(validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH))
         if stream is None:
             if len(self._streams) >= self.settings.max_streams:
                 self._reclaim_idle()
@@ -320,7 +320,7 @@ class MemoryBroker(AbstractBroker):
 
     async def subscribe(self, name: str, *, from_id: int | None = None,
                         buffer: int | None = None) -> MemorySubscription:
-        created = validate_stream_name(name) not in self._streams
+        created = validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH) not in self._streams
         stream = self._get_or_create(name)
         try:
             return stream.subscribe(from_id, buffer or self.settings.subscriber_buffer)

@@ -17,6 +17,7 @@ from runtime.streams import AbstractBroker, bind_broker, build_broker, unbind_br
 from .auth import auth_middleware
 from .errors import error_middleware
 from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY
+from .parse_errors import JSONErrorRunner
 from .routes import admin, health, invoke, openai, streams
 
 __all__ = ("build_app", "build_registry", "serve", "SERVER_KWARGS")
@@ -98,7 +99,7 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
 
 async def serve(app: web.Application, host: str, port: int, *, shutdown_timeout: float = 10.0) -> None:
     """Run until SIGINT/SIGTERM, then stop accepting and give open requests time to finish."""
-    runner = web.AppRunner(app, shutdown_timeout=shutdown_timeout, **SERVER_KWARGS)
+    runner = JSONErrorRunner(app, shutdown_timeout=shutdown_timeout, **SERVER_KWARGS)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

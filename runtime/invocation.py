@@ -44,18 +44,30 @@ def new_trace_id() -> str:
 
 
 def encode_payload(data: Any) -> str:
-    """What a stream write carries: str as is, bytes as UTF-8, anything else JSON-encoded."""
+    """What a stream write carries: str as is, bytes as UTF-8, anything else JSON-encoded.
+
+    Raises StreamWriteError at the write for what cannot go out: text with a lone surrogate
+    (no UTF-8 encoding exists), NaN/Infinity (not JSON), objects JSON cannot encode.
+    """
     if isinstance(data, str):
-        return data
-    if isinstance(data, (bytes, bytearray, memoryview)):
+        text = data
+    elif isinstance(data, (bytes, bytearray, memoryview)):
         try:
             return bytes(data).decode("utf-8")
         except UnicodeDecodeError:
             raise StreamWriteError("stream write: bytes must be UTF-8 text") from None
-    try:
-        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise StreamWriteError(f"stream write: {type(data).__name__} is not JSON-serializable: {exc}") from None
+    else:
+        try:
+            text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise StreamWriteError(f"stream write: {type(data).__name__} is not JSON-serializable: {exc}") from None
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise StreamWriteError(f"stream write: the text holds a lone surrogate at position {exc.start} "
+                                   "and cannot be sent as UTF-8") from None
+    return text
 
 
 class Written:

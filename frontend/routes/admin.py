@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from aiohttp import web
@@ -35,7 +36,8 @@ async def _specs_from_body(request: web.Request) -> list[FunctionSpec]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise BadRequestError("manifest body is not UTF-8") from None
-    specs = parse_manifest(text, "request body", _base_dir(request))
+    # Off the event loop: even a bounded YAML document can take a while to compose.
+    specs = await asyncio.to_thread(parse_manifest, text, "request body", _base_dir(request))
     return owned_specs(request, specs)  # the token's tenant unless it names another (admin only)
 
 

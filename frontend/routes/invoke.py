@@ -64,7 +64,9 @@ def negotiate_mode(accept: str | None, enable_event: bool) -> str:
 
 def encode_result(value: Any, max_size: int) -> str:
     try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        if not text.isascii():
+            text.encode("utf-8")  # a lone surrogate has no UTF-8 form: refuse it here, not mid-response
     except (TypeError, ValueError) as exc:
         raise ResultNotSerializableError(f"the handler's result is not JSON-serializable: {exc}") from None
     if len(text) > max_size and len(text.encode()) > max_size:

@@ -145,7 +145,7 @@ async def _whole(inv: Invocation) -> web.Response:
 
 
 def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def _single_object(inv: Invocation, parts: list[str], result: Any) -> dict:

@@ -31,6 +31,7 @@ from runtime.streams import (
 
 from runtime.streams.tenancy import qualify, tenant_of, unqualify
 
+from .. import safe_json
 from ..body import read_body
 from ..keys import BROKER, CONFIG
 from ..tenancy import stream_tenant
@@ -47,6 +48,8 @@ LOST_CODE = 330416  # an `event: error` that is not the end: ids asked for are n
 
 
 # -- request parameters ----------------------------------------------------------------------
+MAX_PARAM = 10**15  # any count, id or duration (ms) beyond this is a mistake or an attack (OverflowError)
+_MAX_PARAM_DIGITS = 40
 def _param(request: web.Request, header: str | None, query: str) -> str | None:
     value = request.headers.get(header) if header else None
     if value is None:
@@ -60,9 +63,12 @@ def _int_param(request: web.Request, header: str | None, query: str, minimum: in
         return None
     where = f"{header} / {query}" if header else query
     try:
-        value = int(raw.strip())
+        value = int(raw.strip()) if len(raw) <= _MAX_PARAM_DIGITS else None
     except ValueError:
-        raise BadRequestError(f"parameter {where} must be an integer >= {minimum}, got {raw[:40]!r}") from None
+        value = None
+    if value is None or value > MAX_PARAM:
+        raise BadRequestError(f"parameter {where} must be an integer from {minimum} to {MAX_PARAM}, "
+                              f"got {raw[:40]!r}") from None
     if value < minimum:
         raise BadRequestError(f"parameter {where} must be an integer >= {minimum}, got {value}")
     return value
@@ -76,7 +82,7 @@ def _float_param(request: web.Request, query: str) -> float | None:
         value = float(raw)
     except ValueError:
         raise BadRequestError(f"parameter {query} must be a number >= 0, got {raw[:40]!r}") from None
-    if not value >= 0:
+    if not 0 <= value <= MAX_PARAM:  # also NaN and inf ("1e400")
         raise BadRequestError(f"parameter {query} must be a number >= 0, got {raw[:40]!r}")
     return value
 
@@ -248,7 +254,12 @@ def _element_bytes(value: Any) -> bytes:
         return value.encode("utf-8")
     if isinstance(value, (bytes, bytearray)):
         return bytes(value)
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise BadRequestError(f"msgpack extension type {code} is not an element value; send str, bin, "
+                          "numbers, booleans, arrays and maps with str keys")
 
 
 def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
@@ -256,7 +267,9 @@ def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
     their UTF-8 text, other JSON values as their JSON text, msgpack bin as is."""
     if content_type == MSGPACK:
         try:
-            values = msgpack.unpackb(raw, raw=False)
+            values = msgpack.unpackb(raw, raw=False, strict_map_key=True, ext_hook=_refuse_ext, timestamp=0)
+        except BadRequestError:
+            raise
         except (ValueError, msgpack.UnpackException) as exc:
             raise BadRequestError(f"body is not msgpack: {exc}") from None
         if not isinstance(values, list):
@@ -268,19 +281,15 @@ def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
             raise BadRequestError("body is not UTF-8; send binary elements as msgpack "
                                   f"(Content-Type: {MSGPACK})") from None
         try:
-            whole = json.loads(text)
+            whole = safe_json.loads(text, "body")
             values = whole if isinstance(whole, list) else [whole]
-        except RecursionError:
-            raise BadRequestError("body is JSON nested too deeply") from None
         except json.JSONDecodeError:
             values = []
             for n, line in enumerate(text.splitlines(), 1):
                 if not line.strip():
                     continue
                 try:
-                    values.append(json.loads(line))
-                except RecursionError:
-                    raise BadRequestError(f"body is neither a JSON array nor NDJSON: line {n} is nested too deeply") from None
+                    values.append(safe_json.loads(line, f"NDJSON line {n}"))
                 except json.JSONDecodeError as exc:
                     raise BadRequestError(f"body is neither a JSON array nor NDJSON: line {n}: {exc.msg} "
                                           f"at column {exc.colno}") from None
@@ -288,10 +297,15 @@ def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
         raise BadRequestError("no elements: send a JSON array, NDJSON or a msgpack array of elements")
     if any(v is None for v in values):
         raise BadRequestError("null is not an element")
-    try:
-        return [_element_bytes(v) for v in values]
-    except RecursionError:  # a msgpack value nested deeper than json.dumps can encode
-        raise BadRequestError("an element is nested too deeply to encode as JSON") from None
+    out = []
+    for i, value in enumerate(values):
+        try:
+            out.append(_element_bytes(value))
+        except RecursionError:  # a msgpack value nested deeper than json.dumps can encode
+            raise BadRequestError(f"element {i} is nested too deeply to encode as JSON") from None
+        except (TypeError, ValueError) as exc:  # bin map keys, timestamps, NaN, lone surrogates
+            raise BadRequestError(f"element {i} cannot be sent as a stream element: {exc}") from None
+    return out
 
 
 def _publish_options(request: web.Request) -> StreamOptions | None:

@@ -58,7 +58,8 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app = web.Application(middlewares=middlewares, client_max_size=body_limit)
     app[CONFIG] = config
     app[REGISTRY] = registry if registry is not None else build_registry(config)
-    app[EXECUTOR] = executor if executor is not None else Executor(config.runtime.threadPoolSize)
+    app[EXECUTOR] = executor if executor is not None else Executor(config.runtime.threadPoolSize,
+                                                                     config.runtime.threadsPerFunction)
     app[BROKER] = broker if broker is not None else build_broker(config.streams)
     app.add_routes(health.routes)
     app.add_routes(invoke.routes)
@@ -67,7 +68,9 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app.add_routes(openai.routes)
 
     async def _shutdown_executor(app: web.Application):
+        app[EXECUTOR].loop_monitor.start()  # logs event-loop stalls (runtime/limits.py)
         yield
+        await app[EXECUTOR].loop_monitor.stop()
         # Worker processes: cancelled handlers are reaped, then every pool runs preStop and exits.
         await app[EXECUTOR].process.aclose()
         await app[REGISTRY].stop_workers()

@@ -26,6 +26,7 @@ def _print(obj) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .app import build_app, build_registry, serve
+    from .keys import EXECUTOR
 
     overrides = list(args.set or [])
     if args.deploy_dir:
@@ -44,7 +45,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     app = build_app(config, registry)
     asyncio.run(serve(app, config.frontend.host, config.frontend.port))
-    return 0
+    return exit_after_serve(app[EXECUTOR].abandoned_threads())
+
+
+def exit_after_serve(abandoned: int) -> int:
+    """0 after a clean stop. Handler threads that would not stop cannot be joined (the interpreter
+    would wait for them for ever at exit): say so, and leave at once with status 1."""
+    if not abandoned:
+        return 0
+    logging.getLogger("fnstream.frontend").error(
+        "exiting with %d handler thread(s) still running: they were abandoned (a thread cannot be "
+        "stopped; use 'executor: process' for code that must be stoppable)", abandoned)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

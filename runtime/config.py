@@ -41,6 +41,8 @@ class FrontendConfig(_Strict):
 
 class RuntimeConfig(_Strict):
     threadPoolSize: int = Field(64, ge=1, description="threads for plain `def` handlers")
+    threadsPerFunction: int | None = Field(None, ge=1, description="threads one function may hold (running or "
+                                           "overrunning its timeout); default: a quarter of threadPoolSize")
     codeRoots: list[Path] = Field(default_factory=list, description="directories handler code may live in")
     deployDir: Path | None = None
 

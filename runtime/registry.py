@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Literal
 
 from .errors import ConcurrencyLimitError, DeployError, FunctionNotFoundError, InitializerError
+from .limits import ThreadGate
 from .loader import LoadedCode, check_code_location, load_code
 from .manifest import FunctionSpec
 from .pre_stop import run_pre_stop
@@ -75,6 +76,7 @@ class Deployment:
         self.kind: Kind = handler_kind(code.handler) if code is not None else "sync"
         self.executor: ExecutorName = "process" if code is None else executor_for(spec, self.kind)
         self.pool: WorkerPool | None = None  # executor: process - started by Registry.deploy
+        self.thread_gate: ThreadGate | None = None  # `def` handlers: set by the Executor on first call
         self.revision = revision
         self.inflight = 0
         self.invocations = 0
@@ -147,6 +149,11 @@ class Deployment:
                           "initError": self.init_error, "executor": self.executor}
         if self.pool is not None:
             data["status"]["pool"] = self.pool.describe()
+        if self.thread_gate is not None:
+            data["status"]["threads"] = self.thread_gate.describe()
+            if self.thread_gate.overran_total:
+                data["status"]["warning"] = ("threads of this function ran past their timeout and cannot be "
+                                             "stopped: use 'executor: process' for code that must be stoppable")
         return data
 
 
@@ -253,6 +260,10 @@ class Registry:
                 self._retire(old)
             log.info("deployed %s (%s, %s handler, %s executor, revision %d)",
                      dep.name, dep.spec.urn, dep.kind, dep.executor, dep.revision)
+            if dep.executor != "process" and "memory" in dep.spec.model_fields_set:
+                log.warning("function %s: 'memory: %d' is not enforced for the %s executor (only "
+                            "'executor: process' limits memory); the handler shares the server's memory",
+                            dep.name, dep.spec.memory, dep.executor)
             for cb in self.on_change:
                 cb(dep.name, dep)
         return staged

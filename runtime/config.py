@@ -28,6 +28,8 @@ class FrontendArgs(_Strict):
     maxRequestBodySize: float = Field(6, gt=0, description="MB")
     heartbeatSeconds: float = Field(15, gt=0)
     streamBufferEvents: int = Field(100, ge=1, description="per-invocation output buffer (events)")
+    streamBufferBytes: int = Field(4 * 1024 * 1024, ge=1, description="per-invocation output buffer (bytes); "
+                                   "one larger write still passes alone")
     maxWriteSize: int = Field(4 * 1024 * 1024, ge=1, description="bytes per stream write")
     maxResponseSize: int = Field(6 * 1024 * 1024, ge=1, description="bytes of a JSON result")
     shutdownGraceSeconds: float = Field(10, ge=0, description="in-flight invocations may finish this long on SIGTERM")
@@ -65,6 +67,8 @@ class StreamsConfig(_Strict):
 
     broker: Literal["memory"] = "memory"
     subscriberBuffer: int = Field(1000, ge=1, description="elements buffered per subscription")
+    subscriberBufferBytes: int = Field(4 * 1024 * 1024, ge=1, description="bytes buffered per subscription; one "
+                                       "larger element still passes alone")
     slowConsumerPolicy: Literal["block", "cut"] = "cut"
     blockTimeoutMs: int = Field(5000, ge=0, description="how long 'block' makes a producer wait")
     retainNum: int = Field(0, ge=0)

@@ -88,7 +88,8 @@ class Invocation:
 
     def __init__(self, deployment: "Deployment", event: Any, *, mode: Mode, loop: asyncio.AbstractEventLoop,
                  buffer_events: int = 100, max_write_size: int = 4 * 1024 * 1024,
-                 max_response_size: int = 6 * 1024 * 1024, trace_id: str | None = None) -> None:
+                 max_response_size: int = 6 * 1024 * 1024, trace_id: str | None = None,
+                 buffer_bytes: int | None = None) -> None:
         self.id = new_trace_id()
         self.trace_id = trace_id or new_trace_id()
         self.deployment = deployment
@@ -98,7 +99,7 @@ class Invocation:
         self.loop = loop
         self.started = time.monotonic()
         self.deadline = self.started + self.spec.timeout
-        self.channel: OutputChannel[str] = OutputChannel(loop, buffer_events)
+        self.channel: OutputChannel[str] = OutputChannel(loop, buffer_events, buffer_bytes)
         self.max_write_size = max_write_size
         self.max_response_size = max_response_size
         self.aggregate: list[Any] = []

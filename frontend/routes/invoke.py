@@ -95,7 +95,8 @@ async def start_invocation(request: web.Request, dep: Deployment, event: Any, mo
                                     trace_id=request.get(TRACE_ID))
     inv = Invocation(dep, event, mode=mode, loop=asyncio.get_running_loop(),
                      buffer_events=args.streamBufferEvents, max_write_size=args.maxWriteSize,
-                     max_response_size=args.maxResponseSize, trace_id=request.get(TRACE_ID))
+                     max_response_size=args.maxResponseSize, trace_id=request.get(TRACE_ID),
+                     buffer_bytes=args.streamBufferBytes)
     app[EXECUTOR].start(inv, inline=inline)
     return inv
 

@@ -91,6 +91,7 @@ class BrokerSettings:
     """Broker-wide limits and defaults (from the `streams:` config section)."""
 
     subscriber_buffer: int = 1000
+    subscriber_buffer_bytes: int = 4 * 1024 * 1024  # memory broker: bytes buffered per subscription
     policy: Policy = "cut"
     block_timeout: float = 5.0
     defaults: StreamOptions = StreamOptions()
@@ -105,6 +106,7 @@ class BrokerSettings:
         """From a `runtime.config.StreamsConfig`."""
         return cls(
             subscriber_buffer=cfg.subscriberBuffer,
+            subscriber_buffer_bytes=cfg.subscriberBufferBytes,
             policy=cfg.slowConsumerPolicy,
             block_timeout=cfg.blockTimeoutMs / 1000,
             defaults=StreamOptions(retain_num=cfg.retainNum, retain_bytes=cfg.retainBytes,

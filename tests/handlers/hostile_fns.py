@@ -32,3 +32,11 @@ async def async_surrogate_writer(event, context):
 
 def bad_result(event, context):
     return {"nan": float("nan")} if event.get("kind") == "nan" else {"text": "\ud800"}
+
+
+def many_writes(event, context):
+    """`count` writes of `size` characters each, as fast as the buffer takes them."""
+    stream = context.get_stream()
+    for i in range(int(event["count"])):
+        stream.write(f"{i:04d}" + "x" * (int(event["size"]) - 4))
+    return None

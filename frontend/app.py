@@ -80,9 +80,16 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
 
     async def _drain_invocations(app: web.Application) -> None:
         # Runs after the listener stopped and before aiohttp waits for open responses: aborted
-        # invocations end their SSE responses with an error event and [DONE].
-        await app[EXECUTOR].drain(app[CONFIG].frontend.args.shutdownGraceSeconds)
+        # invocations end their SSE responses with an error event and [DONE]. Named-stream
+        # subscribers get what producers still send, then `event: end` (reason shutdown) once the
+        # invocations are done or shortly before the grace runs out, whichever comes first.
+        grace = app[CONFIG].frontend.args.shutdownGraceSeconds
+        drain = asyncio.ensure_future(app[EXECUTOR].drain(grace))
+        await asyncio.wait([drain], timeout=grace * 0.8)
+        await streams.end_subscriptions(app)
+        await drain
 
+    app[streams.OPEN_SUBSCRIPTIONS] = set()
     app.on_shutdown.append(_drain_invocations)
 
     async def _bind_broker(app: web.Application):

@@ -38,10 +38,23 @@ from ..tenancy import stream_tenant
 from ..negotiation import parse_accept, quality
 from ..sse import PING, EventStream, encode_comment, encode_event
 
-__all__ = ("routes", "parse_elements")
+__all__ = ("routes", "parse_elements", "OPEN_SUBSCRIPTIONS", "end_subscriptions")
 
 log = logging.getLogger("fnstream.frontend")
 routes = web.RouteTableDef()
+
+# REST subscriptions open now: on shutdown each is closed and its response ends with `event: end`
+# (reason "shutdown") at once, instead of being cut when the grace runs out.
+OPEN_SUBSCRIPTIONS = web.AppKey("open_subscriptions", set)
+_SHUTDOWN = "shutdown"
+
+
+async def end_subscriptions(app: web.Application) -> None:
+    """on_shutdown: end every REST subscription with a final `event: end` (reason shutdown)."""
+    subs: set[AbstractSubscription] = app.get(OPEN_SUBSCRIPTIONS, set())
+    for sub in list(subs):
+        sub.shutting_down = True  # type: ignore[attr-defined]
+        await sub.close()
 
 MSGPACK = "application/x-msgpack"
 LOST_CODE = 330416  # an `event: error` that is not the end: ids asked for are no longer retained
@@ -178,6 +191,9 @@ async def _subscribe(request: web.Request, name: str | None) -> web.StreamRespon
     fmt = _format(request.headers.get("Accept"))
     heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds
     sub = await request.app[BROKER].subscribe(key, from_id=from_id)
+    open_subs = request.app.get(OPEN_SUBSCRIPTIONS)
+    if open_subs is not None:
+        open_subs.add(sub)
     try:
         out = EventStream(request, headers={"X-Stream-Name": name, **fmt.headers})
         await out.write(fmt.opened(name))
@@ -188,6 +204,8 @@ async def _subscribe(request: web.Request, name: str | None) -> web.StreamRespon
                                                   f"retained and were lost; continuing from id {last + 1}"}))
         await _pump(out, fmt, sub, idle, expect, heartbeat, asked_terminator, cfg.terminators)
     finally:
+        if open_subs is not None:
+            open_subs.discard(sub)
         await sub.close()
     return await out.finish()
 
@@ -205,7 +223,12 @@ async def _pump(out: EventStream, fmt, sub: AbstractSubscription, idle: float, e
         try:
             batch = await sub.next_batch(None if expect is None else expect - sent, wait)
         except SubscriptionEndedError as exc:
-            await out.write(fmt.error(exc.to_dict()))
+            if getattr(sub, "shutting_down", False):
+                await out.write(fmt.end({"reason": _SHUTDOWN, "last_id": sub.last_id,
+                                         "message": "the server is shutting down; resume from last_id "
+                                                    "(Last-Event-ID) on another node or after the restart"}))
+            else:
+                await out.write(fmt.error(exc.to_dict()))
             return
         if not batch:
             if idle_deadline is not None and loop.time() >= idle_deadline:

@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..context import Context
 from ..errors import FunctionServiceError, ResultNotSerializableError, StreamClosedError, StreamWriteError
@@ -149,6 +149,15 @@ class Worker:
 
     def flush(self) -> None:
         self._outbox.join()
+
+    def flush_before_exit(self, timeout: float = 2.0) -> None:
+        """Let the writer thread send what is queued (a handler's last writes) before the process
+        dies by `os._exit`; bounded, since the frontend may be gone. Death by a signal cannot flush."""
+        if threading.current_thread().name == "fnstream-worker-writer":
+            return  # the writer itself is exiting (the frontend is gone): nothing can be sent
+        deadline = time.monotonic() + timeout
+        while self._outbox.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def _write_loop(self) -> None:
         while True:
@@ -400,6 +409,13 @@ def main(argv: list[str] | None = None) -> None:
     spec = FunctionSpec.model_validate(hello["spec"])
     _limit_memory(spec.memory)
     worker = Worker(conn, spec, [Path(p) for p in hello["code_roots"]], int(hello["credits"]))
+    real_exit = os._exit
+
+    def exit_after_flush(status: int) -> NoReturn:  # a handler calling os._exit: its writes still go out
+        worker.flush_before_exit()
+        real_exit(status)
+
+    os._exit = exit_after_flush
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     root.addHandler(_FrameLogHandler(worker))

@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 from aiohttp import web
 
-from runtime.errors import BadRequestError
+from runtime.errors import BadRequestError, FunctionServiceError
 from runtime.streams import (
     AbstractSubscription,
     Element,
@@ -229,6 +229,9 @@ async def _pump(out: EventStream, fmt, sub: AbstractSubscription, idle: float, e
                                                     "(Last-Event-ID) on another node or after the restart"}))
             else:
                 await out.write(fmt.error(exc.to_dict()))
+            return
+        except FunctionServiceError as exc:  # e.g. cluster mode with Redis unreachable: say so and end
+            await out.write(fmt.error({**exc.to_dict(), "last_id": sub.last_id}))
             return
         if not batch:
             if idle_deadline is not None and loop.time() >= idle_deadline:

@@ -105,6 +105,13 @@ class RedisSubscription(AbstractSubscription):
         return self._terminator
 
     async def next_batch(self, max_items: int | None = None, timeout: float | None = None) -> list[Element]:
+        try:
+            return await self._next_batch(max_items, timeout)
+        except REDIS_DOWN as exc:  # any Redis call of the read (xread, counters, meta)
+            raise ClusterUnavailableError(f"stream {self.name!r}: Redis unreachable ({exc}); "
+                                          f"resume after id {self.last_id}") from None
+
+    async def _next_batch(self, max_items: int | None, timeout: float | None) -> list[Element]:
         if self._closed:
             raise SubscriptionEndedError(f"subscription to {self.name!r} is closed", last_id=self.last_id)
         count = min(self.capacity, max_items) if max_items and max_items > 0 else self.capacity

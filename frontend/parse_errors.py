@@ -55,4 +55,5 @@ class JSONErrorRunner(web.AppRunner):
         app.on_startup.freeze()
         await app.startup()
         app.freeze()
-        return _JSONErrorServer(app._handle, request_factory=app._make_request, loop=loop, **self._kwargs)
+        return _JSONErrorServer(app._handle, request_factory=app._make_request,  # type: ignore[arg-type]
+                                loop=loop, **self._kwargs)

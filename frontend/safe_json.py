@@ -1,8 +1,9 @@
 """Parsing untrusted JSON: every hostile input becomes a BadRequestError (400), never a 500.
 
-On top of `json.loads`: integers over Python's 4300-digit limit, `NaN`/`Infinity` and floats that overflow to infinity (not JSON, and
-they could never be sent back as JSON), strings holding a lone surrogate escape (`"\\ud800"`, which
-no UTF-8 text can carry) and nesting deeper than the parser's recursion limit.
+On top of `json.loads`: integers over Python's 4300-digit limit, `NaN`/`Infinity` and floats
+that overflow to infinity (not JSON, and they could never be sent back as JSON), strings holding
+a lone surrogate escape (`"\\ud800"`, which no UTF-8 text can carry) and nesting deeper than the
+parser's recursion limit.
 """
 from __future__ import annotations
 

@@ -27,23 +27,20 @@ class _LimitedLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._depth = 0
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:  # type: ignore[override]
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise UnsafeYAMLError(f"YAML aliases (*{event.anchor}) are not allowed in manifests "  # type: ignore[attr-defined]
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event: Any = self.peek_event()  # type: ignore[no-untyped-call]
+        if type(event) is yaml.AliasEvent:
+            raise UnsafeYAMLError(f"YAML aliases (*{event.anchor}) are not allowed in manifests "
                                   f"(line {event.start_mark.line + 1})")
-        if self.check_event(yaml.ScalarEvent, yaml.SequenceStartEvent, yaml.MappingStartEvent):
-            event = self.peek_event()
-            if getattr(event, "anchor", None) is not None:
-                raise UnsafeYAMLError(f"YAML anchors (&{event.anchor}) are not allowed in manifests "  # type: ignore[attr-defined]
-                                      f"(line {event.start_mark.line + 1})")
+        if getattr(event, "anchor", None) is not None:
+            raise UnsafeYAMLError(f"YAML anchors (&{event.anchor}) are not allowed in manifests "
+                                  f"(line {event.start_mark.line + 1})")
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                mark = self.peek_event().start_mark
                 raise UnsafeYAMLError(f"the document is nested more than {MAX_DEPTH} levels deep "
-                                      f"(line {mark.line + 1})")
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+                                      f"(line {event.start_mark.line + 1})")
+            return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 

@@ -29,9 +29,9 @@ class _LimitedLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         event: Any = self.peek_event()  # type: ignore[no-untyped-call]
+        line: int = event.start_mark.line + 1
         if type(event) is yaml.AliasEvent:
-            raise UnsafeYAMLError(f"YAML aliases (*{event.anchor}) are not allowed in manifests "
-                                  f"(line {event.start_mark.line + 1})")
+            raise UnsafeYAMLError(f"YAML aliases (*{event.anchor}) are not allowed in manifests (line {line})")
         if getattr(event, "anchor", None) is not None:
             raise UnsafeYAMLError(f"YAML anchors (&{event.anchor}) are not allowed in manifests "
                                   f"(line {event.start_mark.line + 1})")

@@ -6,10 +6,12 @@ token's own tenant for every role. With auth off (no tokens) there is no boundar
 """
 from __future__ import annotations
 
+import re
+
 from aiohttp import web
 
 from runtime.config import AuthToken
-from runtime.errors import ForbiddenError
+from runtime.errors import BadRequestError, ForbiddenError
 from runtime.manifest import FunctionSpec
 from runtime.streams.tenancy import DEFAULT_TENANT
 
@@ -19,6 +21,7 @@ __all__ = ("ROLE_RANK", "principal_of", "check_manage", "owned_specs", "stream_t
 
 ROLE_RANK = {"user": 0, "developer": 1, "admin": 2}
 TENANT_HEADER = "X-Tenant-ID"
+_TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")  # as a manifest's `tenant`
 
 
 def principal_of(request: web.Request) -> AuthToken | None:
@@ -61,5 +64,8 @@ def stream_tenant(request: web.Request) -> str:
     asked = request.headers.get(TENANT_HEADER)
     if asked is None:
         return principal.tenant if principal is not None else DEFAULT_TENANT
+    if not _TENANT_RE.fullmatch(asked):
+        raise BadRequestError(f"header {TENANT_HEADER} must be a tenant id (letters, digits, '_' and '-', "
+                              f"at most 63), got {asked[:40]!r}")
     check_manage(request, asked, "streams")
     return asked

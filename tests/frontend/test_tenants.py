@@ -114,6 +114,7 @@ async def test_named_streams_are_per_tenant_over_rest(tclient):
     assert [(s["name"], s["produced"]) for s in listed] == [("jobs", 2)]
     # a developer cannot pick another tenant; an admin can
     assert (await tclient.get(STREAMS, headers={**default, "X-Tenant-ID": "acme"})).status == 403
+    assert (await tclient.get(STREAMS, headers={**bearer("root"), "X-Tenant-ID": "acme/x"})).status == 400
     resp = await tclient.get(f"{STREAMS}?stream=jobs", headers={**bearer("root"), "X-Tenant-ID": "acme"})
     assert resp.status == 200 and (await resp.json())["streams"][0]["retained"] == 2
     sub = await tclient.get(f"{STREAMS}/jobs?from_id=0&expect_num=2", headers=acme)

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import redis.asyncio as aioredis
 
-from runtime.errors import BadRequestError
+from runtime.errors import BadRequestError, FunctionServiceError
 from runtime.streams.broker import AbstractBroker, AbstractSubscription, BrokerSettings, Element, StreamOptions, StreamStats
 from runtime.streams.errors import (
     InvalidStreamIdError,
@@ -107,6 +107,8 @@ class RedisSubscription(AbstractSubscription):
     async def next_batch(self, max_items: int | None = None, timeout: float | None = None) -> list[Element]:
         try:
             return await self._next_batch(max_items, timeout)
+        except FunctionServiceError:
+            raise  # cut, deleted, closed (some are ConnectionErrors, hence OSErrors: not "Redis down")
         except REDIS_DOWN as exc:  # any Redis call of the read (xread, counters, meta)
             raise ClusterUnavailableError(f"stream {self.name!r}: Redis unreachable ({exc}); "
                                           f"resume after id {self.last_id}") from None

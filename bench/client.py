@@ -12,7 +12,8 @@ import json
 import time
 from dataclasses import dataclass, field
 
-__all__ = ("Target", "StreamResult", "open_stream", "run_streams", "hold_streams", "run_invokes", "percentile",
+__all__ = ("Target", "StreamResult", "open_stream", "run_streams", "burst_streams", "hold_streams", "run_invokes",
+           "percentile",
            "subscribe", "keep_alive", "post_request")
 
 
@@ -47,7 +48,7 @@ def percentile(values: list[float], p: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 @dataclass
@@ -142,7 +143,7 @@ async def subscribe(target: Target, path: str, count: int) -> list[_StreamProtoc
     return protos
 
 
-async def keep_alive(target: Target) -> "_KeepAliveProtocol":
+async def keep_alive(target: Target) -> _KeepAliveProtocol:
     """One keep-alive connection; `await proto.request(_request(...))` gives (status, body)."""
     return (await asyncio.get_running_loop().create_connection(_KeepAliveProtocol, target.host, target.port))[1]
 
@@ -164,6 +165,21 @@ async def run_streams(target: Target, event: dict, concurrency: int, connect_lim
         proto.result.sent = time.perf_counter()
         transport.write(req)
     return list(await asyncio.gather(*(proto.done for _t, proto, _r in conns)))
+
+
+async def burst_streams(target: Target, event: dict, count: int) -> list[StreamResult]:
+    """`count` clients arriving at once, each connecting and sending as soon as it can: no ramp and no
+    pre-opened connections. `sent` is when its connect began, so TTFE includes the TCP handshake and
+    any SYN the server's listen backlog dropped (each costs a 1 s retransmit)."""
+
+    async def one() -> StreamResult:
+        began = time.perf_counter()
+        transport, proto, req = await open_stream(target, event)
+        proto.result.sent = began
+        transport.write(req)
+        return await proto.done
+
+    return list(await asyncio.gather(*(one() for _ in range(count))))
 
 
 async def hold_streams(target: Target, event: dict, count: int, connect_limit: int = 100) -> list:

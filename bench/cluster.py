@@ -74,7 +74,8 @@ async def _events(base: str, count: int, streams: int) -> float:
     async with aiohttp.ClientSession() as s:
         async def one() -> int:
             seen = 0
-            async with s.post(base + "/serverless/v1/functions/ticker/invocations", json={"count": count, "delay_ms": 0},
+            async with s.post(base + "/serverless/v1/functions/ticker/invocations",
+                              json={"count": count, "delay_ms": 0},
                               headers={"Accept": "text/event-stream"}) as r:
                 async for line in r.content:
                     seen += line.startswith(b"data:")
@@ -101,7 +102,8 @@ def run_setup(workers: int | None, invocations: int, events: int) -> dict[str, f
             _wait_http(base + "/healthz")
         else:
             rport = _port()
-            procs.append(subprocess.Popen([shutil.which("redis-server") or "/usr/bin/redis-server", "--port", str(rport),
+            redis_server = shutil.which("redis-server") or "/usr/bin/redis-server"
+            procs.append(subprocess.Popen([redis_server, "--port", str(rport),
                                            "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL))
             url = f"redis://127.0.0.1:{rport}/0"
             time.sleep(0.2)

@@ -65,7 +65,7 @@ def draw_chart(scenarios, targets: list[str], rows: dict[str, dict], path: Path)
     groups = [(True, "throughput vs bare aiohttp (higher is better)"),
               (False, "latency and memory vs bare aiohttp (lower is better)")]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    for ax, (higher, title) in zip(axes, groups):
+    for ax, (higher, title) in zip(axes, groups, strict=True):
         scs = [s for s in scenarios if s.higher_is_better is higher
                and any(ratio(rows, s.key, t) for t in others)]  # fnstream-only rows have no ratio
         width = 0.8 / max(1, len(others))

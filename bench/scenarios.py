@@ -5,11 +5,22 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from pathlib import Path
 
-from .client import (StreamResult, Target, hold_streams, keep_alive, percentile, post_request, run_invokes,
-                     run_streams, subscribe)
+from .client import (
+    StreamResult,
+    Target,
+    burst_streams,
+    hold_streams,
+    keep_alive,
+    percentile,
+    post_request,
+    run_invokes,
+    run_streams,
+    subscribe,
+)
 from .servers import ServerProc
 
 __all__ = ("Scenario", "SCENARIOS", "measure")
@@ -22,7 +33,8 @@ class Scenario:
     unit: str
     higher_is_better: bool
     run: Callable[[Target, ServerProc, float], Awaitable[dict]]
-    targets: tuple[str, ...] = ("aiohttp", "fastapi", "fnstream-async", "fnstream-thread", "fnstream-process")
+    targets: tuple[str, ...] = ("aiohttp", "fastapi", "fnstream-async", "fnstream-thread", "fnstream-process",
+                                "aiohttp-asyncio", "fnstream-async-asyncio")
     rounds: bool = True      # repeated each round, best kept; False: measured once
     short: str = ""          # chart label
 
@@ -32,8 +44,11 @@ def _check(results: list[StreamResult], expected_events: int) -> int:
     return sum(1 for r in results if r.status != 200 or r.events != expected_events)
 
 
-async def _streams(target: Target, count: int, concurrency: int) -> dict:
-    results = await run_streams(target, {"count": count}, concurrency)
+async def _streams(target: Target, count: int, concurrency: int, burst: bool = False) -> dict:
+    if burst:
+        results = await burst_streams(target, {"count": count}, concurrency)
+    else:
+        results = await run_streams(target, {"count": count}, concurrency)
     start = min(r.sent for r in results)
     end = max(r.ended for r in results)
     ttfes = [r.ttfe for r in results if r.ttfe is not None]
@@ -62,6 +77,30 @@ async def streams_100(target: Target, server: ServerProc, scale: float) -> dict:
 
 async def streams_1000(target: Target, server: ServerProc, scale: float) -> dict:
     return await _streams(target, max(10, int(100 * scale)), max(100, int(1000 * scale)))
+
+
+def _listen_drops() -> int | None:
+    """The kernel's count of connections dropped at a full listen queue (TcpExt ListenDrops; Linux)."""
+    try:
+        lines = Path("/proc/net/netstat").read_text().splitlines()
+    except OSError:
+        return None
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split()[1:], values.split()[1:], strict=False))["ListenDrops"])
+    return None
+
+
+async def streams_1000_burst(target: Target, server: ServerProc, scale: float) -> dict:
+    """1000 clients connecting at once (no pre-opened connections): the listen backlog matters here.
+
+    `listen_drops` is the machine-wide ListenDrops delta over the scenario: each drop is a SYN the
+    client must retransmit after 1 s."""
+    before = _listen_drops()
+    out = await _streams(target, max(10, int(100 * scale)), max(100, int(1000 * scale)), burst=True)
+    after = _listen_drops()
+    out["listen_drops"] = None if before is None or after is None else after - before
+    return out
 
 
 async def invoke(target: Target, server: ServerProc, scale: float) -> dict:
@@ -96,7 +135,7 @@ async def fanout(target: Target, server: ServerProc, scale: float) -> dict:
     protos = await subscribe(target, f"/serverless/v1/streams/{name}", subscribers)
     invoker = await keep_alive(target)
     start = time.perf_counter()
-    status, body = await invoker.request(post_request(
+    status, _body = await invoker.request(post_request(
         target, "/serverless/v1/functions/bench-fanout/invocations",
         json.dumps({"stream": name, "count": count}).encode()))
     invoker.transport.close()
@@ -142,6 +181,10 @@ SCENARIOS: list[Scenario] = [
     Scenario("streams_1000", "1000 concurrent streams × 100 events", "events/s", True, streams_1000,
              targets=("aiohttp", "fastapi", "fnstream-async", "fnstream-thread"),  # 2 worker processes: a queue test
              short="1000 streams\n× 100"),
+    Scenario("streams_1000_burst", "1000 streams opened at once × 100 events", "events/s", True,
+             streams_1000_burst, targets=("aiohttp", "fastapi", "fnstream-async", "fnstream-thread",
+                                          "aiohttp-asyncio", "fnstream-async-asyncio"),
+             short="1000 opened\nat once × 100"),
     Scenario("invoke", "JSON invoke of echo, 64 concurrent", "req/s", True, invoke,
              short="JSON invoke\nc=64"),
     Scenario("fanout", "named stream fan-out, 1 producer → 100 subscribers", "elements/s", True, fanout,

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from .client import Target
 
-__all__ = ("ROOT", "BENCH", "ServerProc", "start_target", "free_port", "pin_self", "cpu_plan", "TARGETS", "make_target")
+__all__ = ("ROOT", "BENCH", "ServerProc", "start_target", "free_port", "pin_self", "cpu_plan", "TARGETS",
+           "OPTIONAL_TARGETS",
+           "make_target")
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -44,7 +46,7 @@ class ServerProc:
     def __init__(self, kind: str, cmd: list[str], port: int, log_path: Path, cores: set[int] | None,
                  env: dict | None = None, health: str | None = None) -> None:
         self.kind, self.port, self.log_path = kind, port, log_path
-        self._log = open(log_path, "w")
+        self._log = open(log_path, "w")  # noqa: SIM115 (closed by stop())
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=self._log,
                                      stderr=subprocess.STDOUT,
                                      preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
@@ -91,14 +93,17 @@ class ServerProc:
 # kind -> how to start it; each target names its server kind and its paths.
 def _command(kind: str, port: int) -> tuple[list[str], dict, str | None]:
     py = sys.executable
-    if kind == "aiohttp":
+    if kind == "aiohttp":  # the ceiling: uvloop, listen backlog 2048
         return [py, "-m", "bench.targets.bare_aiohttp", str(port)], {}, None
+    if kind == "aiohttp-asyncio":
+        return [py, "-m", "bench.targets.bare_aiohttp", str(port), "asyncio"], {}, None
     if kind == "fastapi":
         return [py, "-m", "bench.targets.fastapi_app", str(port)], {}, None
-    if kind == "fnstream":
+    if kind in ("fnstream", "fnstream-asyncio"):
         # Access logs off as for the other targets (they log nothing per request either).
-        return ([py, "-m", "frontend.cli", "serve", "--config", str(BENCH / "config.yaml"), "--port", str(port)],
-                {"FNSTREAM_LOG": "WARNING"}, "/healthz")
+        loop = "asyncio" if kind == "fnstream-asyncio" else "auto"
+        return ([py, "-m", "frontend.cli", "serve", "--config", str(BENCH / "config.yaml"), "--port", str(port),
+                 "-s", f"frontend.loop={loop}"], {"FNSTREAM_LOG": "WARNING"}, "/healthz")
     raise ValueError(kind)
 
 
@@ -117,7 +122,11 @@ TARGETS: dict[str, tuple[str, str | None, str | None]] = {
     "fnstream-async": ("fnstream", _FN.format("bench-stream"), _FN.format("bench-echo-async")),
     "fnstream-thread": ("fnstream", _FN.format("bench-stream-thread"), _FN.format("bench-echo")),
     "fnstream-process": ("fnstream", _FN.format("bench-stream-process"), _FN.format("bench-echo-process")),
+    # Only when named in --targets: the same servers on asyncio's own loop (the uvloop decision).
+    "aiohttp-asyncio": ("aiohttp-asyncio", "/stream", "/echo"),
+    "fnstream-async-asyncio": ("fnstream-asyncio", _FN.format("bench-stream"), _FN.format("bench-echo-async")),
 }
+OPTIONAL_TARGETS = ("aiohttp-asyncio", "fnstream-async-asyncio")
 
 
 def make_target(name: str, server: ServerProc) -> Target:

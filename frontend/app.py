@@ -3,22 +3,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
+from typing import Any
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from runtime.config import Config
+from runtime.dispatch import Dispatcher, Limits
+from runtime.eventloop import loop_name
 from runtime.executor import Executor
-from runtime.lifecycle import wait_for_stop_signal
+from runtime.lifecycle import Lifecycle, wait_for_stop_signal
 from runtime.manifest import load_deploy_dir
 from runtime.registry import Registry
-from runtime.streams import AbstractBroker, bind_broker, build_broker, unbind_broker
+from runtime.streams import AbstractBroker, BrokerSettings, MemoryBroker, bind_broker, unbind_broker
 
+from . import (
+    api_table,  # noqa: F401 - its rows describe the routes for /openapi.json
+    openapi,
+)
 from .auth import auth_middleware
+from .cors import cors_middleware, install_cors
 from .errors import error_middleware
-from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY
-from .parse_errors import JSONErrorRunner
-from .routes import admin, health, invoke, openai, streams
+from .keys import BROKER, CONFIG, DISPATCHER, EXECUTOR, LIFECYCLE, REGISTRY, TRACE_ID
+from .metrics import install_metrics
+from .routes import admin, console, health, invoke, openai, streams
+from .server import FnstreamRunner, raise_fd_limit, start_site
+from .tracing import add_trace_headers
 
 __all__ = ("build_app", "build_registry", "serve", "SERVER_KWARGS")
 
@@ -34,12 +45,12 @@ class AccessLogger(AbstractAccessLogger):
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         self.logger.info("%s %s %s %d %.1fms", request.remote, request.method, request.path,
-                         response.status, time * 1000)
+                         response.status, time * 1000, extra={"trace_id": request.get(TRACE_ID, "")})
 
 
 # aiohttp cancels a request's handler when its client disconnects only when asked to; fnstream
 # relies on it to cancel invocations of clients that left.
-SERVER_KWARGS = {"handler_cancellation": True, "access_log_class": AccessLogger}
+SERVER_KWARGS: dict[str, Any] = {"handler_cancellation": True, "access_log_class": AccessLogger}
 
 
 def build_registry(config: Config, *, deploy: bool = True) -> Registry:
@@ -54,45 +65,47 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
               broker: AbstractBroker | None = None) -> web.Application:
     body_limit = int(config.frontend.args.maxRequestBodySize * 1024 * 1024)
     # Without tokens auth is off: no middleware at all rather than one that checks and passes.
-    middlewares = [error_middleware, auth_middleware] if config.auth.tokens else [error_middleware]
+    # The Origin guard runs before auth: a foreign page's request is refused before anything else.
+    middlewares = [error_middleware, cors_middleware, auth_middleware] if config.auth.tokens \
+        else [error_middleware, cors_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=body_limit)
     app[CONFIG] = config
     app[REGISTRY] = registry if registry is not None else build_registry(config)
     app[EXECUTOR] = executor if executor is not None else Executor(config.runtime.threadPoolSize,
                                                                      config.runtime.threadsPerFunction)
-    app[BROKER] = broker if broker is not None else build_broker(config.streams)
+    app[DISPATCHER] = Dispatcher(app[REGISTRY], app[EXECUTOR], Limits.from_config(config))
+    app[LIFECYCLE] = Lifecycle(app[EXECUTOR], app[REGISTRY], config.frontend.args.shutdownGraceSeconds)
+    # Named streams live in this process, or in Redis in cluster mode (attach_cluster replaces it).
+    app[BROKER] = broker if broker is not None else MemoryBroker(BrokerSettings.from_config(config.streams))
     app.add_routes(health.routes)
     app.add_routes(invoke.routes)
     app.add_routes(admin.routes)
     app.add_routes(streams.routes)
     app.add_routes(openai.routes)
+    app.add_routes(console.routes)
+    app.add_routes(openapi.routes)  # described by the rows of api_table
+    install_cors(app)
+    app.on_response_prepare.append(add_trace_headers)  # X-Trace-Id, X-Request-Id, traceparent
+    install_metrics(app)
 
-    async def _shutdown_executor(app: web.Application):
-        app[EXECUTOR].loop_monitor.start()  # logs event-loop stalls (runtime/limits.py)
-        yield
-        await app[EXECUTOR].loop_monitor.stop()
-        # Worker processes: cancelled handlers are reaped, then every pool runs preStop and exits.
-        await app[EXECUTOR].process.aclose()
-        await app[REGISTRY].stop_workers()
-        app[EXECUTOR].shutdown()
+    async def _run_lifecycle(app: web.Application) -> AsyncIterator[None]:
+        # Leaving it closes the process pools, runs every preStop and stops the thread pool.
+        async with app[LIFECYCLE]:
+            yield
 
-    app.cleanup_ctx.append(_shutdown_executor)
+    app.cleanup_ctx.append(_run_lifecycle)
 
     async def _drain_invocations(app: web.Application) -> None:
         # Runs after the listener stopped and before aiohttp waits for open responses: aborted
-        # invocations end their SSE responses with an error event and [DONE]. Named-stream
-        # subscribers get what producers still send, then `event: end` (reason shutdown) once the
-        # invocations are done or shortly before the grace runs out, whichever comes first.
-        grace = app[CONFIG].frontend.args.shutdownGraceSeconds
-        drain = asyncio.ensure_future(app[EXECUTOR].drain(grace))
-        await asyncio.wait([drain], timeout=grace * 0.8)
-        await streams.end_subscriptions(app)
-        await drain
+        # invocations end their SSE responses with an error event and [DONE]; named-stream
+        # subscribers get `event: end` (reason shutdown) as the Lifecycle says.
+        await app[LIFECYCLE].drain()
 
-    app[streams.OPEN_SUBSCRIPTIONS] = set()
+    app[streams.OPEN_SUBSCRIPTIONS] = subscriptions = streams.OpenSubscriptions()
+    app[LIFECYCLE].end_streams.append(subscriptions.end_all)
     app.on_shutdown.append(_drain_invocations)
 
-    async def _bind_broker(app: web.Application):
+    async def _bind_broker(app: web.Application) -> AsyncIterator[None]:
         # Handlers reach the broker through runtime.create_stream_producer() & co. (runtime/streams/api.py).
         broker = app[BROKER]
         bind_broker(broker, asyncio.get_running_loop())
@@ -109,11 +122,13 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
 
 async def serve(app: web.Application, host: str, port: int, *, shutdown_timeout: float = 10.0) -> None:
     """Run until SIGINT/SIGTERM, then stop accepting and give open requests time to finish."""
-    runner = JSONErrorRunner(app, shutdown_timeout=shutdown_timeout, **SERVER_KWARGS)
+    config = app[CONFIG]
+    raise_fd_limit(config.frontend.limits.maxConnections)
+    runner = FnstreamRunner(app, config.frontend.limits, shutdown_timeout=shutdown_timeout, **SERVER_KWARGS)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    log.info("fnstream listening on http://%s:%d (%d functions)", host, port, len(app[REGISTRY]))
+    await start_site(runner, config, host, port)
+    log.info("fnstream listening on http://%s:%d (%d functions, %s loop)", host, port, len(app[REGISTRY]),
+             loop_name(asyncio.get_running_loop()))
     print(f"fnstream listening on http://{host}:{port}", flush=True)
     try:
         await wait_for_stop_signal()

@@ -1,6 +1,6 @@
 """Bearer-token auth: `Authorization: Bearer <token>`, `X-Auth`, or `?token=` on GET.
 
-Off when no tokens are configured. Roles `user` < `developer` < `admin` (frontend/tenancy.py):
+Off when no tokens are configured. Roles `user` < `developer` < `admin` (runtime/principal.py):
 invoke routes need any role; everything else but `/healthz` needs `developer` or `admin`. The
 scheme is case-insensitive (RFC 7235); the token must match exactly (a padded one is refused).
 Tokens are compared in constant time.
@@ -10,20 +10,24 @@ from __future__ import annotations
 import hmac
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from runtime.config import AuthToken
 from runtime.errors import ForbiddenError, UnauthorizedError
+from runtime.principal import ROLE_RANK, Principal
 
 from .keys import CONFIG, PRINCIPAL
-from .tenancy import ROLE_RANK
 
-__all__ = ("auth_middleware", "required_role", "PRINCIPAL")
+__all__ = ("auth_middleware", "required_role", "principal_of", "PRINCIPAL")
 
-_PUBLIC = ("/healthz",)
+# The console's static files and the API description hold no secrets: the console asks for a
+# token and sends it with every API call it makes.
+_PUBLIC = ("/healthz", "/", "/openapi.json")
+_PUBLIC_PREFIXES = ("/console/",)
 
 
 def required_role(path: str) -> str | None:
-    if path in _PUBLIC:
+    if path in _PUBLIC or path.startswith(_PUBLIC_PREFIXES) or path == "/console":
         return None
     if path.startswith("/invocations/") or path.startswith("/v1/"):
         return "user"
@@ -54,10 +58,20 @@ def _match(presented: str, tokens: list[AuthToken]) -> AuthToken | None:
     return found
 
 
+def principal_of(request: web.Request) -> Principal | None:
+    """Who sent `request`, for the runtime's tenant checks; None when auth is off (anyone may)."""
+    if not request.app[CONFIG].auth.tokens:
+        return None  # no token was checked (and request.get would raise and catch KeyError)
+    token = request.get(PRINCIPAL)
+    return None if token is None else Principal(token.tenant, token.role)
+
+
 @web.middleware
-async def auth_middleware(request: web.Request, handler):
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     tokens = request.app[CONFIG].auth.tokens
     role = required_role(request.path)
+    if role == "developer" and request.path == "/metrics" and request.app[CONFIG].metrics.public:
+        role = None  # metrics.public: true lets a Prometheus without a token scrape
     if not tokens or role is None:
         return await handler(request)
     presented = _presented_token(request)

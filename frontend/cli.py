@@ -9,24 +9,34 @@ import logging
 import os
 import sys
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from runtime.config import DEFAULT_CONFIG_PATH, load_config
-from runtime.errors import FunctionServiceError
+from runtime import eventloop
+from runtime.config import Config
+from runtime.errors import ConfigError, FunctionServiceError
+from runtime.lifecycle import exit_after_shutdown
+from runtime.logs import TEXT_FORMAT, configure_logging
 from runtime.manifest import load_manifest_file
 
 from .client import DEFAULT_URL, Client, iter_sse
+from .progress import LiveStatus
+from .scaffold import add_commands as add_scaffold_commands
+from .startup import NO_FUNCTIONS_HINT, load_cli_config
+
+Command = Callable[[argparse.Namespace], int]
 
 __all__ = ("main",)
 
 
-def _print(obj) -> None:
+def _print(obj: Any) -> None:
     print(json.dumps(obj, indent=2, ensure_ascii=False) if not isinstance(obj, str) else obj)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .app import build_app, build_registry, serve
-    from .keys import EXECUTOR
+    from .keys import LIFECYCLE
 
     overrides = list(args.set or [])
     if args.deploy_dir:
@@ -38,75 +48,89 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.cluster:
         overrides.append(f"cluster.redisUrl={args.cluster}")
     try:
-        config = load_config(args.config, overrides)
+        config = load_cli_config(args.config, overrides)
+        eventloop.loop_factory(config.frontend.loop)  # an unavailable loop is refused before anything starts
+        if args.processes < 1:
+            raise ConfigError(f"--processes {args.processes}: expected 1 or more")
+        if args.processes > 1:
+            if args.reload:
+                raise ConfigError("--reload is for a single-process server (not with --processes)")
+            return _serve_processes(args, config, overrides)
+        configure_logging(config.logging.format, os.environ.get("FNSTREAM_LOG", "INFO"))
         registry = build_registry(config)
     except FunctionServiceError as exc:
         print(f"fnstream: {exc.message}", file=sys.stderr)
         return 2
+    if len(registry) == 0 and not config.cluster.redisUrl:
+        print(NO_FUNCTIONS_HINT.format(deploy=config.runtime.deployDir or Path.cwd() / "deploy"), flush=True)
     app = build_app(config, registry)
-    asyncio.run(serve(app, config.frontend.host, config.frontend.port))
-    return exit_after_serve(app[EXECUTOR].abandoned_threads())
+    if args.reload:
+        if config.cluster.redisUrl:
+            print("fnstream: --reload is for a single-process server (not with cluster.redisUrl)", file=sys.stderr)
+            return 2
+        from .reload import Reloader
+        app.cleanup_ctx.append(Reloader(registry, config.runtime.deployDir or Path.cwd() / "deploy").context)
+    eventloop.run(serve(app, config.frontend.host, config.frontend.port), config.frontend.loop)
+    return exit_after_shutdown(app[LIFECYCLE].abandoned_threads)
 
 
-def exit_after_serve(abandoned: int) -> int:
-    """0 after a clean stop. Handler threads that would not stop cannot be joined (the interpreter
-    would wait for them for ever at exit): say so, and leave at once with status 1."""
-    if not abandoned:
-        return 0
-    logging.getLogger("fnstream.frontend").error(
-        "exiting with %d handler thread(s) still running: they were abandoned (a thread cannot be "
-        "stopped; use 'executor: process' for code that must be stoppable)", abandoned)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
+def _serve_processes(args: argparse.Namespace, config: Config, overrides: list[str]) -> int:
+    """`serve --processes N`: N frontends sharing the port (SO_REUSEPORT), cluster mode only."""
+    from .supervisor import supervise
+
+    if not config.cluster.redisUrl:
+        raise ConfigError(f"--processes {args.processes} needs cluster mode (--cluster REDIS_URL or "
+                          "cluster.redisUrl): in embedded mode streams, deployments and invocations live in one "
+                          "process, so only one may serve them")
+    if config.frontend.port == 0:
+        raise ConfigError("--processes needs a fixed port (frontend.port is 0): the frontends share one port")
+    cmd = [sys.executable, "-m", "frontend.cli", "serve"]
+    if args.config is not None:
+        cmd += ["--config", args.config]
+    for override in overrides:
+        cmd += ["-s", override]
+    cmd += ["-s", "frontend.reusePort=true"]
+    print(f"fnstream supervising {args.processes} frontends on http://{config.frontend.host}:"
+          f"{config.frontend.port}", flush=True)
+    return supervise(cmd, args.processes, config.frontend.args.shutdownGraceSeconds + 10)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """A handler-only cluster node: functions come from the shared registry, work from the queue."""
     from runtime.cluster.node import serve_worker
 
-    overrides = list(args.set or []) + [f"cluster.redisUrl={args.cluster}"]
+    overrides = [*(args.set or []), f"cluster.redisUrl={args.cluster}"]
     if args.concurrency is not None:
         overrides.append(f"cluster.workerConcurrency={args.concurrency}")
     try:
-        config = load_config(args.config, overrides)
+        config = load_cli_config(args.config, overrides)
+        eventloop.loop_factory(config.frontend.loop)
     except FunctionServiceError as exc:
         print(f"fnstream: {exc.message}", file=sys.stderr)
         return 2
-    asyncio.run(serve_worker(config))
-    return 0
+    configure_logging(config.logging.format, os.environ.get("FNSTREAM_LOG", "INFO"))
+    return exit_after_shutdown(eventloop.run(serve_worker(config), config.frontend.loop))
 
 
 def _client(args: argparse.Namespace) -> Client:
     return Client(args.url, args.token)
 
 
-def _report(status: int, body) -> int:
+def _report(status: int, body: Any) -> int:
     _print(body)
     return 0 if status < 400 else 1
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    functions = []
+    """Every function of every file in one request: all are deployed (or redeployed), or none."""
+    functions: list[dict[str, Any]] = []
     try:
         for file in args.files:
             functions.extend(s.model_dump(mode="json") for s in load_manifest_file(Path(file)))
     except FunctionServiceError as exc:
         print(f"fnstream: {exc.message}", file=sys.stderr)
         return 2
-    client = _client(args)
-
-    async def run() -> int:
-        rc = 0
-        for fn in functions:
-            status, body = await client.call("POST", "/admin/v1/functions", json_body=fn)
-            if status == 409:
-                status, body = await client.call("PUT", f"/admin/v1/functions/{fn['name']}", json_body=fn)
-            rc |= _report(status, body)
-        return rc
-
-    return asyncio.run(run())
+    return _report(*asyncio.run(_client(args).call("PUT", "/admin/v1/functions", json_body=functions)))
 
 
 def cmd_functions(args: argparse.Namespace) -> int:
@@ -138,8 +162,9 @@ def cmd_invoke(args: argparse.Namespace) -> int:
             async with s.post(client.url + path, json=event, headers={"Accept": "text/event-stream"}) as r:
                 if r.content_type != "text/event-stream":
                     return _report(r.status, await r.text())
-                async for ev in iter_sse(r):
-                    print(ev["data"], flush=True)
+                async with LiveStatus(args.name) as status:
+                    async for ev in iter_sse(r):
+                        status.print(ev["data"])
                 return 0 if r.status < 400 else 1
 
     return asyncio.run(run())
@@ -160,15 +185,15 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
             async with s.get(client.url + "/serverless/v1/stream/subscribe", headers=headers) as r:
                 if r.content_type != "text/event-stream":
                     return _report(r.status, await r.text())
-                async for ev in iter_sse(r):
-                    if ev["event"] == "binary":
-                        sys.stdout.buffer.write(base64.b64decode(ev["data"]) + b"\n")
-                        sys.stdout.flush()
-                    elif ev["event"] in ("error", "end"):
-                        print(f"fnstream: {ev['event']}: {ev['data']}", file=sys.stderr, flush=True)
-                        rc = 1 if ev["event"] == "error" and '"lost_from_id"' not in ev["data"] else rc
-                    else:
-                        print(ev["data"], flush=True)
+                async with LiveStatus(args.name) as status:
+                    async for ev in iter_sse(r):
+                        if ev["event"] == "binary":
+                            status.write_bytes(base64.b64decode(ev["data"]) + b"\n")
+                        elif ev["event"] in ("error", "end"):
+                            status.note(f"fnstream: {ev['event']}: {ev['data']}")
+                            rc = 1 if ev["event"] == "error" and '"lost_from_id"' not in ev["data"] else rc
+                        else:
+                            status.print(ev["data"])
         return rc
 
     try:
@@ -182,28 +207,35 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return _report(*asyncio.run(_client(args).call("POST", path, json_body=list(args.elements))))
 
 
+CONFIG_HELP = "config YAML (default: ./config/default.yaml if present, else the built-in defaults)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fnstream", description="Python function-service runtime for streaming work")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the server with the deploy directory's functions")
-    serve.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="config YAML (default: %(default)s)")
+    serve.add_argument("--config", help=CONFIG_HELP)
     serve.add_argument("-s", "--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     serve.add_argument("--deploy-dir", help="manifest directory (overrides runtime.deployDir)")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--cluster", metavar="REDIS_URL", help="cluster mode: share registry, queue and streams "
                        "through Redis (sets cluster.redisUrl)")
+    serve.add_argument("--processes", type=int, default=1, metavar="N", help="cluster mode: run N frontends "
+                       "sharing the port (SO_REUSEPORT), restarted when one dies (default 1)")
+    serve.add_argument("--reload", action="store_true", help="redeploy a function when its manifest in the deploy "
+                       "directory or a .py file under its codePath changes (development)")
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("worker", help="run a handler-only cluster node taking queued invocations")
     worker.add_argument("--cluster", required=True, metavar="REDIS_URL", help="redis://HOST:PORT/DB")
-    worker.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="config YAML (default: %(default)s)")
+    worker.add_argument("--config", help=CONFIG_HELP)
     worker.add_argument("-s", "--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     worker.add_argument("--concurrency", type=int, help="invocations run at once (cluster.workerConcurrency)")
     worker.set_defaults(func=cmd_worker)
 
-    def client_command(name: str, help: str, func) -> argparse.ArgumentParser:
+    def client_command(name: str, help: str, func: Command) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help)
         p.add_argument("--url", default=DEFAULT_URL, help="server URL (env FNSTREAM_URL; default %(default)s)")
         p.add_argument("--token", default=os.environ.get("FNSTREAM_TOKEN"), help="bearer token (env FNSTREAM_TOKEN)")
@@ -228,14 +260,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = client_command("publish", "publish elements (UTF-8 text each) into a named stream", cmd_publish)
     p.add_argument("name")
     p.add_argument("elements", nargs="+", metavar="ELEMENT")
+    add_scaffold_commands(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("FNSTREAM_LOG", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=os.environ.get("FNSTREAM_LOG", "INFO"), format=TEXT_FORMAT)
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    command: Command = args.func
+    return command(args)
 
 
 if __name__ == "__main__":

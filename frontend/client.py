@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 
@@ -12,7 +13,7 @@ __all__ = ("Client", "SSEEvent", "iter_sse", "DEFAULT_URL")
 DEFAULT_URL = os.environ.get("FNSTREAM_URL", "http://127.0.0.1:8888")
 
 
-class SSEEvent(dict):
+class SSEEvent(dict[str, Any]):
     """One parsed SSE event: keys `event`, `id`, `data`."""
 
 
@@ -48,7 +49,7 @@ class Client:
         return aiohttp.ClientSession(headers=self.headers, timeout=aiohttp.ClientTimeout(total=None))
 
     async def call(self, method: str, path: str, *, data: Any = None, json_body: Any = None,
-                   headers: dict | None = None) -> tuple[int, Any]:
+                   headers: dict[str, Any] | None = None) -> tuple[int, Any]:
         async with self.session() as s:
             async with s.request(method, self.url + path, data=data, json=json_body, headers=headers) as r:
                 text = await r.text()

@@ -5,11 +5,14 @@ unreachable, and the change is stored in Redis before the response goes out.
 """
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from runtime.cluster import ClusterNode
 
-from .keys import BROKER, EXECUTOR, REGISTRY
+from .keys import BROKER, DISPATCHER, EXECUTOR, LIFECYCLE, REGISTRY
 
 __all__ = ("CLUSTER", "attach_cluster", "cluster_middleware", "routes")
 
@@ -18,9 +21,10 @@ routes = web.RouteTableDef()
 
 
 @web.middleware
-async def cluster_middleware(request: web.Request, handler):
+async def cluster_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     node = request.app.get(CLUSTER)
-    if node is None or request.method not in ("POST", "PUT", "DELETE") or not request.path.startswith("/admin/v1/functions"):
+    writes = request.method in ("POST", "PUT", "DELETE") and request.path.startswith("/admin/v1/functions")
+    if node is None or not writes:
         return await handler(request)
     await node.require()
     response = await handler(request)
@@ -46,8 +50,10 @@ def attach_cluster(app: web.Application) -> None:
     node = ClusterNode(app[CONFIG], app[REGISTRY], app[EXECUTOR])
     app[CLUSTER] = node
     app[BROKER] = node.broker   # named streams in Redis: every node sees every stream
+    app[DISPATCHER].cluster = node   # functions found and run here or queued for the cluster's workers
+    app[LIFECYCLE].stop_intake.append(node.stop_taking)
 
-    async def _node(app: web.Application):
+    async def _node(app: web.Application) -> AsyncIterator[None]:
         await node.start()
         yield
         await node.stop()

@@ -6,15 +6,17 @@ OpenAI-compatible routes (`/v1/...`) answer `{"error": {"message", "type", "code
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from runtime.errors import FunctionServiceError
-from runtime.invocation import new_trace_id
 
 from .keys import TRACE_ID
+from .tracing import trace_id_of
 
-__all__ = ("error_response", "error_middleware", "is_openai_path", "openai_error_body")
+__all__ = ("error_response", "error_middleware", "http_error_code", "is_openai_path", "openai_error_body")
 
 log = logging.getLogger("fnstream.frontend")
 
@@ -23,11 +25,16 @@ _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403:
                  404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 
 
+def http_error_code(status: int) -> int:
+    """The inner code of an HTTP-level error (`X-Inner-Code`): openYuanrong's where it has one."""
+    return _HTTP_CODES.get(status, 200500 if status == 500 else 200503 if status == 503 else status * 1000)
+
+
 def is_openai_path(path: str) -> bool:
     return path.startswith("/v1/")
 
 
-def openai_error_body(status: int, message: str, code: str | int | None = None) -> dict:
+def openai_error_body(status: int, message: str, code: str | int | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": _OPENAI_TYPES.get(status, "server_error"),
                       "param": None, "code": code}}
 
@@ -47,8 +54,8 @@ def error_response(request: web.Request, exc: FunctionServiceError) -> web.Respo
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler):
-    request[TRACE_ID] = request.headers.get("X-Trace-Id") or new_trace_id()
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    request[TRACE_ID] = trace_id_of(request)  # traceparent, X-Trace-Id or a new one
     try:
         return await handler(request)
     except FunctionServiceError as exc:
@@ -59,5 +66,5 @@ async def error_middleware(request: web.Request, handler):
         reason = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
         if exc.status == 413:
             reason = f"request body too large: {exc.text}"
-        err = FunctionServiceError(reason, code=_HTTP_CODES.get(exc.status, exc.status * 1000), status=exc.status)
+        err = FunctionServiceError(reason, code=http_error_code(exc.status), status=exc.status)
         return error_response(request, err)

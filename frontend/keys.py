@@ -4,15 +4,19 @@ from __future__ import annotations
 from aiohttp import web
 
 from runtime.config import AuthToken, Config
+from runtime.dispatch import Dispatcher
 from runtime.executor import Executor
+from runtime.lifecycle import Lifecycle
 from runtime.registry import Registry
 from runtime.streams import AbstractBroker
 
-__all__ = ("CONFIG", "REGISTRY", "EXECUTOR", "TRACE_ID", "PRINCIPAL", "BROKER")
+__all__ = ("CONFIG", "REGISTRY", "EXECUTOR", "DISPATCHER", "LIFECYCLE", "TRACE_ID", "PRINCIPAL", "BROKER")
 
 CONFIG = web.AppKey("config", Config)
 REGISTRY = web.AppKey("registry", Registry)
 EXECUTOR = web.AppKey("executor", Executor)
+DISPATCHER = web.AppKey("dispatcher", Dispatcher)   # the one way routes run functions
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)      # the shutdown sequence (set while the app runs)
 BROKER = web.AppKey("broker", AbstractBroker)
 
 # Per-request state.

@@ -7,14 +7,17 @@ status. Events already queued are written in one call (coalesced); a lone event 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Callable
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 if TYPE_CHECKING:
     from runtime.channel import OutputChannel
 
-__all__ = ("encode_event", "encode_comment", "EventStream", "relay", "frame_raw", "SSE_HEADERS", "DONE_EVENT", "PING")
+__all__ = ("encode_event", "encode_comment", "EventStream", "relay", "frame_raw", "SSE_HEADERS", "DONE_EVENT", "PING",
+           "CURRENT_STREAM")
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
@@ -28,6 +31,8 @@ DONE_EVENT = b"data: [DONE]\n\n"
 # A comment with no blank line after it: a blank line after a comment makes the openai-python
 # parser emit an empty event once it has seen an `id:` (openai-python #2722, #3833).
 PING = b": ping\n"
+# The SSE answer a request is writing (read by frontend/metrics.py for bytes, pings, first event).
+CURRENT_STREAM = web.RequestKey("event_stream", object)
 
 
 def encode_event(data: str, event_id: int | str | None = None, event: str | None = None) -> bytes:
@@ -52,7 +57,7 @@ def frame_raw(batch: list[str]) -> bytes:
     return "".join(batch).encode()
 
 
-async def relay(stream: "EventStream", channel: "OutputChannel[str]", heartbeat: float,
+async def relay(stream: EventStream, channel: OutputChannel[str], heartbeat: float,
                 frame: Callable[[list[str]], bytes]) -> None:
     """Write each batch read from `channel` as one socket write, until the channel closes.
 
@@ -67,6 +72,9 @@ async def relay(stream: "EventStream", channel: "OutputChannel[str]", heartbeat:
             continue
         if not batch:
             return
+        if stream.first_event_at is None:
+            stream.first_event_at = time.monotonic()
+        stream.events += len(batch)
         await stream.write(frame(batch))
 
 
@@ -77,11 +85,13 @@ class EventStream:
         self.request = request
         self.response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **(headers or {})})
         self.prepared = False
+        # Read by frontend/metrics.py: what this response carried.
+        self.events = 0
         self.bytes_sent = 0
-
-    @property
-    def status(self) -> int:
-        return self.response.status
+        self.pings = 0
+        self.opened_at = time.monotonic()
+        self.first_event_at: float | None = None  # when relay() wrote the first event (metrics)
+        request[CURRENT_STREAM] = self
 
     def set_status(self, status: int) -> None:
         if self.prepared:
@@ -92,10 +102,11 @@ class EventStream:
         if not self.prepared:
             await self.response.prepare(self.request)
             self.prepared = True
-        await self.response.write(data)
         self.bytes_sent += len(data)
+        await self.response.write(data)
 
     async def ping(self) -> None:
+        self.pings += 1
         await self.write(PING)
 
     async def finish(self) -> web.StreamResponse:

@@ -8,9 +8,9 @@ function-service route. With `stream: true` it yields one OpenAI chunk object pe
 """
 from contextlib import aclosing
 
-from runtime.errors import FunctionServiceError
-
 from chat_backends import StandinSettings, UpstreamSettings, generate, parse_event, relay
+
+from runtime.errors import FunctionServiceError
 
 
 async def handler(event, context):
@@ -20,7 +20,7 @@ async def handler(event, context):
     if backend == "standin":
         items = generate(req, StandinSettings(env))
     elif backend == "upstream":
-        items = relay(req, UpstreamSettings(env))
+        items = relay(req, UpstreamSettings(env), trace_id=context.get_trace_id())
     else:
         raise FunctionServiceError(f"chat function: environment 'backend' must be standin or upstream "
                                    f"(got {backend!r})")

@@ -1,41 +1,43 @@
-"""fnstream's function runtime: manifests, registry, handler loading, Context, executors, errors.
+"""fnstream's handler API: what a deployed function's code imports.
 
-Handler authors need only `Context` (passed in) and, for named streams, the stream functions.
+`Context` (passed in as the handler's second argument), the named-stream functions and their
+configs, and the errors a handler may raise or catch. The runtime's internals (registry,
+executors, dispatch, cluster...) live in their own modules and are not re-exported here.
 """
-from .config import Config, load_config
 from .context import Context
 from .errors import (
     FunctionServiceError,
     HandlerError,
+    StreamBufferFullError,
     StreamClosedError,
     StreamWriteError,
 )
-from .executor import Executor
-from .invocation import Invocation, StreamWriter
-from .manifest import FunctionSpec, load_deploy_dir, load_manifest_file, parse_manifest
-from .registry import Deployment, Registry
 from .streams import (
     Consumer,
     Element,
     Producer,
     ProducerConfig,
     SubscriptionConfig,
+    acreate_stream_consumer,
+    acreate_stream_producer,
+    adelete_stream,
+    aquery_global_consumers_num,
+    aquery_global_producers_num,
     create_stream_consumer,
     create_stream_producer,
     delete_stream,
     query_global_consumers_num,
     query_global_producers_num,
 )
+from .streams.errors import StreamError
 
 __all__ = (
-    "Config", "load_config",
     "Context",
-    "FunctionServiceError", "HandlerError", "StreamClosedError", "StreamWriteError",
-    "Executor",
-    "Invocation", "StreamWriter",
-    "FunctionSpec", "load_deploy_dir", "load_manifest_file", "parse_manifest",
-    "Deployment", "Registry",
+    "FunctionServiceError", "HandlerError", "StreamBufferFullError", "StreamClosedError", "StreamWriteError",
+    "StreamError",
     "Consumer", "Element", "Producer", "ProducerConfig", "SubscriptionConfig",
     "create_stream_consumer", "create_stream_producer", "delete_stream",
     "query_global_consumers_num", "query_global_producers_num",
+    "acreate_stream_consumer", "acreate_stream_producer", "adelete_stream",
+    "aquery_global_consumers_num", "aquery_global_producers_num",
 )

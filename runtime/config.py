@@ -13,10 +13,25 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ConfigError
 
-__all__ = ("Config", "FrontendConfig", "FrontendArgs", "RuntimeConfig", "AuthConfig", "AuthToken",
-           "StreamsConfig", "OpenAIConfig", "ClusterConfig", "load_config", "DEFAULT_CONFIG_PATH")
+__all__ = ("Config", "FrontendConfig", "FrontendArgs", "FrontendLimits", "RuntimeConfig", "AuthConfig",
+           "AuthToken", "StreamsConfig", "OpenAIConfig", "ClusterConfig", "CorsConfig", "MetricsConfig",
+           "LoggingConfig", "load_config", "DEFAULT_CONFIG_PATH", "packaged_default_config")
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "default.yaml"
+
+
+def packaged_default_config() -> Path:
+    """The shipped default.yaml: the checkout's config/ or, installed, the wheel's copy of it.
+
+    setup.py maps config/ to the `runtime._defaults` package, so an installed fnstream carries the
+    same file; a bare checkout (no install) has only the top-level directory.
+    """
+    try:
+        from importlib.resources import files
+        embedded = Path(str(files("runtime._defaults") / "default.yaml"))
+    except (ModuleNotFoundError, TypeError):
+        return DEFAULT_CONFIG_PATH
+    return embedded if embedded.is_file() else DEFAULT_CONFIG_PATH
 
 
 class _Strict(BaseModel):
@@ -35,10 +50,36 @@ class FrontendArgs(_Strict):
     shutdownGraceSeconds: float = Field(10, ge=0, description="in-flight invocations may finish this long on SIGTERM")
 
 
+class FrontendLimits(_Strict):
+    """Connection limits of the listener (frontend/server.py); every key is documented in README.md."""
+
+    keepAliveSeconds: float = Field(75, gt=0, description="an idle keep-alive connection is closed after this")
+    headerTimeoutSeconds: float = Field(10, gt=0, description="a request's line and headers must arrive within "
+                                        "this, from connect or from the first byte after a response")
+    bodyTimeoutSeconds: float = Field(60, gt=0, description="a request body must arrive within this once its "
+                                      "headers did; never applies to the response (SSE runs as long as it needs)")
+    maxHeaderFieldSize: int = Field(8190, ge=256, description="bytes of the request line and of each header line")
+    maxHeaders: int = Field(128, ge=1, description="header lines per request")
+    maxConnections: int = Field(10000, ge=1, description="open connections; past it new ones get 503")
+class CorsConfig(_Strict):
+    """Cross-origin access for browser pages on other origins (frontend/cors.py)."""
+
+    allowOrigins: list[str] = Field(default_factory=list, description="origins allowed ('*' = any); empty = CORS off")
+    allowCredentials: bool = False
+    maxAgeSeconds: int = Field(600, ge=0, description="how long a browser may cache a preflight answer")
+    exposeHeaders: list[str] = Field(default_factory=lambda: ["X-Trace-Id", "X-Inner-Code", "X-Billing-Duration"])
+
+
 class FrontendConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8888, ge=0, le=65535)
+    backlog: int = Field(2048, ge=1, description="listen backlog: connections the kernel queues before accept")
+    loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", description="event loop; auto = uvloop when "
+                                                      "importable (serve and worker)")
+    reusePort: bool = Field(False, description="SO_REUSEPORT: several cluster-mode frontends share one port")
+    limits: FrontendLimits = FrontendLimits()
     args: FrontendArgs = FrontendArgs()
+    cors: CorsConfig = CorsConfig()
 
 
 class RuntimeConfig(_Strict):
@@ -51,7 +92,7 @@ class RuntimeConfig(_Strict):
 
 class AuthToken(_Strict):
     """A token, the tenant it belongs to and its role: `user` invokes, `developer` also manages its
-    tenant's functions and streams, `admin` manages every tenant's (frontend/tenancy.py)."""
+    tenant's functions and streams, `admin` manages every tenant's (runtime/principal.py)."""
 
     token: str = Field(min_length=1, pattern=r"^\S+$", description="no whitespace: tokens are matched exactly")
     tenant: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
@@ -65,7 +106,6 @@ class AuthConfig(_Strict):
 class StreamsConfig(_Strict):
     """Named-stream settings (see runtime/streams; every key is documented in README.md)."""
 
-    broker: Literal["memory"] = "memory"
     subscriberBuffer: int = Field(1000, ge=1, description="elements buffered per subscription")
     subscriberBufferBytes: int = Field(4 * 1024 * 1024, ge=1, description="bytes buffered per subscription; one "
                                        "larger element still passes alone")
@@ -105,6 +145,19 @@ class ClusterConfig(_Strict):
     workerConcurrency: int = Field(64, ge=1, description="invocations a worker node runs at once")
 
 
+class MetricsConfig(_Strict):
+    """`GET /metrics` (frontend/metrics.py)."""
+
+    enabled: bool = Field(True, description="count invocations and serve /metrics")
+    public: bool = Field(False, description="serve /metrics without a token even when auth is on")
+
+
+class LoggingConfig(_Strict):
+    """Log line format of `fnstream serve` and `fnstream worker` (runtime/logs.py)."""
+
+    format: Literal["text", "json"] = "text"
+
+
 class Config(_Strict):
     frontend: FrontendConfig = FrontendConfig()
     runtime: RuntimeConfig = RuntimeConfig()
@@ -112,6 +165,8 @@ class Config(_Strict):
     streams: StreamsConfig = StreamsConfig()
     openai: OpenAIConfig = OpenAIConfig()
     cluster: ClusterConfig = ClusterConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    logging: LoggingConfig = LoggingConfig()
     source: str = Field("<defaults>", exclude=True, description="where this config came from")
 
 
@@ -123,7 +178,7 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def _apply_override(data: dict, path: list[str], value: Any, source: str) -> None:
+def _apply_override(data: dict[str, Any], path: list[str], value: Any, source: str) -> None:
     node = data
     for part in path[:-1]:
         child = node.setdefault(part, {})
@@ -151,14 +206,18 @@ def _resolve_paths(cfg: Config, base: Path) -> None:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
-                data: dict | None = None) -> Config:
-    """Load a config file (or a dict, for tests) and apply `key=value` overrides on top."""
+                data: dict[str, Any] | None = None, *, base_dir: Path | None = None) -> Config:
+    """Load a config file (or a dict, for tests) and apply `key=value` overrides on top.
+
+    Relative paths resolve against the file's directory, or `base_dir` when given (the built-in
+    defaults stand in for `./config/default.yaml`).
+    """
     if data is not None:
         source, base = "<dict>", Path.cwd()
         data = dict(data)
     else:
         file = Path(path) if path else DEFAULT_CONFIG_PATH
-        source, base = str(file), file.resolve().parent
+        source, base = str(file), (base_dir or file.parent).resolve()
         try:
             data = yaml.safe_load(file.read_text()) or {}
         except FileNotFoundError:
@@ -177,6 +236,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if cfg.cluster.redisUrl and cfg.streams.slowConsumerPolicy == "block":
         raise ConfigError(f"{source}: streams.slowConsumerPolicy: block is not offered in cluster mode "
                           "(cluster.redisUrl is set; a producer cannot see subscribers on other nodes); use cut")
+    if cfg.frontend.reusePort and not cfg.cluster.redisUrl:
+        raise ConfigError(f"{source}: frontend.reusePort needs cluster mode (cluster.redisUrl): embedded servers "
+                          "sharing a port would each hold their own functions, streams and invocations")
     cfg.source = source
     _resolve_paths(cfg, base)
     return cfg

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from . import streams
 
 if TYPE_CHECKING:
-    from .invocation import Invocation, StreamWriter
-    from .registry import Deployment
+    from .manifest import FunctionSpec
+    from .surface import HandlerInvocation, HandlerStream
 
 __all__ = ("Context",)
 
@@ -17,9 +17,8 @@ __all__ = ("Context",)
 class Context:
     """What a handler (or initializer, with no invocation) can know and use."""
 
-    def __init__(self, deployment: "Deployment", invocation: "Invocation | None" = None) -> None:
-        self._deployment = deployment
-        self._spec = deployment.spec
+    def __init__(self, spec: FunctionSpec, invocation: HandlerInvocation | None = None) -> None:
+        self._spec = spec
         self._invocation = invocation
         self._started = invocation.started if invocation else time.monotonic()
         self._logger: logging.Logger | None = None  # made on first use: most handlers never log
@@ -63,7 +62,7 @@ class Context:
             self._logger = logging.getLogger(f"fnstream.function.{self._spec.name}")
         return self._logger
 
-    def get_stream(self) -> "StreamWriter":
+    def get_stream(self) -> HandlerStream:
         if self._invocation is None:
             raise RuntimeError("get_stream() is only available inside an invocation, not in the initializer")
         return self._invocation.stream

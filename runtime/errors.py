@@ -5,6 +5,8 @@ nothing else needs to know how an error maps to HTTP.
 """
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = (
     "FunctionServiceError",
     "BadRequestError",
@@ -26,6 +28,8 @@ __all__ = (
     "StreamClosedError",
     "StreamWriteError",
     "StreamBufferFullError",
+    "handler_failure",
+    "handler_failure_message",
 )
 
 
@@ -43,7 +47,7 @@ class FunctionServiceError(Exception):
         if status is not None:
             self.status = status
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message}
 
 
@@ -76,7 +80,7 @@ class ConcurrencyLimitError(FunctionServiceError):
 
 
 class ServiceUnavailableError(FunctionServiceError):
-    """The server is shutting down (or a service it needs is unreachable)."""
+    """The server is shutting down, or a service it needs (e.g. the cluster's Redis) is unreachable."""
 
     code, status = 200503, 503
 
@@ -135,3 +139,15 @@ class StreamWriteError(FunctionServiceError, ValueError):
 
 class StreamBufferFullError(StreamWriteError):
     """An async handler wrote to a full buffer without awaiting the previous write."""
+
+
+def handler_failure_message(detail: str) -> str:
+    """openYuanrong's wording for a handler that failed; `detail` says how."""
+    return f"Fail to run user call handler. err: {detail}"
+
+
+def handler_failure(exc: BaseException) -> HandlerError:
+    """The HandlerError for whatever the user's code raised (or its sys.exit)."""
+    if isinstance(exc, SystemExit):
+        return HandlerError(handler_failure_message(f"the handler called sys.exit({exc.code!r})"))
+    return HandlerError(handler_failure_message(f"{type(exc).__name__}: {exc}"))

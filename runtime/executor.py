@@ -9,20 +9,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import functools
 import inspect
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from .context import Context
-from .errors import FunctionServiceError, FunctionTimeoutError, HandlerError, ServiceUnavailableError
+from .deployment import Deployment
+from .errors import FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError, handler_failure
 from .invocation import Invocation, drain_generator
 from .limits import LoopLagMonitor, ThreadGate
+from .logs import set_log_context
 from .process.executor import ProcessExecutor
-from .registry import Deployment
 from .streams.tenancy import current_tenant
 
 __all__ = ("Executor",)
@@ -32,12 +33,6 @@ log = logging.getLogger("fnstream.runtime")
 DEADLINE_TICK = 0.05  # seconds between deadline checks
 
 
-def _handler_failure(exc: BaseException) -> HandlerError:
-    if isinstance(exc, SystemExit):
-        return HandlerError(f"Fail to run user call handler. err: the handler called sys.exit({exc.code!r})")
-    return HandlerError(f"Fail to run user call handler. err: {type(exc).__name__}: {exc}")
-
-
 class Executor:
     """Starts invocations and owns the thread pool for sync handlers."""
 
@@ -45,7 +40,7 @@ class Executor:
         self._pool = ThreadPoolExecutor(thread_pool_size, thread_name_prefix="fnstream-handler")
         self.process = ProcessExecutor()  # `executor: process` functions run on worker processes
         self.active: set[Invocation] = set()
-        self._watchdog: asyncio.Task | None = None
+        self._watchdog: asyncio.Task[Any] | None = None
         # One function's threads (running or overran) may not take more than this of the pool.
         self.threads_per_function = threads_per_function or max(1, thread_pool_size // 4)
         self._gates: list[ThreadGate] = []
@@ -68,12 +63,12 @@ class Executor:
         """Handler threads still running (at shutdown: those the process will abandon)."""
         return sum(g.busy for g in self._gates)
 
-    def run_sync(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
-        # The thread sees the caller's context: its tenant scopes the handler's named streams.
-        call = functools.partial(contextvars.copy_context().run, fn)
-        return asyncio.get_running_loop().run_in_executor(self._pool, call)
+    def run_sync(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
+        # In a copy of the caller's context: log records of thread handlers keep the invocation's
+        # tags, and its tenant scopes the handler's named streams.
+        return asyncio.get_running_loop().run_in_executor(self._pool, contextvars.copy_context().run, fn)
 
-    def start(self, inv: Invocation, *, inline: bool = False) -> "asyncio.Task[Any] | None":
+    def start(self, inv: Invocation, *, inline: bool = False) -> asyncio.Task[Any] | None:
         """Take a concurrency slot (429 when full) and run the invocation in its own task.
 
         With `inline`, a plain-JSON call of an `async def` handler does not get a task: it runs in
@@ -150,13 +145,15 @@ class Executor:
     async def _run(self, inv: Invocation) -> Any:
         inv.entered = True
         dep = inv.deployment
-        thread_future: asyncio.Future | None = None
+        set_log_context(inv.trace_id, dep.name, inv.id)
+        thread_future: asyncio.Future[Any] | None = None
         tenant_token = current_tenant.set(dep.spec.tenant)  # named streams are the function's tenant's
         started: list[bool] = [False]  # set by the thread as the handler starts
         overran: list[bool] = [False]
         try:
             await dep.ensure_initialized(self.run_sync)
-            ctx = Context(dep, inv)
+            ctx = Context(dep.spec, inv)
+            assert dep.code is not None  # in-process deployments have their code loaded
             handler = dep.code.handler
             if dep.kind in ("async", "asyncgen"):
                 self._loop_started.add(dep.name)
@@ -186,17 +183,17 @@ class Executor:
                 dep.failures += 1
                 log.error("function %s invocation %s raised:\n%s", dep.name, inv.id,
                           "".join(traceback.format_exception(exc)))
-                raise _handler_failure(exc) from None
+                raise handler_failure(exc) from None
             raise
         except FunctionServiceError:
             # Raised by fnstream itself (timeout, init failure, a refused write...): already clear.
             dep.failures += 1
             raise
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - anything the user's code raised
+        except (Exception, SystemExit) as exc:
             dep.failures += 1
             log.error("function %s invocation %s raised:\n%s", dep.name, inv.id,
                       "".join(traceback.format_exception(exc)))
-            raise _handler_failure(exc) from None
+            raise handler_failure(exc) from None
         finally:
             current_tenant.reset(tenant_token)
             inv.channel.close()
@@ -220,7 +217,9 @@ class Executor:
         if inv.cancel_reason is not None or time.monotonic() >= inv.deadline:
             return None  # it waited for a free thread past its deadline (or its client left): never start
         started[0] = True
-        result = inv.deployment.code.handler(inv.event, ctx)
+        code = inv.deployment.code
+        assert code is not None
+        result = code.handler(inv.event, ctx)
         if inspect.isgenerator(result):
             return drain_generator(result, inv.add_item_blocking)
         return result

@@ -14,19 +14,27 @@ import logging
 import random
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal
+from collections.abc import Awaitable, Callable, Generator
+from typing import TYPE_CHECKING, Any
 
 from .channel import OutputChannel
-from .errors import FunctionServiceError, ResponseTooLargeError, StreamBufferFullError, StreamClosedError, StreamWriteError
+from .errors import (
+    FunctionServiceError,
+    ResponseTooLargeError,
+    ResultNotSerializableError,
+    StreamBufferFullError,
+    StreamClosedError,
+    StreamWriteError,
+)
+from .surface import Mode, resolve_mode
 
 if TYPE_CHECKING:
-    from .registry import Deployment
+    from .deployment import Deployment
 
-__all__ = ("Invocation", "StreamWriter", "encode_payload", "new_trace_id", "drain_generator", "WRITTEN", "Written")
+__all__ = ("Invocation", "StreamWriter", "encode_payload", "encode_write", "encode_json", "encode_result",
+           "new_trace_id", "drain_generator", "WRITTEN", "Written")
 
 log = logging.getLogger("fnstream.runtime")
-
-Mode = Literal["json", "sse", "raw"]
 
 
 # The bits uuid4 fixes: version 4 and the RFC 4122 variant.
@@ -70,12 +78,44 @@ def encode_payload(data: Any) -> str:
     return text
 
 
+def encode_write(data: Any, max_write_size: int) -> str:
+    """`encode_payload`, refusing a write larger than `max_write_size` bytes (StreamWriteError)."""
+    payload = encode_payload(data)
+    if len(payload) > max_write_size and len(payload.encode()) > max_write_size:
+        raise StreamWriteError(f"stream write of {len(payload.encode())} bytes exceeds the limit of "
+                               f"{max_write_size} bytes")
+    return payload
+
+
+def encode_json(value: Any) -> str:
+    """A handler's result as compact JSON text (ResultNotSerializableError if it is not JSON).
+
+    NaN/Infinity are not JSON, and a lone surrogate has no UTF-8 form: both are refused here,
+    not mid-response.
+    """
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        if not text.isascii():
+            text.encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise ResultNotSerializableError(f"the handler's result is not JSON-serializable: {exc}") from None
+    return text
+
+
+def encode_result(value: Any, max_size: int) -> str:
+    """`encode_json`, refusing a result larger than `max_size` bytes (ResponseTooLargeError)."""
+    text = encode_json(value)
+    if len(text) > max_size and len(text.encode()) > max_size:
+        raise ResponseTooLargeError(f"the handler's result exceeds {max_size} bytes")
+    return text
+
+
 class Written:
     """An already-finished awaitable: `await stream.write(x)` works whether or not it waited."""
 
     __slots__ = ()
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, None]:
         return
         yield  # pragma: no cover - makes this a generator
 
@@ -84,9 +124,9 @@ WRITTEN = Written()
 
 
 class Invocation:
-    """A single call of a deployed function."""
+    """A single call of a deployed function, run here (satisfies InvocationSurface and HandlerInvocation)."""
 
-    def __init__(self, deployment: "Deployment", event: Any, *, mode: Mode, loop: asyncio.AbstractEventLoop,
+    def __init__(self, deployment: Deployment, event: Any, *, mode: Mode, loop: asyncio.AbstractEventLoop,
                  buffer_events: int = 100, max_write_size: int = 4 * 1024 * 1024,
                  max_response_size: int = 6 * 1024 * 1024, trace_id: str | None = None,
                  buffer_bytes: int | None = None) -> None:
@@ -95,7 +135,7 @@ class Invocation:
         self.deployment = deployment
         self.spec = deployment.spec
         self.event = event
-        self.mode: Mode = "raw" if (mode == "sse" and self.spec.rawStream) else mode
+        self.mode: Mode = resolve_mode(mode, self.spec)
         self.loop = loop
         self.started = time.monotonic()
         self.deadline = self.started + self.spec.timeout
@@ -104,13 +144,12 @@ class Invocation:
         self.max_response_size = max_response_size
         self.aggregate: list[Any] = []
         self._aggregate_bytes = 0
-        self.writes = 0
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[Any] | None = None
         self.cancel_reason: str | None = None
         self.abort_error: FunctionServiceError | None = None
         self.timed_out: str | None = None
         self.entered = False  # the executor's run of it began (its cleanup will run)
-        self._deferred: "Callable[[Invocation], Awaitable[Any]] | None" = None
+        self._deferred: Callable[[Invocation], Awaitable[Any]] | None = None
         self.stream = StreamWriter(self)
 
     @property
@@ -137,7 +176,7 @@ class Invocation:
         self.abort_error = error
         self.cancel(error.message)
 
-    def defer(self, run: "Callable[[Invocation], Awaitable[Any]]") -> None:
+    def defer(self, run: Callable[[Invocation], Awaitable[Any]]) -> None:
         """Run later, in the task that awaits `outcome()` (see Executor.start's `inline`)."""
         self._deferred = run
 
@@ -153,7 +192,7 @@ class Invocation:
             if self.abort_error is None:
                 raise
             current = asyncio.current_task()
-            if current is self.task:
+            if current is not None and current is self.task:
                 current.uncancel()  # the abort cancelled the task we run in: answer it instead
             elif current is not None and current.cancelling():
                 raise  # our own caller is being cancelled (the client left)
@@ -174,6 +213,18 @@ class Invocation:
         if self.cancel_reason is None:
             self.cancel_reason = reason
         self.channel.cancel(reason, discard=False)
+
+    async def encoded_result(self) -> str | None:
+        """The outcome as JSON text (see InvocationSurface); generator items of a plain JSON call."""
+        result = await self.outcome()
+        if result is None:
+            if self.mode == "json" and self.deployment.kind in ("gen", "asyncgen"):
+                return encode_result(self.aggregate, self.max_response_size)
+            if self.streaming:
+                return None
+        if self.mode == "raw":
+            return None
+        return encode_result(result, self.max_response_size)
 
     # -- generator items ---------------------------------------------------------------------
     def add_item_blocking(self, item: Any) -> None:
@@ -205,7 +256,7 @@ class StreamWriter:
     full is refused at the next write, so memory stays bounded either way.
     """
 
-    __slots__ = ("_inv", "_channel", "_loop", "_streaming", "_pending", "max_write_size")
+    __slots__ = ("_channel", "_inv", "_loop", "_pending", "_streaming", "max_write_size")
 
     def __init__(self, invocation: Invocation) -> None:
         # Weak: the invocation holds its writer, and a reference cycle would leave every finished
@@ -217,24 +268,20 @@ class StreamWriter:
         self._streaming = invocation.streaming
         # Per task: each task of a handler may have one write waiting for room (several coroutines
         # of one handler may each `await stream.write()`); a second un-awaited write is refused.
-        self._pending: dict[asyncio.Task | None, asyncio.Future] | None = None
+        self._pending: dict[asyncio.Task[Any] | None, asyncio.Future[Any]] | None = None
         self.max_write_size = invocation.max_write_size
 
     def set_max_write_size(self, size: int) -> None:
         self.max_write_size = int(size)
 
-    def write(self, data: Any):
-        payload = encode_payload(data)
-        if len(payload) > self.max_write_size and len(payload.encode()) > self.max_write_size:
-            raise StreamWriteError(f"stream write of {len(payload.encode())} bytes exceeds the limit of "
-                                   f"{self.max_write_size} bytes")
+    def write(self, data: Any) -> Awaitable[None]:
+        payload = encode_write(data, self.max_write_size)
         channel = self._channel
         if not self._streaming:
             # The channel carries the invocation's cancel reason (cancel and expire set both).
             if channel.cancel_reason is not None:
                 raise StreamClosedError(f"stream closed: {channel.cancel_reason}")
             return WRITTEN  # a plain JSON request has no stream; writes are dropped as in openYuanrong
-        inv = self._inv()  # None only once the invocation ended: its channel is closed and refuses
         if _running_loop() is self._loop:
             task = asyncio.current_task()
             pending = self._pending.get(task) if self._pending else None
@@ -242,19 +289,14 @@ class StreamWriter:
                 raise StreamBufferFullError("stream buffer is full: use `await context.get_stream().write(...)` "
                                             "in async handlers so the writer waits for the client")
             if channel.try_put(payload):
-                if inv is not None:
-                    inv.writes += 1
                 return WRITTEN
             if self._pending is None:
                 self._pending = {}
             pending = self._pending[task] = asyncio.ensure_future(channel.put(payload))
             pending.add_done_callback(functools.partial(self._write_done, task))
-            if inv is not None:
-                inv.writes += 1
             return pending
+        inv = self._inv()  # None only once the invocation ended: its channel is closed and refuses
         channel.put_blocking(payload, timeout=max(inv.remaining(), 0.001) if inv is not None else 0.001)
-        if inv is not None:
-            inv.writes += 1
         return WRITTEN
 
     async def flush(self) -> None:
@@ -263,7 +305,7 @@ class StreamWriter:
         for pending in list(self._pending.values()) if self._pending else ():
             await pending
 
-    def _write_done(self, task: asyncio.Task | None, future: asyncio.Future) -> None:
+    def _write_done(self, task: asyncio.Task[Any] | None, future: asyncio.Future[Any]) -> None:
         if self._pending is not None and self._pending.get(task) is future:
             del self._pending[task]
 
@@ -282,7 +324,7 @@ def drain_generator(gen: Any, add_item: Callable[[Any], None]) -> Any:
             add_item(item)
 
 
-def _consume_outcome(task: asyncio.Task) -> None:
+def _consume_outcome(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
 

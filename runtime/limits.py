@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 __all__ = ("ThreadGate", "LoopLagMonitor")
 

@@ -9,9 +9,10 @@ import importlib.util
 import itertools
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Any, cast
 
 from .errors import DeployError
 from .manifest import FunctionSpec
@@ -26,7 +27,8 @@ class LoadedCode:
 
     __slots__ = ("handler", "initializer", "pre_stop")
 
-    def __init__(self, handler: Callable, initializer: Callable | None, pre_stop: Callable | None) -> None:
+    def __init__(self, handler: Callable[..., Any], initializer: Callable[..., Any] | None,
+                 pre_stop: Callable[..., Any] | None) -> None:
         self.handler = handler
         self.initializer = initializer
         self.pre_stop = pre_stop
@@ -38,7 +40,10 @@ def check_code_root(code_path: Path, code_roots: list[Path], name: str) -> None:
     resolved = code_path.resolve()
     if not any(resolved == root or root in resolved.parents for root in code_roots):
         roots = ", ".join(str(r) for r in code_roots)
-        raise DeployError(f"function {name!r}: codePath {resolved} is outside the allowed code roots ({roots})")
+        raise DeployError(f"function {name!r}: codePath {resolved} is outside the allowed code roots ({roots}); "
+                          f"widen runtime.codeRoots to allow it: add the directory to runtime.codeRoots in the "
+                          f"config file, or start with -s 'runtime.codeRoots=[{roots}, {resolved}]' (a list; [] "
+                          "allows any directory)")
 
 
 def _module_file(code_path: Path, module: str) -> Path:
@@ -68,11 +73,37 @@ def _import(spec: FunctionSpec, module: str) -> ModuleType:
     return mod
 
 
+def _where(exc: BaseException, code_path: Path) -> str:
+    """` at FILE:LINE` of a failed import: the syntax error's own position, else the deepest frame
+    in the function's code (not importlib's), else the deepest frame."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" at {exc.filename}:{exc.lineno}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if Path(f.filename).is_relative_to(code_path)]
+    last = (own or frames)[-1:]
+    return f" at {last[0].filename}:{last[0].lineno}" if last else ""
+
+
+_OWN_PACKAGES = {"runtime": Path(__file__).resolve().parent,
+                 "frontend": Path(__file__).resolve().parent.parent / "frontend"}
+
+
+def check_not_shadowed(code_path: Path, name: str) -> None:
+    """DeployError if the code holds its own `runtime` or `frontend` module: fnstream's packages of
+    those names come first on sys.path, so the handler's `import runtime` would get fnstream's."""
+    for module, own in _OWN_PACKAGES.items():
+        for candidate in (code_path / module, code_path / f"{module}.py"):
+            if candidate.exists() and candidate.resolve() != own:
+                raise DeployError(f"function {name!r}: {candidate} is shadowed by fnstream's own {module!r} "
+                                  f"package ({own}); rename the module")
+
+
 def check_code_location(spec: FunctionSpec, code_roots: list[Path]) -> None:
     """DeployError unless `spec.codePath` is a directory inside the code roots (nothing imported)."""
     check_code_root(spec.codePath, code_roots, spec.name)
     if not spec.codePath.is_dir():
         raise DeployError(f"function {spec.name!r}: codePath {spec.codePath} is not a directory")
+    check_not_shadowed(spec.codePath, spec.name)
 
 
 def load_code(spec: FunctionSpec, code_roots: list[Path]) -> LoadedCode:
@@ -80,7 +111,7 @@ def load_code(spec: FunctionSpec, code_roots: list[Path]) -> LoadedCode:
     check_code_location(spec, code_roots)
     modules: dict[str, ModuleType] = {}
 
-    def resolve(field: str, ref: str | None) -> Callable | None:
+    def resolve(field: str, ref: str | None) -> Callable[..., Any] | None:
         if ref is None:
             return None
         module, _, attr = ref.rpartition(".")
@@ -89,15 +120,14 @@ def load_code(spec: FunctionSpec, code_roots: list[Path]) -> LoadedCode:
                 modules[module] = _import(spec, module)
         except FileNotFoundError as exc:
             raise DeployError(f"function {spec.name!r}: {field} {ref!r}: {exc}") from None
-        except BaseException as exc:  # noqa: BLE001 - any import-time failure of user code
-            last = traceback.extract_tb(exc.__traceback__)[-1:]
-            where = f" at {last[0].filename}:{last[0].lineno}" if last else ""
+        except BaseException as exc:
+            where = _where(exc, spec.codePath)
             raise DeployError(f"function {spec.name!r}: importing {module!r} failed: "
                               f"{type(exc).__name__}: {exc}{where}") from None
         func = getattr(modules[module], attr, None)
         if not callable(func):
             raise DeployError(f"function {spec.name!r}: {field} {ref!r}: module {module!r} has no callable {attr!r}")
-        return func
+        return cast("Callable[..., Any]", func)
 
     handler = resolve("handler", spec.handler)
     assert handler is not None

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ManifestError
 from .safe_yaml import load_untrusted
@@ -43,6 +43,8 @@ class FunctionSpec(BaseModel):
     description: str = ""
     rawStream: bool = Field(False, description="send stream writes verbatim (handler frames its own SSE)")
     models: list[str] = Field(default_factory=list, description="model ids served (OpenAI routes)")
+    modelAliases: dict[str, str] = Field(default_factory=dict, description="{alias: served model}: other model "
+                                         "names the OpenAI routes accept for this function (e.g. gpt-4o-mini)")
     executor: Literal["async", "thread", "process"] | None = Field(
         None, description="where handlers run; default: async for async handlers, thread for plain def")
     instances: int | None = Field(None, ge=1, le=256,
@@ -69,6 +71,25 @@ class FunctionSpec(BaseModel):
             raise ValueError("must use letters, digits, '_' and '-' (at most 63)")
         return v
 
+    @model_validator(mode="after")
+    def _check_aliases(self) -> FunctionSpec:
+        for alias, target in self.modelAliases.items():
+            if not alias or not target:
+                raise ValueError("modelAliases: aliases and the models they name must be non-empty")
+            if alias in self.models:
+                raise ValueError(f"modelAliases: {alias!r} is already one of the function's models")
+            if self.models and target not in self.models:
+                raise ValueError(f"modelAliases: {alias!r} names {target!r}, which is not in models "
+                                 f"({', '.join(self.models)})")
+        return self
+
+    def served_models(self) -> dict[str, str]:
+        """Every model name the OpenAI routes accept -> the model the function is asked for.
+
+        With no `models`, the function's own name stands for its model (and any name is accepted)."""
+        own = {m: m for m in self.models} if self.models else {self.name: self.name}
+        return {**own, **self.modelAliases}
+
     @field_validator("environment", mode="before")
     @classmethod
     def _stringify_env(cls, v: Any) -> Any:
@@ -80,7 +101,7 @@ class FunctionSpec(BaseModel):
     def urn(self) -> str:
         return function_urn(self.tenant, self.namespace, self.name, self.version)
 
-    def public(self) -> dict:
+    def public(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")
         data["urn"] = self.urn
         return data

@@ -11,10 +11,10 @@ import asyncio
 import inspect
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-if TYPE_CHECKING:
-    from .registry import Deployment
+from .manifest import FunctionSpec
 
 __all__ = ("run_pre_stop", "pre_stop_timeout", "MAX_PRE_STOP_SECONDS")
 
@@ -23,11 +23,11 @@ log = logging.getLogger("fnstream.runtime")
 MAX_PRE_STOP_SECONDS = 180.0
 
 
-def pre_stop_timeout(dep: "Deployment") -> float:
-    return min(float(dep.spec.timeout), MAX_PRE_STOP_SECONDS)
+def pre_stop_timeout(spec: FunctionSpec) -> float:
+    return min(float(spec.timeout), MAX_PRE_STOP_SECONDS)
 
 
-def _in_daemon_thread(fn: Callable[[], Any]) -> "asyncio.Future[Any]":
+def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
     """Run `fn` in its own daemon thread: one that overruns its timeout cannot block the exit."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
@@ -39,7 +39,7 @@ def _in_daemon_thread(fn: Callable[[], Any]) -> "asyncio.Future[Any]":
     def target() -> None:
         try:
             result = fn()
-        except BaseException as exc:  # noqa: BLE001 - reported through the future
+        except BaseException as exc:
             outcome = (False, exc)
         else:
             outcome = (True, result)
@@ -52,26 +52,22 @@ def _in_daemon_thread(fn: Callable[[], Any]) -> "asyncio.Future[Any]":
     return future
 
 
-async def run_pre_stop(dep: "Deployment") -> None:
-    """Run `dep`'s preStop once (later calls do nothing); log, never raise, what it does wrong."""
-    if dep.code is None or dep.code.pre_stop is None or dep.pre_stop_started:
-        return
-    dep.pre_stop_started = True
+async def run_pre_stop(spec: FunctionSpec, pre_stop: Callable[..., Any], revision: int) -> None:
+    """Run the `pre_stop` hook of `spec` (the caller runs it once); log, never raise, what it does wrong."""
     from .context import Context
 
-    pre_stop = dep.code.pre_stop
-    ctx = Context(dep)
-    timeout = pre_stop_timeout(dep)
+    ctx = Context(spec)
+    timeout = pre_stop_timeout(spec)
     try:
         if inspect.iscoroutinefunction(pre_stop):
             await asyncio.wait_for(pre_stop(ctx), timeout)
         else:
             await asyncio.wait_for(_in_daemon_thread(lambda: pre_stop(ctx)), timeout)
     except TimeoutError:
-        log.error("function %s: preStop did not finish within %g s; going on without it", dep.name, timeout)
+        log.error("function %s: preStop did not finish within %g s; going on without it", spec.name, timeout)
     except asyncio.CancelledError:
         raise
-    except BaseException as exc:  # noqa: BLE001 - user code, including sys.exit
-        log.error("function %s: preStop failed: %s: %s", dep.name, type(exc).__name__, exc, exc_info=exc)
+    except BaseException as exc:
+        log.error("function %s: preStop failed: %s: %s", spec.name, type(exc).__name__, exc, exc_info=exc)
     else:
-        log.info("function %s: preStop ran (revision %d)", dep.name, dep.revision)
+        log.info("function %s: preStop ran (revision %d)", spec.name, revision)

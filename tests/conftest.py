@@ -3,11 +3,66 @@
 Plain helpers live in `tests.support`; fixtures are only ever requested by name."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+from blockbuster import blockbuster_ctx
+from hypothesis import settings
 
 from frontend.app import SERVER_KWARGS, build_app
-from tests.support.cluster import RedisClusterServers, RedisServer, WorkerProcess
+from tests.support.cluster import NO_REDIS, RedisClusterServers, RedisServer, WorkerProcess, require_redis_server
 from tests.support.servers import ServerProcess, make_config
+
+# Property tests: no example database in the tree, and no per-example deadline (2 shared cores).
+settings.register_profile("fnstream", database=None, deadline=None)
+settings.load_profile("fnstream")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--require-redis", action="store_true",
+                     help="fail the run if any test skipped because redis-server is missing (CI sets it)")
+
+
+def _skipped_for_redis(config: pytest.Config) -> list[str]:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    return [r.nodeid for r in skipped if NO_REDIS in str(r.longrepr)]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under --require-redis a Redis test that skipped fails the run: CI must have run them all."""
+    if session.config.getoption("--require-redis") and _skipped_for_redis(session.config):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,
+                            config: pytest.Config) -> None:
+    missed = _skipped_for_redis(config)
+    if config.getoption("--require-redis") and missed:
+        terminalreporter.write_line(f"--require-redis: {len(missed)} Redis test(s) skipped ({NO_REDIS}): "
+                                    "the run fails", red=True)
+
+
+@pytest.fixture(autouse=True)
+def blockbuster(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test whose runtime/frontend code makes a blocking call (file, socket, sleep, lock)
+    on the event loop, as aiohttp's own suite does. `@pytest.mark.allow_blocking` opts out."""
+    if request.node.get_closest_marker("allow_blocking"):
+        yield
+        return
+    with blockbuster_ctx(["runtime", "frontend"]) as bb:
+        for function in bb.functions.values():
+            # Test set-up, not serving: building a config and an app before the server takes requests.
+            function.can_block_in("tests/support/servers.py", "make_config")
+            function.can_block_in("frontend/app.py", "build_app")
+            function.can_block_in("runtime/registry.py", "__init__")  # built once, at start-up
+            # redis-py reads its own package metadata (os.stat) for each new connection.
+            function.can_block_in("redis/utils.py", "get_lib_version")
+            # Known and accepted: cancel/stop control frames (a few bytes) go to a process worker
+            # from the loop on its blocking socket, which the worker's reader thread always drains.
+            function.can_block_in("runtime/process/pool.py", {"cancel", "stop"})
+        yield
 
 
 @pytest.fixture
@@ -65,6 +120,7 @@ def deploy_dir(tmp_path):
 
 @pytest.fixture
 def redis_server():
+    require_redis_server()
     server = RedisServer()
     yield server
     server.kill()
@@ -72,6 +128,7 @@ def redis_server():
 
 @pytest.fixture
 def redis_cluster(tmp_path):
+    require_redis_server()
     servers = RedisClusterServers(tmp_path)
     yield servers
     servers.kill()

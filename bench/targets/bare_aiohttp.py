@@ -1,7 +1,9 @@
 """The ceiling: a bare aiohttp server with the benchmark contract and nothing in between.
 
 `POST /stream` answers SSE, one `await response.write()` per event (what a naive server does);
-`POST /echo` answers the JSON body. Run: python -m bench.targets.bare_aiohttp PORT
+`POST /echo` answers the JSON body. It runs as a user picking the fastest plain stack would run it:
+on uvloop with a 2048-connection listen backlog (uvicorn's defaults), so fnstream is measured against
+what a user would otherwise deploy. Run: python -m bench.targets.bare_aiohttp PORT [asyncio]
 """
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import sys
 
 from aiohttp import web
 
-__all__ = ("build_app",)
+__all__ = ("BACKLOG", "build_app")
+
+BACKLOG = 2048
 
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
@@ -52,6 +56,22 @@ def build_app() -> web.Application:
     return app
 
 
+async def serve(port: int) -> None:
+    runner = web.AppRunner(build_app(), handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port, backlog=BACKLOG).start()
+    print("ready", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
 if __name__ == "__main__":
-    web.run_app(build_app(), host="127.0.0.1", port=int(sys.argv[1]), print=lambda *_: print("ready", flush=True),
-                handler_cancellation=True)
+    plain = sys.argv[2:] == ["asyncio"]  # the same server on asyncio's own loop, for the uvloop comparison
+    if plain:
+        asyncio.run(serve(int(sys.argv[1])))
+    else:
+        import uvloop
+
+        uvloop.run(serve(int(sys.argv[1])))

@@ -45,4 +45,4 @@ async def echo(event: dict = Body(...)) -> dict:
 
 if __name__ == "__main__":
     uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False,
-                loop="asyncio")
+                loop="auto")  # uvloop when installed (uvicorn[standard]); backlog 2048 is its default

@@ -1,31 +1,36 @@
 """Admin API: deploy, redeploy, list, show and delete function services.
 
-`POST /admin/v1/functions` takes a manifest (YAML or JSON; one function or a list). Relative
+`POST /admin/v1/functions` takes a manifest (YAML or JSON; one function or a list) of new
+functions; `PUT /admin/v1/functions` deploys or redeploys the functions of one. Relative
 `codePath`s in a posted manifest are resolved against the first configured code root.
 """
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
+from runtime.deployment import Deployment
 from runtime.errors import BadRequestError
 from runtime.manifest import FunctionSpec, parse_manifest
-from runtime.registry import Deployment
+from runtime.principal import check_manage, may_manage
 
+from ..auth import principal_of
 from ..body import read_body
 from ..keys import REGISTRY
-from ..tenancy import check_manage, may_see, owned_specs
+from ..tenancy import owned_specs
 
 __all__ = ("routes",)
 
 routes = web.RouteTableDef()
 
 
-def _base_dir(request: web.Request) -> Path:
-    roots = request.app[REGISTRY].code_roots
-    return roots[0] if roots else Path.cwd()
+def _parse(text: str, code_roots: list[Path]) -> list[FunctionSpec]:
+    """Parse a posted manifest against the first code root, else the working directory (a system call)."""
+    return parse_manifest(text, "request body", code_roots[0] if code_roots else Path.cwd())
 
 
 async def _specs_from_body(request: web.Request) -> list[FunctionSpec]:
@@ -36,19 +41,19 @@ async def _specs_from_body(request: web.Request) -> list[FunctionSpec]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise BadRequestError("manifest body is not UTF-8") from None
-    # Off the event loop: even a bounded YAML document can take a while to compose.
-    specs = await asyncio.to_thread(parse_manifest, text, "request body", _base_dir(request))
+    # Off the loop: YAML parsing, the working directory and resolving code paths touch the file system.
+    specs = await asyncio.to_thread(_parse, text, list(request.app[REGISTRY].code_roots))
     return owned_specs(request, specs)  # the token's tenant unless it names another (admin only)
 
 
 def _managed(request: web.Request, name: str) -> Deployment:
     """The deployment named `name`, if the token may manage it (403 for another tenant's)."""
     dep = request.app[REGISTRY].get(name)
-    check_manage(request, dep.spec.tenant, f"function {name!r}")
+    check_manage(principal_of(request), dep.spec.tenant, f"function {name!r}")
     return dep
 
 
-def _deployed(deps) -> dict:
+def _deployed(deps: Iterable[Deployment]) -> dict[str, Any]:
     functions = [d.describe() for d in deps]
     return {"code": 0, "message": "SUCCESS", "function": functions[0], "functions": functions}
 
@@ -60,9 +65,22 @@ async def create_functions(request: web.Request) -> web.Response:
     return web.json_response(_deployed(deps), status=201)
 
 
+@routes.put("/admin/v1/functions")
+async def deploy_functions(request: web.Request) -> web.Response:
+    """Deploy or redeploy every function of the manifest: all of them or none (`fnstream deploy`)."""
+    specs = await _specs_from_body(request)
+    registry = request.app[REGISTRY]
+    for spec in specs:
+        if spec.name in registry:
+            _managed(request, spec.name)  # never replaces another tenant's function of that name (403)
+    deps = await registry.adeploy(specs)
+    return web.json_response(_deployed(deps), status=200)
+
+
 @routes.get("/admin/v1/functions")
 async def list_functions(request: web.Request) -> web.Response:
-    deps = [d for d in request.app[REGISTRY].list() if may_see(request, d.spec.tenant)]
+    principal = principal_of(request)
+    deps = [d for d in request.app[REGISTRY].list() if may_manage(principal, d.spec.tenant)]
     return web.json_response({"functions": [d.describe() for d in deps]})
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..keys import REGISTRY
+from ..keys import CONFIG, REGISTRY
 
 __all__ = ("routes",)
 
@@ -12,4 +12,6 @@ routes = web.RouteTableDef()
 
 @routes.get("/healthz")
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "functions": len(request.app[REGISTRY])})
+    # `auth` tells the web console whether to ask for a token before its first API call.
+    return web.json_response({"status": "ok", "functions": len(request.app[REGISTRY]),
+                              "auth": bool(request.app[CONFIG].auth.tokens)})

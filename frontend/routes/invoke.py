@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import asyncio
 import functools
 import itertools
 import json
@@ -15,32 +14,29 @@ from typing import Any
 
 from aiohttp import web
 
-from runtime.errors import (
-    ForbiddenError,
-    FunctionNotFoundError,
-    FunctionServiceError,
-    NotAcceptableError,
-    ResponseTooLargeError,
-    ResultNotSerializableError,
-)
-from runtime.invocation import Invocation
+from runtime.deployment import FunctionRef
+from runtime.dispatch import InvokeOptions
+from runtime.errors import FunctionServiceError, NotAcceptableError
 from runtime.manifest import function_urn
-from runtime.registry import Deployment
+from runtime.principal import Principal
+from runtime.surface import InvocationSurface, Mode
 
+from ..auth import principal_of
 from ..body import read_json_body
-from ..cluster import CLUSTER
-from ..keys import CONFIG, EXECUTOR, PRINCIPAL, REGISTRY, TRACE_ID
+from ..keys import CONFIG, DISPATCHER, TRACE_ID
+from ..metrics import FUNCTION, INVOCATION, counted
 from ..negotiation import parse_accept, quality
+from ..respond import answer
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 
-__all__ = ("routes", "negotiate_mode", "run_invocation", "start_invocation", "encode_result", "find_function")
+__all__ = ("routes", "negotiate_mode")
 
 log = logging.getLogger("fnstream.frontend")
 routes = web.RouteTableDef()
 
 
 @functools.lru_cache(maxsize=256)  # clients send a handful of distinct Accept headers
-def negotiate_mode(accept: str | None, enable_event: bool) -> str:
+def negotiate_mode(accept: str | None, enable_event: bool) -> Mode:
     """'sse' or 'json' from the Accept header.
 
     406 when only SSE is acceptable but disabled, or when JSON is refused outright (q=0) and SSE
@@ -62,80 +58,39 @@ def negotiate_mode(accept: str | None, enable_event: bool) -> str:
     return "json"
 
 
-def encode_result(value: Any, max_size: int) -> str:
-    try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        if not text.isascii():
-            text.encode("utf-8")  # a lone surrogate has no UTF-8 form: refuse it here, not mid-response
-    except (TypeError, ValueError) as exc:
-        raise ResultNotSerializableError(f"the handler's result is not JSON-serializable: {exc}") from None
-    if len(text) > max_size and len(text.encode()) > max_size:
-        raise ResponseTooLargeError(f"the handler's result exceeds {max_size} bytes")
-    return text
+async def _invoke(request: web.Request, ref: str) -> web.StreamResponse:
+    """Invoke the function `ref` names with the request's body and answer as its Accept header asks."""
+    principal = principal_of(request)
+    function = request.app[DISPATCHER].find(principal, ref)  # 404/403 before the body is read
+    event = await read_json_body(request)
+    mode = negotiate_mode(request.headers.get("Accept"), request.app[CONFIG].frontend.args.enableEvent)
+    return await _run(request, principal, function, event, mode)
 
 
-def _check_tenant(request: web.Request, dep: Deployment) -> None:
-    if not request.app[CONFIG].auth.tokens:
-        return  # auth off: no principal is set (and request.get would raise and catch KeyError)
-    principal = request.get(PRINCIPAL)
-    if principal is not None and principal.tenant != dep.spec.tenant:
-        raise ForbiddenError(f"tenant {principal.tenant!r} may not invoke a function of tenant {dep.spec.tenant!r}")
+@counted  # frontend/metrics.py: one count per invocation, by function and outcome
+async def _run(request: web.Request, principal: Principal | None, function: FunctionRef, event: Any,
+               mode: Mode) -> web.StreamResponse:
+    request[FUNCTION] = function.spec.name
+    inv = await request.app[DISPATCHER].dispatch(principal, function, event,
+                                                 InvokeOptions(mode=mode, trace_id=request.get(TRACE_ID), inline=True))
+    request[INVOCATION] = inv
+    if inv.streaming:
+        heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds
+        return await answer(inv, lambda: _stream_response(request, inv, heartbeat), lambda: web.Response(status=499))
+    return await answer(inv, lambda: _json_response(inv), lambda: web.Response(status=499))
 
 
-async def start_invocation(request: web.Request, dep: Deployment, event: Any, mode: str, *,
-                           inline: bool = False) -> Invocation:
-    """Start `dep` here (`inline`: see Executor.start), or in cluster mode queue it for a worker when
-    this node should not run it; either way with the Invocation surface (`channel`, `outcome()`, `cancel()`)."""
-    app = request.app
-    args = app[CONFIG].frontend.args
-    cluster = app.get(CLUSTER)
-    if cluster is not None and cluster.should_enqueue(dep):
-        return await cluster.submit(dep, event, mode=mode, buffer_events=args.streamBufferEvents,
-                                    max_write_size=args.maxWriteSize, max_response_size=args.maxResponseSize,
-                                    trace_id=request.get(TRACE_ID))
-    inv = Invocation(dep, event, mode=mode, loop=asyncio.get_running_loop(),
-                     buffer_events=args.streamBufferEvents, max_write_size=args.maxWriteSize,
-                     max_response_size=args.maxResponseSize, trace_id=request.get(TRACE_ID),
-                     buffer_bytes=args.streamBufferBytes)
-    app[EXECUTOR].start(inv, inline=inline)
-    return inv
-
-
-async def run_invocation(request: web.Request, dep: Deployment, event: Any) -> web.StreamResponse:
-    """Invoke `dep` with `event` and answer as the request's Accept header asks."""
-    args = request.app[CONFIG].frontend.args
-    mode = negotiate_mode(request.headers.get("Accept"), args.enableEvent)
-    inv = await start_invocation(request, dep, event, mode, inline=True)
-    try:
-        if inv.streaming:
-            return await _stream_response(request, inv, args.heartbeatSeconds)
-        return await _json_response(inv)
-    except asyncio.CancelledError:
-        inv.cancel("client disconnected")
-        raise
-    except ConnectionError as exc:
-        if isinstance(exc, FunctionServiceError):
-            raise
-        # The client left while we wrote: stop the function and end quietly (not a server error).
-        inv.cancel("client disconnected")
-        log.info("client of invocation %s of %s left: %s", inv.id, inv.spec.name, exc)
-        return web.Response(status=499)
-
-
-async def _json_response(inv: Invocation) -> web.Response:
-    result = await inv.outcome()
-    if inv.deployment.kind in ("gen", "asyncgen") and result is None:
-        result = inv.aggregate
-    body = encode_result(result, inv.max_response_size)
+async def _json_response(inv: InvocationSurface) -> web.Response:
+    body = await inv.encoded_result() or "null"  # a plain JSON call always has an answer
     return web.Response(text=body, content_type="application/json", headers=_success_headers(inv))
 
 
-def _success_headers(inv: Invocation) -> dict[str, str]:
+def _success_headers(inv: InvocationSurface) -> dict[str, str]:
     billing_ms = int((time.monotonic() - inv.started) * 1000)
     return {"X-Inner-Code": "0", "X-Trace-Id": inv.trace_id, "X-Billing-Duration": str(billing_ms)}
 
 
-async def _stream_response(request: web.Request, inv: Invocation, heartbeat: float) -> web.StreamResponse:
+async def _stream_response(request: web.Request, inv: InvocationSurface, heartbeat: float) -> web.StreamResponse:
     stream = EventStream(request, headers={"X-Trace-Id": inv.trace_id})
     raw = inv.mode == "raw"
     ids = itertools.count(1)
@@ -146,9 +101,9 @@ async def _stream_response(request: web.Request, inv: Invocation, heartbeat: flo
     await relay(stream, inv.channel, heartbeat, frame_raw if raw else frame_with_ids)
     next_id = next(ids)
     try:
-        result = await inv.outcome()
-        if not raw and result is not None:
-            await stream.write(encode_event(encode_result(result, inv.max_response_size), next_id))
+        result = await inv.encoded_result()
+        if result is not None:
+            await stream.write(encode_event(result, next_id))
     except FunctionServiceError as exc:
         log.info("invocation %s of %s failed after %d events: %s", inv.id, inv.spec.name, next_id - 1, exc.message)
         if not stream.prepared:
@@ -161,30 +116,13 @@ async def _stream_response(request: web.Request, inv: Invocation, heartbeat: flo
     return await stream.finish()
 
 
-def find_function(app: web.Application, ref: str) -> Deployment:
-    """The local deployment, or in cluster mode one known to the cluster but not loadable here."""
-    try:
-        return app[REGISTRY].get(ref)
-    except FunctionNotFoundError:
-        cluster = app.get(CLUSTER)
-        if cluster is None:
-            raise
-        return cluster.lookup(ref)
-
-
 @routes.post("/serverless/v1/functions/{ref}/invocations")
 async def invoke(request: web.Request) -> web.StreamResponse:
-    dep = find_function(request.app, request.match_info["ref"])
-    _check_tenant(request, dep)
-    event = await read_json_body(request)
-    return await run_invocation(request, dep, event)
+    return await _invoke(request, request.match_info["ref"])
 
 
 @routes.post("/invocations/{tenant}/{namespace}/{function}/")
 async def invoke_short(request: web.Request) -> web.StreamResponse:
     name, _, version = request.match_info["function"].partition(":")
-    urn = function_urn(request.match_info["tenant"], request.match_info["namespace"], name, version or "latest")
-    dep = find_function(request.app, urn)
-    _check_tenant(request, dep)
-    event = await read_json_body(request)
-    return await run_invocation(request, dep, event)
+    return await _invoke(request, function_urn(request.match_info["tenant"], request.match_info["namespace"],
+                                               name, version or "latest"))

@@ -7,28 +7,31 @@ with no `id:` lines (openai-python #2722/#3833), then `data: [DONE]`; a function
 `rawStream: true` frames its own SSE and is passed through verbatim. `stream: false` answers
 the single object the function wrote (or returned). Errors are `{"error": {...}}`: as the
 response when nothing was sent yet, else as a last event before `data: [DONE]`.
-`GET /v1/models` lists the `models` the mapped functions declare (in cluster mode also those of
-mapped functions this node knows from the cluster but cannot load).
+`GET /v1/models` lists the `models` and `modelAliases` the mapped functions declare, or a function's
+own name when its `models` is empty (in cluster mode also those of mapped functions this node knows
+from the cluster but cannot load). A request naming an alias reaches the function with the model
+the alias names.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import Any
 
 from aiohttp import web
 
-from runtime.errors import (BadRequestError, ForbiddenError, FunctionNotFoundError, FunctionServiceError,
-                            ResponseTooLargeError)
-from runtime.invocation import Invocation
-from runtime.registry import Deployment
+from runtime.deployment import FunctionRef
+from runtime.dispatch import InvokeOptions
+from runtime.errors import BadRequestError, FunctionNotFoundError, FunctionServiceError, ResponseTooLargeError
+from runtime.surface import InvocationSurface
 
+from ..auth import principal_of
 from ..body import read_json_body
 from ..errors import openai_error_body
-from ..keys import CONFIG, PRINCIPAL
+from ..keys import CONFIG, DISPATCHER, TRACE_ID
+from ..metrics import FUNCTION, INVOCATION, counted
+from ..respond import answer
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
-from .invoke import find_function, start_invocation
 
 __all__ = ("routes", "CHAT_ROUTE", "COMPLETIONS_ROUTE")
 
@@ -50,13 +53,7 @@ def _model_not_found(model: str) -> web.Response:
     return web.json_response(body, status=404)
 
 
-def _check_tenant(request: web.Request, dep: Deployment) -> None:
-    principal = request.get(PRINCIPAL)
-    if principal is not None and principal.tenant != dep.spec.tenant:
-        raise ForbiddenError(f"tenant {principal.tenant!r} may not use function {dep.name!r} "
-                             f"of tenant {dep.spec.tenant!r}")
-
-
+@counted  # frontend/metrics.py: one count per invocation, by function and outcome
 async def _serve(request: web.Request, route: str) -> web.StreamResponse:
     body = await read_json_body(request)
     if not isinstance(body, dict):
@@ -67,19 +64,24 @@ async def _serve(request: web.Request, route: str) -> web.StreamResponse:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequestError("missing required parameter 'model' (a string)")
-    dep = find_function(request.app, _function_names(request)[route])
-    _check_tenant(request, dep)
-    if dep.spec.models and model not in dep.spec.models:
+    dispatcher = request.app[DISPATCHER]
+    principal = principal_of(request)
+    function = dispatcher.find(principal, _function_names(request)[route])
+    request[FUNCTION] = function.spec.name
+    served = function.spec.served_models()
+    if function.spec.models and model not in served:
         return _model_not_found(model)
+    if served.get(model, model) != model:  # a modelAlias: the function is asked for the model it names
+        body = {**body, "model": served[model]}
     event = {"input": {"openai_route": route, "openai_input": body}}
-    inv = await start_invocation(request, dep, event, "sse")   # here, or queued for a cluster worker
-    try:
-        if stream:
-            return await _stream(request, inv, request.app[CONFIG].frontend.args.heartbeatSeconds)
-        return await _whole(inv)
-    except (asyncio.CancelledError, ConnectionError):
-        inv.cancel("client disconnected")
-        raise
+    inv = await dispatcher.dispatch(principal, function, event,
+                                    InvokeOptions(mode="sse", trace_id=request.get(TRACE_ID)))
+    request[INVOCATION] = inv
+    if stream:
+        sse = EventStream(request, headers={"X-Trace-Id": inv.trace_id})
+        heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds
+        return await answer(inv, lambda: _stream(sse, inv, heartbeat), lambda: sse.response)
+    return await answer(inv, lambda: _whole(inv), lambda: web.Response(status=499))
 
 
 def _error_event(exc: FunctionServiceError) -> bytes:
@@ -87,31 +89,18 @@ def _error_event(exc: FunctionServiceError) -> bytes:
     return encode_event(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
 
 
-async def _stream(request: web.Request, inv: Invocation, heartbeat: float) -> web.StreamResponse:
+async def _stream(stream: EventStream, inv: InvocationSurface, heartbeat: float) -> web.StreamResponse:
     """Each write is one `data:` event, sent as soon as it is read; then `data: [DONE]`."""
-    stream = EventStream(request, headers={"X-Trace-Id": inv.trace_id})
-    try:
-        await _relay(stream, inv, heartbeat)
-        return await _finish(stream, inv)
-    except ConnectionError as exc:
-        if isinstance(exc, FunctionServiceError):
-            raise
-        # The client left while we wrote: stop the function, and end quietly (not a server error).
-        inv.cancel("client disconnected")
-        log.info("client of invocation %s of %s left: %s", inv.id, inv.spec.name, exc)
-        return stream.response
-
-
-async def _relay(stream: EventStream, inv: Invocation, heartbeat: float) -> None:
     # No `id:` lines on OpenAI routes: after an id, openai-python mis-parses comment heartbeats.
     await relay(stream, inv.channel, heartbeat, frame_raw if inv.mode == "raw" else _frame_chunks)
+    return await _finish(stream, inv)
 
 
 def _frame_chunks(batch: list[str]) -> bytes:
     return b"".join([encode_event(payload) for payload in batch])
 
 
-async def _finish(stream: EventStream, inv: Invocation) -> web.StreamResponse:
+async def _finish(stream: EventStream, inv: InvocationSurface) -> web.StreamResponse:
     """`data: [DONE]` after a clean end; after a failure, the error as a last event first."""
     try:
         await inv.outcome()
@@ -126,7 +115,7 @@ async def _finish(stream: EventStream, inv: Invocation) -> web.StreamResponse:
     return await stream.finish()
 
 
-async def _whole(inv: Invocation) -> web.Response:
+async def _whole(inv: InvocationSurface) -> web.Response:
     """The one object the function wrote (or returned) for `stream: false`, as the response."""
     parts: list[str] = []
     size = 0
@@ -148,7 +137,7 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def _single_object(inv: Invocation, parts: list[str], result: Any) -> dict:
+def _single_object(inv: InvocationSurface, parts: list[str], result: Any) -> dict[str, Any]:
     if not parts and isinstance(result, dict):
         return result
     try:
@@ -171,20 +160,21 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _serve(request, COMPLETIONS_ROUTE)
 
 
-def _served_models(request: web.Request) -> dict[str, Any]:
+def _served_models(request: web.Request) -> dict[str, FunctionRef]:
     """Model -> the mapped function serving it: deployed here or, in cluster mode, known to the cluster."""
-    models: dict[str, Any] = {}
+    models: dict[str, FunctionRef] = {}
+    dispatcher = request.app[DISPATCHER]
     for name in dict.fromkeys(_function_names(request).values()):
         try:
-            dep = find_function(request.app, name)
+            dep = dispatcher.find(None, name)  # the model list is not tenant-scoped (as before)
         except FunctionNotFoundError:
             continue
-        for model in dep.spec.models:
+        for model in dep.spec.served_models():  # models, aliases; the function's name when models is empty
             models.setdefault(model, dep)
     return models
 
 
-def _model_object(model: str, dep: Any) -> dict:
+def _model_object(model: str, dep: FunctionRef) -> dict[str, Any]:
     # `created` is when the model was made; fnstream does not know it, so 0.
     return {"id": model, "object": "model", "created": 0, "owned_by": dep.spec.tenant}
 

@@ -12,7 +12,7 @@ import asyncio
 import base64
 import json
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import msgpack
 from aiohttp import web
@@ -28,33 +28,39 @@ from runtime.streams import (
     terminator_text,
     validate_stream_name,
 )
-
 from runtime.streams.tenancy import qualify, tenant_of, unqualify
 
 from .. import safe_json
 from ..body import read_body
 from ..keys import BROKER, CONFIG
-from ..tenancy import stream_tenant
 from ..negotiation import parse_accept, quality
 from ..sse import PING, EventStream, encode_comment, encode_event
+from ..tenancy import stream_tenant
 
-__all__ = ("routes", "parse_elements", "OPEN_SUBSCRIPTIONS", "end_subscriptions")
+__all__ = ("routes", "parse_elements", "OPEN_SUBSCRIPTIONS", "OpenSubscriptions")
 
 log = logging.getLogger("fnstream.frontend")
 routes = web.RouteTableDef()
 
-# REST subscriptions open now: on shutdown each is closed and its response ends with `event: end`
-# (reason "shutdown") at once, instead of being cut when the grace runs out.
-OPEN_SUBSCRIPTIONS = web.AppKey("open_subscriptions", set)
 _SHUTDOWN = "shutdown"
 
 
-async def end_subscriptions(app: web.Application) -> None:
-    """on_shutdown: end every REST subscription with a final `event: end` (reason shutdown)."""
-    subs: set[AbstractSubscription] = app.get(OPEN_SUBSCRIPTIONS, set())
-    for sub in list(subs):
-        sub.shutting_down = True  # type: ignore[attr-defined]
-        await sub.close()
+class OpenSubscriptions:
+    """The REST subscriptions open now. On shutdown (runtime/lifecycle.py `end_streams`) each is
+    closed and its response ends with `event: end` (reason shutdown), instead of being cut when
+    the grace runs out."""
+
+    def __init__(self) -> None:
+        self.open: set[AbstractSubscription] = set()
+        self.shutting_down = False
+
+    async def end_all(self) -> None:
+        self.shutting_down = True
+        for sub in list(self.open):
+            await sub.close()
+
+
+OPEN_SUBSCRIPTIONS = web.AppKey("open_subscriptions", OpenSubscriptions)
 
 MSGPACK = "application/x-msgpack"
 LOST_CODE = 330416  # an `event: error` that is not the end: ids asked for are no longer retained
@@ -104,7 +110,7 @@ def _float_param(request: web.Request, query: str) -> float | None:
 class _SSE:
     """Elements as Server-Sent Events."""
 
-    headers: dict[str, str] = {}
+    headers: ClassVar[dict[str, str]] = {}
     ping = PING
 
     @staticmethod
@@ -126,18 +132,18 @@ class _SSE:
         return encode_event(terminator_text(el.data), el.id)
 
     @staticmethod
-    def end(payload: dict) -> bytes:
+    def end(payload: dict[str, Any]) -> bytes:
         return encode_event(json.dumps(payload, ensure_ascii=False), event="end")
 
     @staticmethod
-    def error(payload: dict) -> bytes:
+    def error(payload: dict[str, Any]) -> bytes:
         return encode_event(json.dumps(payload, ensure_ascii=False), event="error")
 
 
 class _Msgpack:
     """Elements as a stream of msgpack maps `{id, data}`; nil objects are heartbeats."""
 
-    headers = {"Content-Type": MSGPACK}
+    headers: ClassVar[dict[str, str]] = {"Content-Type": MSGPACK}
     ping = msgpack.packb(None)
 
     @staticmethod
@@ -153,11 +159,11 @@ class _Msgpack:
         return msgpack.packb({"id": el.id, "data": el.data, "end": "terminator"}, use_bin_type=True)
 
     @staticmethod
-    def end(payload: dict) -> bytes:
+    def end(payload: dict[str, Any]) -> bytes:
         return msgpack.packb({"end": payload.pop("reason"), **payload}, use_bin_type=True)
 
     @staticmethod
-    def error(payload: dict) -> bytes:
+    def error(payload: dict[str, Any]) -> bytes:
         return msgpack.packb({"error": payload}, use_bin_type=True)
 
 
@@ -191,9 +197,8 @@ async def _subscribe(request: web.Request, name: str | None) -> web.StreamRespon
     fmt = _format(request.headers.get("Accept"))
     heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds
     sub = await request.app[BROKER].subscribe(key, from_id=from_id)
-    open_subs = request.app.get(OPEN_SUBSCRIPTIONS)
-    if open_subs is not None:
-        open_subs.add(sub)
+    open_subs = request.app.get(OPEN_SUBSCRIPTIONS) or OpenSubscriptions()
+    open_subs.open.add(sub)
     try:
         out = EventStream(request, headers={"X-Stream-Name": name, **fmt.headers})
         await out.write(fmt.opened(name))
@@ -202,16 +207,16 @@ async def _subscribe(request: web.Request, name: str | None) -> web.StreamRespon
             await out.write(fmt.error({"code": LOST_CODE, "lost_from_id": first, "lost_to_id": last,
                                        "message": f"ids {first}..{last} of stream {name!r} are no longer "
                                                   f"retained and were lost; continuing from id {last + 1}"}))
-        await _pump(out, fmt, sub, idle, expect, heartbeat, asked_terminator, cfg.terminators)
+        await _pump(out, fmt, sub, idle, expect, heartbeat, asked_terminator, cfg.terminators, open_subs)
     finally:
-        if open_subs is not None:
-            open_subs.discard(sub)
+        open_subs.open.discard(sub)
         await sub.close()
     return await out.finish()
 
 
-async def _pump(out: EventStream, fmt, sub: AbstractSubscription, idle: float, expect: int | None,
-                heartbeat: float, asked_terminator: str | None, config_terminators: list[str]) -> None:
+async def _pump(out: EventStream, fmt: type[_SSE | _Msgpack], sub: AbstractSubscription, idle: float,
+                expect: int | None, heartbeat: float, asked_terminator: str | None,
+                config_terminators: list[str], open_subs: OpenSubscriptions) -> None:
     """Forward elements until a terminator, expect_num, the idle timeout or an error."""
     loop = asyncio.get_running_loop()
     stream_term: str | None = None
@@ -223,7 +228,7 @@ async def _pump(out: EventStream, fmt, sub: AbstractSubscription, idle: float, e
         try:
             batch = await sub.next_batch(None if expect is None else expect - sent, wait)
         except SubscriptionEndedError as exc:
-            if getattr(sub, "shutting_down", False):
+            if open_subs.shutting_down:
                 await out.write(fmt.end({"reason": _SHUTDOWN, "last_id": sub.last_id,
                                          "message": "the server is shutting down; resume from last_id "
                                                     "(Last-Event-ID) on another node or after the restart"}))

@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import random
 import re
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from runtime.errors import BadRequestError, FunctionServiceError
 

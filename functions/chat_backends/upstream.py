@@ -6,14 +6,14 @@ upstream connection is closed whenever this generator stops early (our client le
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 
 from runtime.errors import FunctionServiceError
+from runtime.tracing import make_traceparent
 
 from .request import OpenAIRequest
 
@@ -115,8 +115,11 @@ async def _events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
     raise UpstreamError("the upstream stream ended before 'data: [DONE]'")
 
 
-async def relay(req: OpenAIRequest, settings: UpstreamSettings) -> AsyncIterator[dict]:
-    """POST the request upstream; yield each chunk as it arrives, or the one completion object."""
+async def relay(req: OpenAIRequest, settings: UpstreamSettings, *, trace_id: str = "") -> AsyncIterator[dict]:
+    """POST the request upstream; yield each chunk as it arrives, or the one completion object.
+
+    The request carries a W3C `traceparent` of the invocation's trace (a new span of it), so the
+    upstream's own traces join the caller's."""
     url = settings.base_url + req.route.removeprefix("/v1")
     body = dict(req.body)
     if settings.model:
@@ -124,6 +127,9 @@ async def relay(req: OpenAIRequest, settings: UpstreamSettings) -> AsyncIterator
     headers = {"Accept": "text/event-stream" if req.stream else "application/json"}
     if settings.api_key:
         headers["Authorization"] = f"Bearer {settings.api_key}"
+    traceparent = make_traceparent(trace_id) if trace_id else None
+    if traceparent is not None:
+        headers["traceparent"] = traceparent
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.timeout, sock_read=settings.timeout)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -139,7 +145,7 @@ async def relay(req: OpenAIRequest, settings: UpstreamSettings) -> AsyncIterator
                 except ValueError:
                     raise UpstreamError("the upstream answer is not JSON") from None
                 yield answer
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise UpstreamError(f"the upstream at {url} sent nothing for {settings.timeout:g} s",
                             code=200504, status=504) from None
     except aiohttp.ClientPayloadError as exc:

@@ -2,7 +2,7 @@
 
 Without `cluster.redisUrl` none of this is imported and fnstream needs no Redis.
 """
-from .settings import ClusterUnavailableError, Keys, WorkerLostError, connect
 from .node import ClusterNode
+from .settings import ClusterUnavailableError, Keys, WorkerLostError, connect
 
 __all__ = ("ClusterNode", "ClusterUnavailableError", "Keys", "WorkerLostError", "connect")

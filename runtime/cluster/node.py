@@ -9,22 +9,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from types import SimpleNamespace
 from typing import Any
 
 from runtime.config import Config
+from runtime.deployment import Deployment, FunctionRef, RemoteFunction, check_ref, parse_function_ref
 from runtime.errors import FunctionNotFoundError
 from runtime.executor import Executor
-from runtime.lifecycle import wait_for_stop_signal
-from runtime.registry import Deployment, Registry, parse_function_ref
-
+from runtime.lifecycle import Lifecycle, wait_for_stop_signal
+from runtime.registry import Registry
 from runtime.streams import BrokerSettings, bind_broker, unbind_broker
+from runtime.surface import Mode
 
 from .queue import RemoteInvocation, WorkQueue
 from .redis_broker import RedisBroker
 from .registry_sync import RegistrySync
 from .settings import REDIS_DOWN, ClusterUnavailableError, Keys, connect, describe_url, node_id
-from .worker import Worker
+from .worker import QueueWorker
 
 __all__ = ("ClusterNode", "serve_worker")
 
@@ -50,14 +50,14 @@ class ClusterNode:
         self.broker = RedisBroker(connect(cc.redisUrl, decode=False), cc.keyPrefix,
                                   BrokerSettings.from_config(config.streams))
         self.queue = WorkQueue(self.redis, self.keys, ttl=cc.outputTtlSeconds, heartbeat=cc.workerHeartbeatSeconds)
-        self.worker: Worker | None = None
-        self.workers: dict[str, dict] = {}        # live workers (refreshed every heartbeat)
+        self.worker: QueueWorker | None = None
+        self.workers: dict[str, dict[str, Any]] = {}   # live workers (refreshed every heartbeat)
         self.redis_reachable = False
-        self._watcher: asyncio.Task | None = None
+        self._watcher: asyncio.Task[None] | None = None
         if self.role != "frontend":
-            self.worker = Worker(self.redis, self.keys, registry, executor, self.id, concurrency=cc.workerConcurrency,
-                                 heartbeat=cc.workerHeartbeatSeconds, claim_idle=cc.claimIdleSeconds,
-                                 ttl=cc.outputTtlSeconds)
+            self.worker = QueueWorker(self.redis, self.keys, registry, executor, self.id,
+                                      concurrency=cc.workerConcurrency, heartbeat=cc.workerHeartbeatSeconds,
+                                      claim_idle=cc.claimIdleSeconds, ttl=cc.outputTtlSeconds)
 
     async def start(self) -> None:
         self.sync.start()
@@ -65,6 +65,11 @@ class ClusterNode:
         if self.worker is not None:
             self.worker.start()
         log.info("cluster node %s (role %s) on %s", self.id, self.role, describe_url(self.url))
+
+    async def stop_taking(self) -> None:
+        """Shutdown, first step: take no more queued work (heartbeats and cancels go on meanwhile)."""
+        if self.worker is not None:
+            await self.worker.stop_taking()
 
     async def stop(self) -> None:
         if self.worker is not None:
@@ -77,34 +82,34 @@ class ClusterNode:
         await self.redis.aclose()
 
     # -- asked by the frontend ---------------------------------------------------------------
-    def lookup(self, ref: str) -> Any:
+    def lookup(self, ref: str) -> RemoteFunction:
         """A function known to the cluster but not loadable here: something the queue can carry."""
         parts = parse_function_ref(ref)
         name = parts["name"] or ""
         if name in self.sync.unavailable:
             spec, reason = self.sync.unavailable[name]
-            for key in ("tenant", "namespace", "version"):
-                want = parts[key]
-                if want is not None and want != getattr(spec, key) and not (key == "version" and want == "latest"):
-                    raise FunctionNotFoundError(f"function {ref!r} is not deployed ({key} is "
-                                                f"{getattr(spec, key)!r}, not {want!r})")
-            return SimpleNamespace(spec=spec, name=spec.name, kind="remote", unavailable=reason)
+            check_ref(ref, parts, spec)
+            return RemoteFunction(spec, reason)
         raise FunctionNotFoundError(f"function {ref!r} is not deployed")
 
-    def should_enqueue(self, dep: Any) -> bool:
+    def should_enqueue(self, function: FunctionRef) -> bool:
         """Queue it when this node does not run handlers, cannot load the code, or is full."""
-        if not isinstance(dep, Deployment):
+        if not isinstance(function, Deployment):
             return True
-        return self.role == "frontend" or dep.inflight >= dep.spec.concurrency
+        return self.role == "frontend" or function.inflight >= function.spec.concurrency
 
-    async def submit(self, dep: Any, event: Any, **kwargs: Any) -> RemoteInvocation:
+    async def submit(self, function: FunctionRef, event: Any, *, mode: Mode, buffer_events: int,
+                     max_write_size: int, max_response_size: int, trace_id: str | None) -> RemoteInvocation:
         """Queue it for the workers; 503 when Redis is down or no live worker serves the function."""
+        dep = function
         if not self.serving(dep.spec.name):
-            why = f" (here: {dep.unavailable})" if getattr(dep, "unavailable", None) else ""
+            why = f" (here: {dep.unavailable})" if isinstance(dep, RemoteFunction) else ""
             state = "" if self.redis_reachable else f"; Redis at {describe_url(self.url)} is unreachable"
             raise ClusterUnavailableError(f"no live worker serves function {dep.spec.name!r}{why}{state}; "
                                           "retry later")
-        return await self.queue.submit(dep.spec, event, **kwargs)
+        return await self.queue.submit(dep.spec, event, mode=mode, buffer_events=buffer_events,
+                                       max_write_size=max_write_size, max_response_size=max_response_size,
+                                       trace_id=trace_id)
 
     async def require(self) -> None:
         """503 unless Redis answers (for admin changes, which must reach every node)."""
@@ -132,7 +137,7 @@ class ClusterNode:
     def serving(self, name: str) -> bool:
         return any(name in w.get("functions", ()) for w in self.workers.values())
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         return {"node": self.id, "role": self.role, "redis": describe_url(self.url),
                 "redisReachable": self.redis_reachable, "registrySynced": self.sync.connected,
                 "workers": [{"id": k, **v} for k, v in sorted(self.workers.items())],
@@ -140,18 +145,25 @@ class ClusterNode:
                 "unavailable": {n: reason for n, (_s, reason) in sorted(self.sync.unavailable.items())}}
 
 
-async def serve_worker(config: Config) -> None:
-    """`fnstream worker`: run a worker-only node until SIGINT/SIGTERM."""
-    registry = Registry(config.runtime.codeRoots)
-    executor = Executor(config.runtime.threadPoolSize)
+async def serve_worker(config: Config) -> int:
+    """`fnstream worker`: run a worker-only node until SIGINT/SIGTERM, then shut down as `serve` does:
+    take no more work, let running invocations finish within `shutdownGraceSeconds`, run preStops.
+    Returns how many handler threads were abandoned (runtime/lifecycle.py exit_after_shutdown)."""
+    grace = config.frontend.args.shutdownGraceSeconds
+    registry = Registry(config.runtime.codeRoots, stop_grace=grace)
+    executor = Executor(config.runtime.threadPoolSize, config.runtime.threadsPerFunction)
     node = ClusterNode(config, registry, executor, role="worker")
-    await node.start()
-    bind_broker(node.broker, asyncio.get_running_loop())   # handlers' named streams live in Redis
-    print(f"fnstream worker {node.id} on {describe_url(node.url)}", flush=True)
-    try:
-        await wait_for_stop_signal()
-    finally:
-        await node.stop()
-        unbind_broker(node.broker)
-        await node.broker.close()
-        executor.shutdown()
+    async with Lifecycle(executor, registry, grace) as lifecycle:
+        lifecycle.stop_intake.append(node.stop_taking)
+        await node.start()
+        bind_broker(node.broker, asyncio.get_running_loop())   # handlers' named streams live in Redis
+        print(f"fnstream worker {node.id} on {describe_url(node.url)}", flush=True)
+        try:
+            await wait_for_stop_signal()
+            log.info("worker %s: shutting down (grace %g s)", node.id, grace)
+        finally:
+            await lifecycle.drain()
+            await node.stop()
+            unbind_broker(node.broker)
+            await node.broker.close()
+    return lifecycle.abandoned_threads

@@ -16,17 +16,18 @@ import json
 import logging
 import time
 import uuid
-from types import SimpleNamespace
+from collections.abc import Coroutine
 from typing import Any
 
-import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 
 from runtime.channel import OutputChannel
 from runtime.errors import FunctionServiceError, FunctionTimeoutError
 from runtime.invocation import new_trace_id
 from runtime.manifest import FunctionSpec
+from runtime.surface import Mode, resolve_mode
 
-from .settings import REDIS_DOWN, ClusterUnavailableError, Keys, WorkerLostError
+from .settings import REDIS_DOWN, AnyRedis, ClusterUnavailableError, Keys, WorkerLostError
 
 __all__ = ("RemoteInvocation", "WorkQueue", "error_from_fields")
 
@@ -46,15 +47,16 @@ def error_from_fields(fields: dict[str, str]) -> FunctionServiceError:
 class WorkQueue:
     """Enqueues invocations for the cluster's workers."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, *, ttl: float, heartbeat: float) -> None:
+    def __init__(self, redis: AnyRedis, keys: Keys, *, ttl: float, heartbeat: float) -> None:
         self.redis, self.keys, self.ttl, self.heartbeat = redis, keys, ttl, heartbeat
-        self._cleanup: set[asyncio.Task] = set()
+        self._cleanup: set[asyncio.Task[Any]] = set()
 
-    async def submit(self, spec: FunctionSpec, event: Any, *, mode: str, buffer_events: int, max_write_size: int,
-                     max_response_size: int, trace_id: str | None) -> "RemoteInvocation":
+    async def submit(self, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int, max_write_size: int,
+                     max_response_size: int, trace_id: str | None) -> RemoteInvocation:
         inv = RemoteInvocation(self, spec, event, mode=mode, buffer_events=buffer_events,
                                max_response_size=max_response_size, trace_id=trace_id)
-        entry = {"id": inv.id, "function": spec.name, "event": json.dumps(event), "mode": inv.mode,
+        entry: dict[FieldT, EncodableT] = {
+                 "id": inv.id, "function": spec.name, "event": json.dumps(event), "mode": inv.mode,
                  "trace": inv.trace_id, "deadline": repr(time.time() + spec.timeout), "buffer": str(buffer_events),
                  "maxWrite": str(max_write_size), "maxResponse": str(max_response_size)}
         try:
@@ -77,34 +79,32 @@ class WorkQueue:
         except REDIS_DOWN as exc:
             log.warning("could not send the cancellation of %s (Redis unreachable: %s); its keys expire", inv_id, exc)
 
-    def background(self, coro) -> None:
+    def background(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.ensure_future(coro)
         self._cleanup.add(task)
         task.add_done_callback(self._cleanup.discard)
 
 
 class RemoteInvocation:
-    """An invocation running on some worker, seen through the same surface as a local Invocation:
-    `channel` (bounded, `get_batch`), `task` (the result or a FunctionServiceError), `cancel()`."""
+    """An invocation running on some worker, seen through the InvocationSurface (runtime/surface.py):
+    `channel` (bounded, `get_batch`), `outcome()` / `encoded_result()` (the worker's answer or its
+    FunctionServiceError), `cancel()`. The worker already encoded the answer (generator items folded in)."""
 
-    def __init__(self, queue: WorkQueue, spec: FunctionSpec, event: Any, *, mode: str, buffer_events: int,
+    def __init__(self, queue: WorkQueue, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int,
                  max_response_size: int, trace_id: str | None) -> None:
         self.queue = queue
         self.id = uuid.uuid4().hex
         self.trace_id = trace_id or new_trace_id()
         self.spec = spec
-        # The worker already folded generator items into the result: nothing to aggregate here.
-        self.deployment = SimpleNamespace(kind="remote", spec=spec, name=spec.name)
-        self.aggregate: list[Any] = []
         self.event = event
-        self.mode = "raw" if (mode == "sse" and spec.rawStream) else mode
+        self.mode: Mode = resolve_mode(mode, spec)
         self.loop = asyncio.get_running_loop()
         self.started = time.monotonic()
         self.deadline = self.started + spec.timeout
         self.buffer_events = buffer_events
         self.max_response_size = max_response_size
         self.channel: OutputChannel[str] = OutputChannel(self.loop, buffer_events)
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[str | None] | None = None
         self.worker: str | None = None
         self.events = 0
         self.cancel_reason: str | None = None
@@ -114,13 +114,21 @@ class RemoteInvocation:
     def streaming(self) -> bool:
         return self.mode != "json"
 
+    def remaining(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
     def start(self) -> None:
         self.task = self.loop.create_task(self._pump(), name=f"remote-invocation-{self.id}")
 
-    async def outcome(self) -> Any:
-        """The result relayed from the worker, or its error (same contract as Invocation.outcome)."""
+    async def encoded_result(self) -> str | None:
+        """The answer as the worker encoded it, or its error (same contract as Invocation's)."""
         assert self.task is not None
         return await self.task
+
+    async def outcome(self) -> Any:
+        """The result relayed from the worker, or its error (same contract as Invocation.outcome)."""
+        text = await self.encoded_result()
+        return json.loads(text) if text else None
 
     def cancel(self, reason: str) -> None:
         if self.cancel_reason is not None:
@@ -135,7 +143,7 @@ class RemoteInvocation:
             log.info("remote invocation %s of %s cancelled: %s", self.id, self.spec.name, reason)
             self.queue.background(self.queue.cancel(self.id, reason))
 
-    async def _pump(self) -> Any:
+    async def _pump(self) -> str | None:
         keys, redis = self.queue.keys, self.queue.redis
         out = keys.output(self.id)
         last = "0-0"
@@ -146,7 +154,7 @@ class RemoteInvocation:
                     raise FunctionTimeoutError(f"function {self.spec.name!r} timed out after {self.spec.timeout:g} s "
                                                "(no answer from the cluster's workers)")
                 try:
-                    reply = await redis.xread({out: last}, count=self.buffer_events, block=_POLL_MS)
+                    reply: Any = await redis.xread({out: last}, count=self.buffer_events, block=_POLL_MS)
                 except REDIS_DOWN as exc:
                     raise ClusterUnavailableError(f"lost the connection to Redis while relaying {self.spec.name!r} "
                                                   f"from worker {self.worker}: {exc}") from None
@@ -164,8 +172,7 @@ class RemoteInvocation:
                         self.events += 1
                     elif kind == "result":
                         self._finished = True
-                        text = fields.get("d")
-                        return json.loads(text) if text else None
+                        return fields.get("d") or None
                     elif kind == "error":
                         self._finished = True
                         raise error_from_fields(fields)

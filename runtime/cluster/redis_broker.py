@@ -16,12 +16,20 @@ expire after `streams.idleStreamSeconds` without a publish or a waiting subscrib
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Awaitable, Sequence
+from typing import Any
 
-import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 
 from runtime.errors import BadRequestError, FunctionServiceError
-from runtime.streams.broker import AbstractBroker, AbstractSubscription, BrokerSettings, Element, StreamOptions, StreamStats
+from runtime.streams.broker import (
+    AbstractBroker,
+    AbstractSubscription,
+    BrokerSettings,
+    Element,
+    StreamOptions,
+    StreamStats,
+)
 from runtime.streams.errors import (
     InvalidStreamIdError,
     StreamDeletedError,
@@ -31,7 +39,7 @@ from runtime.streams.errors import (
 )
 from runtime.streams.names import MAX_QUALIFIED_NAME_LENGTH, validate_stream_name
 
-from .settings import REDIS_DOWN, ClusterUnavailableError
+from .settings import REDIS_DOWN, AnyRedis, ClusterUnavailableError
 
 __all__ = ("RedisBroker", "RedisSubscription")
 
@@ -82,14 +90,16 @@ def _seq(entry_id: bytes | str) -> int:
     return int(text.partition("-")[2])
 
 
-def _text(value: bytes | None) -> str | None:
+def _text(value: bytes | str | None) -> str | None:
+    if isinstance(value, str):
+        return value or None
     return value.decode("utf-8", "replace") if value else None
 
 
 class RedisSubscription(AbstractSubscription):
     """A position in one Redis stream; reads never hold more than `capacity` elements."""
 
-    def __init__(self, broker: "RedisBroker", name: str, start_id: int, capacity: int,
+    def __init__(self, broker: RedisBroker, name: str, start_id: int, capacity: int,
                  lost: tuple[int, int] | None, terminator: str | None) -> None:
         self._broker = broker
         self.name = name
@@ -123,7 +133,7 @@ class RedisSubscription(AbstractSubscription):
             poll = self._broker.poll_seconds
             wait = poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic()))
             try:
-                reply = await self._broker.redis.xread({keys[0]: f"0-{self.last_id}"}, count=count,
+                reply: Any = await self._broker.redis.xread({keys[0]: f"0-{self.last_id}"}, count=count,
                                                        block=max(1, int(wait * 1000)))
             except REDIS_DOWN as exc:
                 raise ClusterUnavailableError(f"stream {self.name!r}: Redis unreachable ({exc}); "
@@ -141,7 +151,7 @@ class RedisSubscription(AbstractSubscription):
                 self._terminator = self._terminator or terminator
                 self.last_id = batch[-1].id
                 return batch
-            meta = await self._broker.redis.hmget(keys[1], "seq", "terminator")
+            meta: Any = await self._broker.redis.hmget(keys[1], "seq", "terminator")
             if meta[0] is None:
                 raise StreamDeletedError(f"stream {self.name!r} was deleted", last_id=self.last_id)
             await self._broker.touch(self.name)
@@ -166,7 +176,7 @@ class RedisSubscription(AbstractSubscription):
 class RedisBroker(AbstractBroker):
     """The AbstractBroker over Redis Streams (cluster mode)."""
 
-    def __init__(self, redis: aioredis.Redis, prefix: str, settings: BrokerSettings | None = None) -> None:
+    def __init__(self, redis: AnyRedis, prefix: str, settings: BrokerSettings | None = None) -> None:
         self.redis = redis            # a client without decode_responses: elements are bytes
         self.prefix = prefix
         self.settings = settings or BrokerSettings()
@@ -182,7 +192,8 @@ class RedisBroker(AbstractBroker):
     def keys(self, name: str) -> tuple[str, str]:
         return f"{self.prefix}:{{stream:{name}}}:s", f"{self.prefix}:{{stream:{name}}}:meta"
 
-    async def _call(self, coro):
+    async def _call(self, coro: Awaitable[Any]) -> Any:
+        """A Redis reply (its shape depends on the command), or ClusterUnavailableError."""
         try:
             return await coro
         except REDIS_DOWN as exc:
@@ -223,7 +234,7 @@ class RedisBroker(AbstractBroker):
             return []
         keys = await self._ensure(name)
         maxlen = await self._maxlen(keys[1])
-        args = [maxlen, self._idle_ms, *elements]
+        args: list[bytes | int] = [maxlen, self._idle_ms, *elements]
         first = int(await self._call(self._publish(keys=list(keys), args=args)))
         return list(range(first, first + len(elements)))
 
@@ -252,7 +263,7 @@ class RedisBroker(AbstractBroker):
                                   "(a producer cannot see subscribers on other nodes); use 'cut'")
         keys = await self._ensure(name)
         current = int(await self._call(self.redis.hget(keys[1], "retain_num")) or 0)
-        fields = {"retain_num": max(current, options.retain_num)}
+        fields: dict[FieldT, EncodableT] = {"retain_num": max(current, options.retain_num)}
         if options.terminator is not None:
             fields["terminator"] = options.terminator
         await self._call(self.redis.hset(keys[1], mapping=fields))
@@ -268,7 +279,8 @@ class RedisBroker(AbstractBroker):
 
     async def stats(self, name: str) -> StreamStats:
         keys = self.keys(validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH))
-        meta = {k.decode(): v.decode("utf-8", "replace") for k, v in (await self._call(self.redis.hgetall(keys[1]))).items()}
+        raw = await self._call(self.redis.hgetall(keys[1]))
+        meta = {k.decode(): v.decode("utf-8", "replace") for k, v in raw.items()}
         if not meta:
             raise StreamNotFoundError(f"stream {name!r} does not exist")
         length = await self._call(self.redis.xlen(keys[0]))

@@ -14,13 +14,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import redis.asyncio as aioredis
-
+from runtime.deployment import Deployment
 from runtime.errors import FunctionServiceError
 from runtime.manifest import FunctionSpec
-from runtime.registry import Deployment, Registry
+from runtime.registry import Registry
 
-from .settings import REDIS_DOWN, Backoff, ClusterUnavailableError, Keys
+from .settings import REDIS_DOWN, AnyRedis, Backoff, ClusterUnavailableError, Keys
 
 __all__ = ("RegistrySync",)
 
@@ -39,7 +38,7 @@ def _relative_code_path(spec: FunctionSpec, roots: list[Path]) -> str | None:
 class RegistrySync:
     """Keeps a local Registry equal to the shared one in Redis."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, registry: Registry, node: str, *,
+    def __init__(self, redis: AnyRedis, keys: Keys, registry: Registry, node: str, *,
                  interval: float = 1.0, publish: bool = True) -> None:
         self.redis, self.keys, self.registry, self.node = redis, keys, registry, node
         self.interval = interval
@@ -51,8 +50,8 @@ class RegistrySync:
         self._applying = False                     # a delete from Redis is being applied here
         self._applying_specs: set[int] = set()     # ids of the specs from Redis being deployed here
         self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
-        self._listener: asyncio.Task | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._listener: asyncio.Task[Any] | None = None
         self.connected = False
         self._pushed = False
         registry.on_change.append(self._on_local_change)
@@ -86,13 +85,15 @@ class RegistrySync:
             self._applied[name] = version
 
     async def _store(self, name: str, spec: FunctionSpec | None) -> int:
+        # Resolving the code path reads the file system: off the loop.
+        rel = None if spec is None else await asyncio.to_thread(_relative_code_path, spec, self.registry.code_roots)
         version = int(await self.redis.incr(self.keys.version))
         async with self.redis.pipeline(transaction=True) as pipe:
             if spec is None:
                 pipe.hdel(self.keys.functions, name)
             else:
                 record = {"spec": spec.model_dump(mode="json"), "version": version, "node": self.node,
-                          "codePathRel": _relative_code_path(spec, self.registry.code_roots)}
+                          "codePathRel": rel}
                 pipe.hset(self.keys.functions, name, json.dumps(record))
             await pipe.execute()
         # Announced once stored; outside the transaction (a cluster pipeline cannot PUBLISH).
@@ -113,8 +114,8 @@ class RegistrySync:
         await self.flush()
 
     async def _records(self) -> dict[str, dict[str, Any]]:
-        raw = await self.redis.hgetall(self.keys.functions)
-        out = {}
+        raw: dict[str, str] = await self.redis.hgetall(self.keys.functions)  # type: ignore[assignment]
+        out: dict[str, dict[str, Any]] = {}
         for name, text in raw.items():
             try:
                 out[name] = json.loads(text)
@@ -144,7 +145,8 @@ class RegistrySync:
         except ValueError as exc:
             self._mark_unavailable(name, None, f"invalid record in Redis: {exc}")
             return
-        spec = spec.model_copy(update={"codePath": self._local_code_path(spec, rec.get("codePathRel"))})
+        local = await asyncio.to_thread(self._local_code_path, spec, rec.get("codePathRel"))  # file checks
+        spec = spec.model_copy(update={"codePath": local})
         self.specs[name] = spec
         self._applying_specs.add(id(spec))
         try:
@@ -237,4 +239,4 @@ class RegistrySync:
             except REDIS_DOWN:
                 await backoff.sleep()
             finally:
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -11,6 +11,7 @@ import asyncio
 import os
 import socket
 import uuid
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -21,7 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from runtime.errors import FunctionServiceError
+from runtime.errors import FunctionServiceError, ServiceUnavailableError
 
 __all__ = ("Keys", "connect", "node_id", "ClusterUnavailableError", "WorkerLostError", "REDIS_DOWN", "Backoff",
            "describe_url", "is_cluster_url", "slot_of")
@@ -33,10 +34,8 @@ REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError, ClusterError, Re
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
-class ClusterUnavailableError(FunctionServiceError):
-    """Work that needs Redis was asked for while Redis is unreachable."""
-
-    code, status = 200503, 503
+class ClusterUnavailableError(ServiceUnavailableError):
+    """Work that needs Redis was asked for while Redis is unreachable (503, inner code 200503)."""
 
 
 class WorkerLostError(FunctionServiceError):
@@ -92,10 +91,15 @@ def is_cluster_url(url: str) -> bool:
     return url.partition("://")[0].lower() in CLUSTER_SCHEMES
 
 
-def connect(url: str, *, decode: bool = True) -> aioredis.Redis | RedisCluster:
+# A client of one Redis server or of a Redis Cluster: every cluster module takes either.
+AnyRedis = aioredis.Redis | RedisCluster
+
+
+def connect(url: str, *, decode: bool = True) -> AnyRedis:
     """An asyncio client that fails fast (two quick retries) so callers can answer 503 at once:
     a RedisCluster for `redis+cluster://` (it discovers every node from the one given), else a Redis."""
-    common = dict(decode_responses=decode, socket_connect_timeout=2, socket_timeout=10, health_check_interval=5)
+    common: dict[str, Any] = dict(decode_responses=decode, socket_connect_timeout=2, socket_timeout=10,
+                                  health_check_interval=5)
     if is_cluster_url(url):
         scheme, _, rest = url.partition("://")
         host = rest.partition("/")[0]          # a Redis Cluster has only database 0
@@ -104,7 +108,7 @@ def connect(url: str, *, decode: bool = True) -> aioredis.Redis | RedisCluster:
     return aioredis.Redis.from_url(url, **common, retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 2))
 
 
-def slot_of(redis: aioredis.Redis | RedisCluster, key: str) -> int:
+def slot_of(redis: AnyRedis, key: str) -> int:
     """The key's cluster slot (keys of one slot may share a multi-key command); 0 on a single Redis."""
     return redis.keyslot(key) if isinstance(redis, RedisCluster) else 0
 

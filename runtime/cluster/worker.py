@@ -2,9 +2,9 @@
 
 A worker reads every function queue it can run (XREADGROUP, only as many entries as it has free
 slots; one reader per Redis Cluster slot, since a multi-key read must stay on one slot, so on a
-single Redis one reader covers every queue), runs each invocation with the ordinary Executor and writes its output stream. While it
-lives it refreshes a heartbeat key and resets the idle time of the entries it holds; entries of a
-dead worker go idle and another worker takes them with XAUTOCLAIM. A reclaimed invocation whose
+single Redis one reader covers every queue), runs each invocation with the ordinary Executor and writes its
+output stream. While it lives it refreshes a heartbeat key and resets the idle time of the entries it
+holds; entries of a dead worker go idle and another worker takes them with XAUTOCLAIM. A reclaimed invocation whose
 output had already begun is not run again: the client gets a "worker lost" error instead.
 Cancellations arrive on a pub/sub channel (and as a key checked before starting).
 """
@@ -14,42 +14,29 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, cast, get_args
 
 import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT, StreamIdT
 
-from runtime.errors import (
-    ConcurrencyLimitError,
-    FunctionServiceError,
-    FunctionTimeoutError,
-    ResponseTooLargeError,
-    ResultNotSerializableError,
-)
+from runtime.errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError
 from runtime.executor import Executor
 from runtime.invocation import Invocation
 from runtime.registry import Registry
+from runtime.surface import Mode
 
-from .settings import REDIS_DOWN, Backoff, Keys, WorkerLostError, slot_of
+from .settings import REDIS_DOWN, AnyRedis, Backoff, Keys, WorkerLostError, slot_of
 
-__all__ = ("Worker",)
+__all__ = ("QueueWorker",)
 
 log = logging.getLogger("fnstream.cluster")
 
 
-def _encode_result(value: Any, max_size: int) -> str:
-    try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise ResultNotSerializableError(f"the handler's result is not JSON-serializable: {exc}") from None
-    if len(text.encode()) > max_size:
-        raise ResponseTooLargeError(f"the handler's result exceeds {max_size} bytes")
-    return text
+class QueueWorker:
+    """Runs queued invocations of the functions in `registry` on `executor` (not a worker process:
+    those are runtime/process; this is a cluster node's consumer of the work queue)."""
 
-
-class Worker:
-    """Runs queued invocations of the functions in `registry` on `executor`."""
-
-    def __init__(self, redis: aioredis.Redis, keys: Keys, registry: Registry, executor: Executor, worker_id: str, *,
+    def __init__(self, redis: AnyRedis, keys: Keys, registry: Registry, executor: Executor, worker_id: str, *,
                  concurrency: int = 64, heartbeat: float = 1.0, claim_idle: float = 5.0, ttl: float = 60.0) -> None:
         self.redis, self.keys, self.registry, self.executor = redis, keys, registry, executor
         self.id = worker_id
@@ -60,16 +47,31 @@ class Worker:
         self._held: dict[str, tuple[str, str]] = {}        # invocation id -> (queue key, entry id)
         self._grouped: set[str] = set()
         self._by_slot: dict[int, list[str]] = {}           # cluster slot -> queue keys read together
-        self._readers: dict[int, asyncio.Task] = {}
-        self._tasks: list[asyncio.Task] = []
-        self._jobs: set[asyncio.Task] = set()
+        self._readers: dict[int, asyncio.Task[Any]] = {}
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._jobs: set[asyncio.Task[Any]] = set()
         self.completed = 0
+        self.taking = True  # False once shutting down: it serves no function, what it runs goes on
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         for coro, name in ((self._supervise(), "queues"), (self._beat(), "heartbeat"),
                            (self._reclaim(), "reclaim"), (self._listen_cancel(), "cancel")):
             self._tasks.append(asyncio.create_task(coro, name=f"worker-{name}"))
+
+    async def stop_taking(self) -> None:
+        """Read no more entries (readers, queue supervision and reclaim stop); what runs goes on,
+        with its heartbeat and cancellations, until `stop`."""
+        self.taking = False
+        intake = [t for t in self._tasks if t.get_name() in ("worker-queues", "worker-reclaim")]
+        intake += self._readers.values()
+        for task in intake:
+            task.cancel()
+        await asyncio.gather(*intake, return_exceptions=True)
+        try:
+            await self._announce()  # frontends stop queueing for it now, not at the next heartbeat
+        except REDIS_DOWN:
+            pass
 
     async def stop(self) -> None:
         for task in (*self._tasks, *self._readers.values()):
@@ -141,7 +143,7 @@ class Worker:
                 continue
             taken = 0
             try:
-                reply = await self.redis.xreadgroup(Keys.GROUP, self.id, {k: ">" for k in keys}, count=n,
+                reply: Any = await self.redis.xreadgroup(Keys.GROUP, self.id, {k: ">" for k in keys}, count=n,
                                                     block=1000 if wait else None)
                 backoff.reset()
                 for key, entries in reply or []:
@@ -217,7 +219,7 @@ class Worker:
             if await self.redis.exists(self.keys.cancelled(inv_id)):
                 return
             if reclaimed:
-                last = await self.redis.xrevrange(out, count=1)
+                last: Any = await self.redis.xrevrange(out, count=1)
                 kind = last[0][1].get("t") if last else None
                 if kind in ("result", "error"):
                     return  # finished, only the ack was lost
@@ -238,7 +240,7 @@ class Worker:
             self._held.pop(inv_id, None)
             self._slots.release()
             return
-        except Exception:  # noqa: BLE001 - a bad entry must not stop the worker
+        except Exception:
             log.exception("worker %s: invocation %s failed", self.id, inv_id)
         finally:
             self._running.pop(inv_id, None)
@@ -251,7 +253,7 @@ class Worker:
     async def _write(self, out: str, entries: list[dict[str, str]]) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
             for fields in entries:
-                pipe.xadd(out, fields)
+                pipe.xadd(out, cast("dict[FieldT, EncodableT]", fields))
             pipe.expire(out, max(1, int(self.ttl)))
             await pipe.execute()
 
@@ -261,7 +263,8 @@ class Worker:
             dep = self.registry.get(name)
             if time.time() > float(fields.get("deadline", "inf")):
                 raise FunctionTimeoutError(f"function {name!r} timed out before a worker could take it")
-            inv = Invocation(dep, json.loads(fields.get("event", "{}")), mode=fields.get("mode", "json"),
+            mode: Mode = next((m for m in get_args(Mode) if m == fields.get("mode")), "json")
+            inv = Invocation(dep, json.loads(fields.get("event", "{}")), mode=mode,
                              loop=asyncio.get_running_loop(), buffer_events=int(fields.get("buffer", 100)),
                              max_write_size=int(fields.get("maxWrite", 4 * 1024 * 1024)),
                              max_response_size=int(fields.get("maxResponse", 6 * 1024 * 1024)),
@@ -288,12 +291,8 @@ class Worker:
                     await asyncio.sleep(0.002)
             await self._write(out, [{"t": "data", "d": payload} for payload in batch])
             written += len(batch)
-        assert inv.task is not None
         try:
-            result = await inv.task
-            if inv.mode == "json" and dep.kind in ("gen", "asyncgen") and result is None:
-                result = inv.aggregate
-            terminal = {"t": "result", "d": "" if result is None else _encode_result(result, inv.max_response_size)}
+            terminal = {"t": "result", "d": await inv.encoded_result() or ""}
         except asyncio.CancelledError:
             if inv.cancel_reason is None:
                 raise
@@ -319,14 +318,18 @@ class Worker:
                 await asyncio.sleep(0.02)
 
     # -- liveness and cancellation -----------------------------------------------------------
+    async def _announce(self) -> None:
+        """Refresh this worker's key: alive, and which functions it takes (none while shutting down)."""
+        functions = [d.name for d in self.registry.list()] if self.taking else []
+        info = json.dumps({"running": len(self._running), "completed": self.completed, "functions": functions})
+        await self.redis.set(self.keys.worker(self.id), info, px=int(self.heartbeat * 3000))
+
     async def _beat(self) -> None:
         backoff = Backoff()
         while True:
             try:
-                info = json.dumps({"running": len(self._running), "completed": self.completed,
-                                   "functions": [d.name for d in self.registry.list()]})
-                await self.redis.set(self.keys.worker(self.id), info, px=int(self.heartbeat * 3000))
-                by_queue: dict[str, list[str]] = {}
+                await self._announce()
+                by_queue: dict[str, list[StreamIdT]] = {}
                 for key, entry_id in list(self._held.values()):
                     by_queue.setdefault(key, []).append(entry_id)
                 for key, ids in by_queue.items():   # reset idle time: these are alive, not to be reclaimed
@@ -347,11 +350,12 @@ class Worker:
                     msg = await pubsub.get_message(timeout=5.0)
                     if msg is None:
                         continue
-                    inv = self._running.get(msg["data"])
+                    inv_id: str = msg["data"]
+                    inv = self._running.get(inv_id)
                     if inv is not None:
-                        reason = await self.redis.get(self.keys.cancelled(msg["data"])) or "cancelled"
+                        reason = cast("str | None", await self.redis.get(self.keys.cancelled(inv_id))) or "cancelled"
                         inv.cancel(reason)
             except REDIS_DOWN:
                 await backoff.sleep()
             finally:
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -1,14 +1,6 @@
 """Worker processes: run a function's handlers isolated, in parallel, with hard limits.
 
-`WorkerPool` supervises one deployment's workers, `ProcessExecutor` runs invocations on them,
-and `protocol` is the frame format both ends speak; `worker` is the process's main program.
+`pool` supervises one deployment's workers, `executor` runs invocations on them, `protocol` is
+the frame format both ends speak and `worker` is the process's main program. This package
+imports none of them itself: the worker process imports `worker` alone, without its supervisor.
 """
-from .errors import MemoryLimitError, WorkerCrashedError, WorkerUnavailableError
-from .executor import ProcessExecutor
-from .pool import WorkerPool, WorkerProcess
-
-__all__ = (
-    "ProcessExecutor",
-    "WorkerPool", "WorkerProcess",
-    "MemoryLimitError", "WorkerCrashedError", "WorkerUnavailableError",
-)

@@ -12,6 +12,7 @@ import asyncio
 import logging
 from typing import Any
 
+from ..deployment import Deployment
 from ..errors import FunctionServiceError, FunctionTimeoutError, InitializerError
 from ..invocation import Invocation
 from .pool import Job, WorkerPool, WorkerProcess
@@ -26,9 +27,9 @@ class ProcessExecutor:
 
     def __init__(self, cancel_grace: float = 2.0) -> None:
         self.cancel_grace = cancel_grace
-        self._reapers: set[asyncio.Task] = set()
+        self._reapers: set[asyncio.Task[Any]] = set()
 
-    def start(self, inv: Invocation) -> "asyncio.Task[Any]":
+    def start(self, inv: Invocation) -> asyncio.Task[Any]:
         """Take a concurrency slot (429 when full) and run the invocation in its own task."""
         if inv.deployment.pool is None:
             raise RuntimeError(f"function {inv.deployment.name!r} has no worker pool")
@@ -38,7 +39,8 @@ class ProcessExecutor:
 
     async def _run(self, inv: Invocation) -> Any:
         dep = inv.deployment
-        pool: WorkerPool = dep.pool
+        pool = dep.pool
+        assert pool is not None  # a process deployment has its pool from deploy on
         worker: WorkerProcess | None = None
         job: Job | None = None
         handed_off = False  # the reaper task releases the worker and the slot
@@ -67,7 +69,7 @@ class ProcessExecutor:
         except asyncio.CancelledError:
             if worker is not None and job is not None and not job.future.done():
                 worker.cancel(inv.id, inv.cancel_reason or "cancelled")
-                task = asyncio.get_running_loop().create_task(self._reap(pool, worker, job))
+                task = asyncio.get_running_loop().create_task(self._reap(dep, pool, worker, job))
                 self._reapers.add(task)
                 task.add_done_callback(self._reapers.discard)
                 handed_off = True
@@ -82,9 +84,8 @@ class ProcessExecutor:
                     pool.release(worker)
                 dep.release()
 
-    async def _reap(self, pool: WorkerPool, worker: WorkerProcess, job: Job) -> None:
+    async def _reap(self, dep: Deployment, pool: WorkerPool, worker: WorkerProcess, job: Job) -> None:
         """Wait for a cancelled handler to stop; kill its worker if it will not."""
-        dep = job.inv.deployment
         try:
             try:
                 await asyncio.wait_for(asyncio.shield(job.future), self.cancel_grace)

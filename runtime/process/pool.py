@@ -21,14 +21,24 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import DeployError, FunctionServiceError, StreamClosedError
+from ..errors import DeployError, FunctionServiceError, StreamClosedError, handler_failure_message
+from ..manifest import FunctionSpec
 from .errors import WorkerCrashedError, WorkerUnavailableError, error_from_wire
-from .protocol import DEFAULT_CREDITS, Connection, ConnectionClosed, ProtocolError
+from .protocol import (
+    DEFAULT_CREDITS,
+    Connection,
+    ConnectionClosed,
+    Invoke,
+    Item,
+    ProtocolError,
+    ToFrontend,
+    ToWorker,
+    Write,
+)
 from .streams_bridge import StreamBridge
 
 if TYPE_CHECKING:
-    from ..invocation import Invocation
-    from ..registry import Deployment
+    from ..surface import PooledInvocation
 
 __all__ = ("WorkerPool", "WorkerProcess", "Job", "default_instances")
 
@@ -57,7 +67,7 @@ def _describe_exit(returncode: int | None) -> str:
     return f"exited with code {returncode}"
 
 
-def _resolve(fut: "asyncio.Future[tuple[str, Any]]", outcome: tuple[str, Any]) -> None:
+def _resolve(fut: asyncio.Future[tuple[str, Any]], outcome: tuple[str, Any]) -> None:
     if not fut.done():
         fut.set_result(outcome)
 
@@ -65,7 +75,7 @@ def _resolve(fut: "asyncio.Future[tuple[str, Any]]", outcome: tuple[str, Any]) -
 class Job:
     """One invocation running on one worker; `future` gets ("result", value) or ("error", exc)."""
 
-    def __init__(self, inv: "Invocation") -> None:
+    def __init__(self, inv: PooledInvocation) -> None:
         self.inv = inv
         self.loop = inv.loop
         self.future: asyncio.Future[tuple[str, Any]] = inv.loop.create_future()
@@ -79,7 +89,7 @@ class Job:
 class WorkerProcess:
     """One worker: its process, its socket and the thread that reads it."""
 
-    def __init__(self, pool: "WorkerPool") -> None:
+    def __init__(self, pool: WorkerPool) -> None:
         self.pool = pool
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = {**os.environ, "MALLOC_ARENA_MAX": "2",
@@ -91,7 +101,7 @@ class WorkerProcess:
         finally:
             child_sock.close()
         self.pid = self.proc.pid
-        self.conn = Connection(parent_sock)
+        self.conn: Connection[ToWorker, ToFrontend] = Connection(parent_sock)
         self.state: State = "starting"
         self.ready = False
         self.invocations = 0
@@ -99,18 +109,18 @@ class WorkerProcess:
         self.job: Job | None = None
         self.exited = threading.Event()
         self.returncode: int | None = None
-        self.streams = StreamBridge(self)
+        self.streams = StreamBridge(self.send, pool.spec.tenant)
         self.conn.send({"t": "hello", "spec": pool.spec.model_dump(mode="json"),
                         "code_roots": [str(p) for p in pool.code_roots], "credits": pool.credits})
         self._reader = threading.Thread(target=self._read_loop, name=f"fnstream-worker-{self.pid}", daemon=True)
         self._reader.start()
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"pid": self.pid, "state": self.state, "invocations": self.invocations,
                 "startedAt": round(self.started, 3)}
 
     # -- commands (any thread) -----------------------------------------------------------------
-    def send(self, frame: dict) -> bool:
+    def send(self, frame: ToWorker) -> bool:
         try:
             self.conn.send(frame)
             return True
@@ -147,7 +157,7 @@ class WorkerProcess:
                 self._handle(self.conn.recv())
         except ConnectionClosed:
             pass
-        except Exception as exc:  # noqa: BLE001 - a broken worker must never leave a stuck reader behind
+        except Exception as exc:
             log.error("function %s: worker %d: %s: %s; killing it", self.pool.name, self.pid, type(exc).__name__, exc)
             self.proc.kill()
         finally:
@@ -157,34 +167,33 @@ class WorkerProcess:
             self.exited.set()
             self.pool._on_exit(self)
 
-    def _handle(self, msg: dict) -> None:
-        kind = msg["t"]
-        if kind in ("write", "item"):
+    def _handle(self, msg: ToFrontend) -> None:
+        if msg["t"] == "write" or msg["t"] == "item":
             self._deliver(msg)
-        elif kind in ("result", "error"):
+        elif msg["t"] == "result" or msg["t"] == "error":
             job = self.job
             if job is None or job.inv.id != msg["id"]:
                 return
-            if kind == "result":
+            if msg["t"] == "result":
                 job.finish(("result", json.loads(msg["json"])))
                 return
             if msg.get("retire"):
                 with self.pool.lock:
                     self.state = "retiring"  # it exits next: never hand it another invocation
             job.finish(("error", job.error or error_from_wire(msg["error"], msg["message"])))
-        elif kind == "loaded":
+        elif msg["t"] == "loaded":
             self.pool._on_loaded(msg.get("kind"), msg.get("error"))
-        elif kind == "ready":
+        elif msg["t"] == "ready":
             self.pool._on_ready(self, msg.get("init_error"))
-        elif kind == "log":
+        elif msg["t"] == "log":
             logging.getLogger(str(msg["name"])).log(int(msg["level"]), "[worker %d] %s", self.pid, msg["msg"])
-        elif kind == "stopped":
+        elif msg["t"] == "stopped":
             if msg.get("error"):
                 log.error("function %s: worker %d: %s", self.pool.name, self.pid, msg["error"])
-        elif kind == "stream_call":
+        elif msg["t"] == "stream_call":
             self.streams.handle(msg)
 
-    def _deliver(self, msg: dict) -> None:
+    def _deliver(self, msg: Write | Item) -> None:
         """Put one write into the invocation's channel (blocking while it is full), then give a credit."""
         job = self.job
         if job is None or job.inv.id != msg["id"]:
@@ -208,10 +217,9 @@ class WorkerProcess:
 class WorkerPool:
     """The workers of one deployment: start, hand out, take back, replace, stop."""
 
-    def __init__(self, deployment: "Deployment", code_roots: list[Path], *, instances: int | None = None,
+    def __init__(self, spec: FunctionSpec, code_roots: list[Path], *, instances: int | None = None,
                  credits: int = DEFAULT_CREDITS) -> None:
-        self.deployment = deployment
-        self.spec = deployment.spec
+        self.spec = spec
         self.code_roots = list(code_roots)
         self.size = instances or default_instances(self.spec.concurrency)
         self.credits = credits
@@ -298,11 +306,11 @@ class WorkerPool:
                     if (loop, waiter) in self._waiters:
                         self._waiters.remove((loop, waiter))
 
-    def begin(self, worker: WorkerProcess, inv: "Invocation") -> tuple[Job, dict]:
+    def begin(self, worker: WorkerProcess, inv: PooledInvocation) -> tuple[Job, Invoke]:
         job = Job(inv)
         worker.job = job
         worker.invocations += 1
-        frame = {"t": "invoke", "id": inv.id, "trace_id": inv.trace_id, "event": inv.event,
+        frame: Invoke = {"t": "invoke", "id": inv.id, "trace_id": inv.trace_id, "event": inv.event,
                  "streaming": inv.streaming, "timeout": inv.remaining(), "max_write_size": inv.max_write_size}
         return job, frame
 
@@ -341,7 +349,6 @@ class WorkerPool:
             worker.ready = True
             if init_error is not None and self.init_error is None:
                 self.init_error = init_error
-                self.deployment.init_error = init_error
             if worker.state != "starting":
                 return
             if self.stopping:
@@ -378,9 +385,8 @@ class WorkerPool:
                         replace = False
                         self._wake_waiters()
         if job is not None:
-            job.finish(("error", WorkerCrashedError(
-                f"Fail to run user call handler. err: the worker process (pid {worker.pid}) {how} "
-                f"during the invocation")))
+            job.finish(("error", WorkerCrashedError(handler_failure_message(
+                f"the worker process (pid {worker.pid}) {how} during the invocation"))))
         if was not in ("stopping", "retiring", "killed") and not self.stopping:
             log.error("function %s: worker %d %s", self.name, worker.pid, how)
         if replace:
@@ -422,7 +428,7 @@ class WorkerPool:
         reaper = self.stop(grace)
         await asyncio.to_thread(reaper.join)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         with self.lock:
             return {"instances": self.size, "restarts": self.restarts, "error": self.broken,
                     "workers": [w.describe() for w in self.workers]}
@@ -435,6 +441,6 @@ def _call_soon(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> No
         pass  # that loop is closed: nobody waits for this any more
 
 
-def _resolve_none(fut: "asyncio.Future[None]") -> None:
+def _resolve_none(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)

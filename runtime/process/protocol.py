@@ -11,14 +11,14 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from typing import Any, Literal, TypedDict
+from typing import Any, Generic, Literal, TypedDict, TypeVar, cast, get_args, get_type_hints
 
 import msgpack
 
 __all__ = (
     "Connection", "ConnectionClosed", "ProtocolError", "MAX_FRAME", "DEFAULT_CREDITS",
     "Hello", "Invoke", "Credit", "Cancel", "Stop", "Loaded", "Ready", "Write", "Item", "Result", "Error",
-    "Log", "Stopped", "StreamCall", "StreamReply",
+    "Log", "Stopped", "StreamCall", "StreamReply", "ToWorker", "ToFrontend", "Frame", "TAGS",
 )
 
 _HEADER = struct.Struct(">I")
@@ -30,7 +30,7 @@ DEFAULT_CREDITS = 8
 # -- frontend -> worker ------------------------------------------------------------------------
 class Hello(TypedDict):
     t: Literal["hello"]
-    spec: dict            # FunctionSpec.model_dump(mode="json")
+    spec: dict[str, Any]            # FunctionSpec.model_dump(mode="json")
     code_roots: list[str]
     credits: int
 
@@ -72,7 +72,7 @@ class StreamReply(TypedDict, total=False):
 # -- worker -> frontend ------------------------------------------------------------------------
 class Loaded(TypedDict):
     t: Literal["loaded"]   # the code is imported (or not); the initializer runs next
-    kind: str | None       # the handler's kind (runtime.registry.handler_kind), None on error
+    kind: str | None       # the handler's kind (runtime.deployment.handler_kind), None on error
     error: str | None      # why the import failed: the deploy is refused with this message
 
 
@@ -124,7 +124,17 @@ class StreamCall(TypedDict):
     t: Literal["stream_call"]
     seq: int
     op: str
-    args: list
+    args: list[Any]
+
+
+ToWorker = Hello | Invoke | Credit | Cancel | Stop | StreamReply
+ToFrontend = Loaded | Ready | Write | Item | Result | Error | Log | Stopped | StreamCall
+Frame = ToWorker | ToFrontend
+#: every `t` the protocol knows; `recv` refuses any other frame.
+TAGS = frozenset(get_args(get_type_hints(message)["t"])[0] for message in get_args(Frame))
+
+SendT = TypeVar("SendT", ToWorker, ToFrontend)
+RecvT = TypeVar("RecvT", ToWorker, ToFrontend)
 
 
 class ConnectionClosed(EOFError):
@@ -135,14 +145,16 @@ class ProtocolError(ValueError):
     """A frame that is not what the protocol allows (too large, not a msgpack map)."""
 
 
-class Connection:
-    """Frames over a blocking stream socket. `send` may be called from any thread."""
+class Connection(Generic[SendT, RecvT]):
+    """Frames over a blocking stream socket. `send` may be called from any thread.
+
+    The frontend holds a `Connection[ToWorker, ToFrontend]`, the worker the reverse."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._send_lock = threading.Lock()
 
-    def send(self, msg: dict) -> None:
+    def send(self, msg: SendT) -> None:
         data = msgpack.packb(msg, use_bin_type=True)
         if len(data) > MAX_FRAME:
             raise ProtocolError(f"frame of {len(data)} bytes exceeds {MAX_FRAME}")
@@ -152,14 +164,14 @@ class Connection:
             except OSError as exc:
                 raise ConnectionClosed(str(exc)) from exc
 
-    def recv(self) -> dict:
+    def recv(self) -> RecvT:
         (size,) = _HEADER.unpack(self._read(_HEADER.size))
         if size > MAX_FRAME:
             raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME}")
         msg = msgpack.unpackb(self._read(size), raw=False)
-        if not isinstance(msg, dict) or "t" not in msg:
-            raise ProtocolError("a frame must be a msgpack map with a 't' field")
-        return msg
+        if not isinstance(msg, dict) or msg.get("t") not in TAGS:
+            raise ProtocolError("a frame must be a msgpack map whose 't' field names a message of the protocol")
+        return cast(RecvT, msg)
 
     def _read(self, n: int) -> bytes:
         buf = bytearray(n)

@@ -11,22 +11,22 @@ import asyncio
 import builtins
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .. import errors as core_errors
 from ..errors import FunctionServiceError, HandlerError
 from ..streams import errors as stream_errors
-from ..streams.tenancy import qualify, tenant_of, unqualify
 from ..streams.broker import AbstractBroker, AbstractSubscription, BrokerSettings, Element, StreamOptions, StreamStats
-
-if TYPE_CHECKING:
-    from .pool import WorkerProcess
+from ..streams.tenancy import qualify, tenant_of, unqualify
+from .protocol import StreamCall, StreamReply, ToWorker
 
 __all__ = ("ProxyBroker", "ProxySubscription", "StreamBridge", "stream_error")
 
 log = logging.getLogger("fnstream.process")
 
 Call = Callable[..., Any]  # the worker's blocking `stream_call(op, *args)`
+Send = Callable[[ToWorker], object]  # sends one frame to the worker (any thread)
 
 
 def stream_error(name: str, message: str) -> BaseException:
@@ -83,7 +83,8 @@ class ProxyBroker(AbstractBroker):
         return await asyncio.to_thread(self._call, op, *args)
 
     async def publish(self, name: str, elements: Sequence[bytes], *, timeout: float | None = None) -> list[int]:
-        return await self._remote("publish", name, [bytes(e) for e in elements], timeout)
+        ids: list[int] = await self._remote("publish", name, [bytes(e) for e in elements], timeout)
+        return ids
 
     async def subscribe(self, name: str, *, from_id: int | None = None,
                         buffer: int | None = None) -> AbstractSubscription:
@@ -120,37 +121,38 @@ def _unqualified(tenant: str, stats: dict[str, Any]) -> dict[str, Any]:
 class StreamBridge:
     """Runs one worker's stream calls on the frontend's broker; `release` undoes what it left."""
 
-    def __init__(self, worker: "WorkerProcess") -> None:
-        self._worker = worker
+    def __init__(self, send: Send, tenant: str) -> None:
+        self._send = send
+        self._tenant = tenant  # the worker's function's: every stream name it uses is this tenant's
         self._subs: dict[int, AbstractSubscription] = {}
         self._next_sub = 0
         self._producers: list[str] = []
         self._target: tuple[AbstractBroker, asyncio.AbstractEventLoop] | None = None
 
-    def handle(self, msg: dict) -> None:
+    def handle(self, msg: StreamCall) -> None:
         """Called on the worker's reader thread: run the call on the broker's loop, reply from there."""
         from ..streams import current_broker
         try:
             self._target = broker, loop = current_broker()
         except RuntimeError as exc:
-            self._worker.send({"t": "stream_reply", "seq": msg["seq"], "error": "RuntimeError", "message": str(exc)})
+            self._send({"t": "stream_reply", "seq": msg["seq"], "error": "RuntimeError", "message": str(exc)})
             return
         asyncio.run_coroutine_threadsafe(self._answer(broker, msg), loop)
 
-    async def _answer(self, broker: AbstractBroker, msg: dict) -> None:
-        reply: dict[str, Any] = {"t": "stream_reply", "seq": msg["seq"]}
+    async def _answer(self, broker: AbstractBroker, msg: StreamCall) -> None:
+        reply: StreamReply = {"t": "stream_reply", "seq": msg["seq"]}
         try:
             reply["value"] = await self._run(broker, msg["op"], *msg["args"])
-        except Exception as exc:  # noqa: BLE001 - every failure goes back to the handler that asked
+        except Exception as exc:
             reply["error"], reply["message"] = type(exc).__name__, str(getattr(exc, "message", exc))
         # A batch of elements can be large: never block the loop on the worker's socket.
-        await asyncio.to_thread(self._worker.send, reply)
+        await asyncio.to_thread(self._send, reply)
 
     async def _run(self, broker: AbstractBroker, op: str, *args: Any) -> Any:
         if op == "max_element_size":
             return broker.settings.max_element_size
         # Streams belong to the worker's tenant: the name is qualified here, never by the worker.
-        tenant = self._worker.pool.spec.tenant
+        tenant = self._tenant
         if op in _NAMED_OPS:
             args = (qualify(tenant, args[0]), *args[1:])
         if op == "list":
@@ -170,8 +172,8 @@ class StreamBridge:
         if op == "sub_ack":
             return self._subs[args[0]].ack(args[1])
         if op == "sub_close":
-            sub = self._subs.pop(args[0], None)
-            return None if sub is None else await sub.close()
+            closing = self._subs.pop(args[0], None)
+            return None if closing is None else await closing.close()
         if op in ("configure", "attach_producer"):
             options = None if args[1] is None else StreamOptions(**args[1])
             if op == "configure":

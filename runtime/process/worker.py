@@ -26,15 +26,27 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..context import Context
-from ..errors import FunctionServiceError, ResultNotSerializableError, StreamClosedError, StreamWriteError
-from ..invocation import WRITTEN, Written, drain_generator, encode_payload
+from ..deployment import handler_kind
+from ..errors import FunctionServiceError, StreamClosedError, handler_failure
+from ..invocation import WRITTEN, Written, drain_generator, encode_json, encode_payload, encode_write
 from ..loader import load_code
 from ..manifest import FunctionSpec
 from ..pre_stop import pre_stop_timeout
-from ..registry import handler_kind
 from ..streams import bind_broker
+from ..surface import Mode
 from .errors import MemoryLimitError
-from .protocol import Connection, ConnectionClosed, ProtocolError
+from .protocol import (
+    Connection,
+    ConnectionClosed,
+    Invoke,
+    Item,
+    ProtocolError,
+    Stop,
+    StreamReply,
+    ToFrontend,
+    ToWorker,
+    Write,
+)
 from .streams_bridge import ProxyBroker, stream_error
 
 __all__ = ("Worker", "main")
@@ -48,21 +60,16 @@ class _Cancelled(BaseException):
 
 
 
-class _Deployment:
-    """What `Context` needs of a deployment, inside the worker."""
-
-    def __init__(self, spec: FunctionSpec) -> None:
-        self.spec = spec
-
-
 class _Invocation:
-    """What `Context` needs of an invocation, inside the worker."""
+    """The invocation inside the worker: what `Context` needs (satisfies HandlerInvocation)."""
 
-    def __init__(self, msg: dict, worker: "Worker") -> None:
+    def __init__(self, msg: Invoke, worker: Worker) -> None:
         self.id: str = msg["id"]
         self.trace_id: str = msg["trace_id"]
         self.event = msg["event"]
         self.streaming: bool = msg["streaming"]
+        self.mode: Mode = "sse" if self.streaming else "json"  # raw framing is the frontend's concern
+        self._worker = worker
         self.started = time.monotonic()
         self.deadline = self.started + float(msg["timeout"])
         self.max_write_size: int = msg["max_write_size"]
@@ -71,6 +78,9 @@ class _Invocation:
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
+
+    def cancel(self, reason: str) -> None:
+        self._worker._cancel(self.id, reason)
 
 
 class WorkerStream:
@@ -82,7 +92,7 @@ class WorkerStream:
 
     __slots__ = ("_inv", "_worker", "max_write_size")
 
-    def __init__(self, inv: _Invocation, worker: "Worker") -> None:
+    def __init__(self, inv: _Invocation, worker: Worker) -> None:
         self._inv = inv
         self._worker = worker
         self.max_write_size = inv.max_write_size
@@ -91,10 +101,7 @@ class WorkerStream:
         self.max_write_size = int(size)
 
     def write(self, data: Any) -> Written:
-        payload = encode_payload(data)
-        if len(payload) > self.max_write_size and len(payload.encode()) > self.max_write_size:
-            raise StreamWriteError(f"stream write of {len(payload.encode())} bytes exceeds the limit of "
-                                   f"{self.max_write_size} bytes")
+        payload = encode_write(data, self.max_write_size)
         if not self._inv.streaming:
             if self._inv.cancel_reason is not None:
                 raise StreamClosedError(f"stream closed: {self._inv.cancel_reason}")
@@ -106,45 +113,45 @@ class WorkerStream:
 class _FrameLogHandler(logging.Handler):
     """Forwards the worker's log records to the frontend's logging."""
 
-    def __init__(self, worker: "Worker") -> None:
+    def __init__(self, worker: Worker) -> None:
         super().__init__(logging.INFO)
         self._worker = worker
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self._worker.post({"t": "log", "name": record.name, "level": record.levelno, "msg": self.format(record)})
-        except Exception:  # noqa: BLE001 - logging must never fail the handler
+        except Exception:
             self.handleError(record)
 
 
 class Worker:
     """The worker's state: the loaded code, the current invocation and its write credits."""
 
-    def __init__(self, conn: Connection, spec: FunctionSpec, code_roots: list[Path], credits: int) -> None:
+    def __init__(self, conn: Connection[ToFrontend, ToWorker], spec: FunctionSpec, code_roots: list[Path],
+                 credits: int) -> None:
         self.conn = conn
         self.spec = spec
         self.code_roots = code_roots
         self.max_credits = credits
-        self._dep = _Deployment(spec)
         self._code: Any = None
-        self._inbox: queue.Queue[dict] = queue.Queue()
+        self._inbox: queue.Queue[Invoke | Stop] = queue.Queue()
         self._cond = threading.Condition()
         self._inv: _Invocation | None = None
         self._credits = 0
         self._early_cancel: tuple[str, str] | None = None
         self._cancellable = False
         self._main_ident = threading.get_ident()
-        self._stream_replies: dict[int, dict] = {}
+        self._stream_replies: dict[int, StreamReply] = {}
         self._stream_seq = 0
         # Frames from the main thread go through a bounded outbox and a writer thread: the cancel
         # signal raises at any bytecode of the main thread and must never cut a frame in half.
-        self._outbox: queue.Queue[dict] = queue.Queue(maxsize=64)
+        self._outbox: queue.Queue[ToFrontend] = queue.Queue(maxsize=64)
         # Named streams: the API runs on this loop (in its own thread) for sync handlers, and on
         # the handler's own loop for async ones; either way every broker call goes to the frontend.
         self.streams = ProxyBroker(self.stream_call)
         self._streams_loop = asyncio.new_event_loop()
 
-    def post(self, frame: dict) -> None:
+    def post(self, frame: ToFrontend) -> None:
         self._outbox.put(frame)
 
     def flush(self) -> None:
@@ -188,10 +195,10 @@ class Worker:
         if init is None:
             return None
         try:
-            result = init(Context(self._dep))
+            result = init(Context(self.spec))
             if inspect.iscoroutine(result):
                 asyncio.run(result)
-        except Exception as exc:  # noqa: BLE001 - user code
+        except Exception as exc:
             log.error("initializer failed:\n%s", traceback.format_exc())
             return f"initializer failed: {type(exc).__name__}: {exc}"
         return None
@@ -220,17 +227,16 @@ class Worker:
                 msg = self.conn.recv()
             except (ConnectionClosed, ProtocolError):
                 os._exit(0)  # the frontend is gone: nobody can use this worker any more
-            kind = msg["t"]
-            if kind in ("invoke", "stop"):
+            if msg["t"] == "invoke" or msg["t"] == "stop":
                 self._inbox.put(msg)
-            elif kind == "credit":
+            elif msg["t"] == "credit":
                 with self._cond:
                     if self._inv is not None and self._inv.id == msg["id"]:
                         self._credits += int(msg["n"])
                         self._cond.notify_all()
-            elif kind == "cancel":
+            elif msg["t"] == "cancel":
                 self._cancel(msg["id"], msg["reason"])
-            elif kind == "stream_reply":
+            elif msg["t"] == "stream_reply":
                 with self._cond:
                     self._stream_replies[msg["seq"]] = msg
                     self._cond.notify_all()
@@ -251,7 +257,7 @@ class Worker:
             raise _Cancelled(inv.cancel_reason)
 
     # -- output --------------------------------------------------------------------------------
-    def send_output(self, inv: _Invocation, frame: dict) -> None:
+    def send_output(self, inv: _Invocation, frame: Write | Item) -> None:
         """Send a write or item once a credit is available (backpressure from the client)."""
         with self._cond:
             while True:
@@ -296,7 +302,7 @@ class Worker:
         finally:
             bind_broker(self.streams, self._streams_loop)
 
-    def _run(self, msg: dict) -> bool:
+    def _run(self, msg: Invoke) -> bool:
         """Run one invocation and report its outcome; False when this worker must exit."""
         inv = _Invocation(msg, self)
         with self._cond:
@@ -311,13 +317,10 @@ class Worker:
                 self._cancellable = True
                 if inv.cancel_reason is not None:
                     raise _Cancelled(inv.cancel_reason)
-                result = self._call(inv, Context(self._dep, inv))
+                result = self._call(inv, Context(self.spec, inv))
             finally:
                 self._cancellable = False
-            try:
-                text = json.dumps(result, ensure_ascii=False, separators=(",", ":"))
-            except (TypeError, ValueError) as exc:
-                raise ResultNotSerializableError(f"the handler's result is not JSON-serializable: {exc}") from None
+            text = encode_json(result)
             self.post({"t": "result", "id": inv.id, "json": text})
             return True
         except _Cancelled as exc:
@@ -329,10 +332,10 @@ class Worker:
             outcome, retire = (MemoryLimitError.__name__,
                                f"function {self.spec.name!r} exceeded its memory limit of {self.spec.memory} MB"), True
         except SystemExit as exc:
-            outcome = ("HandlerError", f"Fail to run user call handler. err: the handler called sys.exit({exc.code!r})")
-        except BaseException as exc:  # noqa: BLE001 - anything the user's code raised
+            outcome = ("HandlerError", handler_failure(exc).message)
+        except BaseException as exc:
             log.error("invocation %s raised:\n%s", inv.id, "".join(traceback.format_exception(exc)))
-            outcome = ("HandlerError", f"Fail to run user call handler. err: {type(exc).__name__}: {exc}")
+            outcome = ("HandlerError", handler_failure(exc).message)
         finally:
             with self._cond:
                 self._inv = None
@@ -370,15 +373,15 @@ class Worker:
 
         It runs in a daemon thread, so one that hangs is left behind when the worker exits.
         """
-        timeout = pre_stop_timeout(self._dep)  # type: ignore[arg-type]
+        timeout = pre_stop_timeout(self.spec)
         errors: list[str | None] = []
 
         def run() -> None:
             try:
-                result = pre_stop(Context(self._dep))
+                result = pre_stop(Context(self.spec))
                 if inspect.iscoroutine(result):
                     asyncio.run(result)
-            except BaseException as exc:  # noqa: BLE001 - user code, including sys.exit
+            except BaseException as exc:
                 log.error("preStop failed:\n%s", traceback.format_exc())
                 errors.append(f"preStop failed: {type(exc).__name__}: {exc}")
             else:
@@ -404,8 +407,10 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the frontend decides
     faulthandler.enable()  # a segfault prints the Python stack to the server's stderr
-    conn = Connection(socket.socket(fileno=int(args[0])))
+    conn: Connection[ToFrontend, ToWorker] = Connection(socket.socket(fileno=int(args[0])))
     hello = conn.recv()
+    if hello["t"] != "hello":
+        raise ProtocolError(f"the first frame must be 'hello', not {hello['t']!r}")
     spec = FunctionSpec.model_validate(hello["spec"])
     _limit_memory(spec.memory)
     worker = Worker(conn, spec, [Path(p) for p in hello["code_roots"]], int(hello["credits"]))

@@ -52,10 +52,9 @@ __all__ = (
     "query_global_consumers_num", "query_global_producers_num",
     # broker
     "AbstractBroker", "AbstractSubscription", "BrokerSettings", "Element", "StreamOptions", "StreamStats",
-    "build_broker",
     # errors
-    "ElementTooLargeError", "InvalidElementError", "InvalidStreamIdError", "InvalidStreamNameError", "StreamBlockedError",
-    "StreamDeletedError", "StreamError", "StreamLimitError", "StreamNotFoundError",
+    "ElementTooLargeError", "InvalidElementError", "InvalidStreamIdError", "InvalidStreamNameError",
+    "StreamBlockedError", "StreamDeletedError", "StreamError", "StreamLimitError", "StreamNotFoundError",
     "SubscriptionCutError", "SubscriptionEndedError",
     # memory
     "MemoryBroker", "MemorySubscription",
@@ -63,10 +62,3 @@ __all__ = (
     "validate_stream_name",
     "YUANRONG_END_MARKER", "terminator_forms", "terminator_set", "terminator_text",
 )
-
-_BROKERS = {"memory": MemoryBroker}
-
-
-def build_broker(cfg) -> AbstractBroker:
-    """The broker named by `streams.broker` in a `runtime.config.StreamsConfig`."""
-    return _BROKERS[cfg.broker](BrokerSettings.from_config(cfg))

@@ -9,11 +9,13 @@ itself would deadlock, so it raises a RuntimeError naming the async form.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
-from .broker import AbstractBroker, Element, StreamOptions
+from .broker import AbstractBroker, AbstractSubscription, Element, StreamOptions
 from .errors import StreamError, StreamNotFoundError, SubscriptionEndedError
 from .names import validate_stream_name
 from .tenancy import qualify, scoped_tenant
@@ -61,13 +63,17 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
+async def _as_coroutine(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
 def _run_sync(loop: asyncio.AbstractEventLoop, make: Callable[[], Awaitable[T]], async_name: str,
               timeout: float | None = None) -> T:
     """Run the coroutine `make()` on `loop` from another thread and wait for its result."""
     if _on_loop(loop):
         raise RuntimeError(f"this is the blocking form, called on the event loop: in an async handler "
                            f"use `await ...{async_name}(...)`")
-    future = asyncio.run_coroutine_threadsafe(make(), loop)  # type: ignore[arg-type]
+    future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(_as_coroutine(make()), loop)
     try:
         return future.result(timeout)
     except TimeoutError:
@@ -94,7 +100,7 @@ class ProducerConfig:
     encrypt_stream: bool = False         # accepted for compatibility; elements stay in this process
     retain_for_num_consumers: int = 0    # keep everything until this many consumers subscribed
     reserve_size: int = 0                # accepted for compatibility
-    extend_config: dict = field(default_factory=dict)
+    extend_config: dict[str, Any] = field(default_factory=dict[str, Any])
     retain_num: int = 0                  # keep the last N elements for late / reconnecting readers
     retain_bytes: int = 0                # ... or the last B bytes
     retain_seconds: float = 0.0          # ... or S seconds' worth
@@ -115,7 +121,7 @@ class SubscriptionConfig:
 
     subscription_name: str = ""
     subscriptionType: str = "STREAM"
-    extend_config: dict = field(default_factory=dict)
+    extend_config: dict[str, Any] = field(default_factory=dict[str, Any])
     from_id: int | None = None           # replay retained elements with id > from_id first
     buffer: int | None = None            # elements; None: streams.subscriberBuffer
 
@@ -165,7 +171,7 @@ class Producer:
         task = self._loop.create_task(self._flush(None))
         task.add_done_callback(self._keep_error)
 
-    def _keep_error(self, task: asyncio.Task) -> None:
+    def _keep_error(self, task: asyncio.Task[Any]) -> None:
         if not task.cancelled() and task.exception() is not None:
             self._error = task.exception()
 
@@ -208,23 +214,24 @@ class Producer:
     def close(self) -> None:
         _run_sync(self._loop, self.aclose, "aclose")
 
-    async def __aenter__(self) -> "Producer":
+    async def __aenter__(self) -> Producer:
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    def __enter__(self) -> "Producer":
+    def __enter__(self) -> Producer:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
 class Consumer:
     """Receives the elements of one named stream, in order."""
 
-    def __init__(self, subscription, loop: asyncio.AbstractEventLoop, config: SubscriptionConfig) -> None:
+    def __init__(self, subscription: AbstractSubscription, loop: asyncio.AbstractEventLoop,
+                 config: SubscriptionConfig) -> None:
         self._sub = subscription
         self._loop = loop
         self.name = subscription.name
@@ -270,16 +277,16 @@ class Consumer:
     def close(self) -> None:
         _run_sync(self._loop, self.aclose, "aclose")
 
-    async def __aenter__(self) -> "Consumer":
+    async def __aenter__(self) -> Consumer:
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    def __enter__(self) -> "Consumer":
+    def __enter__(self) -> Consumer:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

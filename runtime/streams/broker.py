@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ElementTooLargeError, InvalidElementError
+
+if TYPE_CHECKING:
+    from runtime.config import StreamsConfig
 
 __all__ = (
     "Element",
@@ -102,7 +106,7 @@ class BrokerSettings:
     idle_seconds: float = 86400.0  # Redis broker: forget a stream with no activity this long (0 = never)
 
     @classmethod
-    def from_config(cls, cfg) -> "BrokerSettings":
+    def from_config(cls, cfg: StreamsConfig) -> BrokerSettings:
         """From a `runtime.config.StreamsConfig`."""
         return cls(
             subscriber_buffer=cfg.subscriberBuffer,
@@ -118,7 +122,7 @@ class BrokerSettings:
             idle_seconds=cfg.idleStreamSeconds,
         )
 
-    def replace(self, **changes) -> "BrokerSettings":
+    def replace(self, **changes: Any) -> BrokerSettings:
         return dataclasses.replace(self, **changes)
 
 
@@ -137,7 +141,7 @@ class StreamStats:
     policy: Policy
     terminator: str | None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -170,10 +174,10 @@ class AbstractSubscription(abc.ABC):
     async def close(self) -> None:
         """Leave the stream; idempotent."""
 
-    async def __aenter__(self) -> "AbstractSubscription":
+    async def __aenter__(self) -> AbstractSubscription:
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
 
@@ -236,5 +240,5 @@ class AbstractBroker(abc.ABC):
     async def delete(self, name: str) -> None:
         """Remove the stream; its subscriptions end with StreamDeletedError. 404 when unknown."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 (optional hook: most brokers hold nothing)
         """Release the broker's resources; idempotent."""

@@ -5,6 +5,8 @@ The REST layer turns them into `{"code", "message"}` before streaming starts and
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import BadRequestError, FunctionServiceError
 
 __all__ = (
@@ -63,7 +65,7 @@ class StreamBlockedError(StreamError, TimeoutError):
         super().__init__(message)
         self.published = list(published or [])
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "published": self.published}
 
 
@@ -76,7 +78,7 @@ class SubscriptionEndedError(StreamError, ConnectionError):
         super().__init__(message)
         self.last_id = last_id
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "last_id": self.last_id}
 
 
@@ -85,7 +87,7 @@ class SubscriptionCutError(SubscriptionEndedError):
 
     code = 330409
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "resume_from_id": self.last_id}
 
 

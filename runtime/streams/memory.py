@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Sequence
+from collections.abc import Sequence
 
 from .broker import AbstractBroker, AbstractSubscription, BrokerSettings, Element, StreamOptions, StreamStats
 from .errors import (
@@ -28,7 +28,7 @@ __all__ = ("MemoryBroker", "MemorySubscription")
 class MemorySubscription(AbstractSubscription):
     """A bounded buffer of live elements behind a (bounded) replay of retained ones."""
 
-    def __init__(self, stream: "_Stream", capacity: int, replay: list[Element],
+    def __init__(self, stream: _Stream, capacity: int, replay: list[Element],
                  lost: tuple[int, int] | None, start_id: int) -> None:
         self.name = stream.name
         self._stream = stream
@@ -56,16 +56,19 @@ class MemorySubscription(AbstractSubscription):
 
     @property
     def full(self) -> bool:
+        return self._at_capacity()
+
+    def _at_capacity(self) -> bool:
         return len(self._buffer) >= self.capacity or self.buffered_bytes >= self.max_bytes
 
     # -- called by the stream ------------------------------------------------------------------
     def _offer(self, element: Element) -> bool:
-        if self.full:
+        if self._at_capacity():
             return False
         self._buffer.append(element)
         self.buffered_bytes += len(element.data)
         self.max_buffered = max(self.max_buffered, len(self._buffer))
-        if self.full:
+        if self._at_capacity():
             self._space.clear()
         self._data.set()
         return True
@@ -94,8 +97,9 @@ class MemorySubscription(AbstractSubscription):
                 if isinstance(err, SubscriptionCutError):
                     # The message names the resume point, known only once the buffer is drained.
                     err = SubscriptionCutError(
-                        f"stream {self.name!r}: this subscriber fell {self.capacity} elements (or {self.max_bytes} bytes) behind and "
-                        f"was cut; resume after id {self.last_id} (Last-Event-ID: {self.last_id})",
+                        f"stream {self.name!r}: this subscriber fell {self.capacity} elements "
+                        f"(or {self.max_bytes} bytes) behind and was cut; resume after id {self.last_id} "
+                        f"(Last-Event-ID: {self.last_id})",
                         last_id=self.last_id)
                 raise err
             self._data.clear()

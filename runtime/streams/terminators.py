@@ -7,7 +7,7 @@ producer sent the 16-character text (what openYuanrong's frontend compares with)
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = ("YUANRONG_END_MARKER", "terminator_forms", "terminator_set", "terminator_text")
 

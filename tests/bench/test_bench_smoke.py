@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bench.client import Target, hold_streams, run_invokes, run_streams
+from bench.client import Target, burst_streams, hold_streams, run_invokes, run_streams
 from bench.servers import BENCH, TARGETS
 
 
@@ -26,6 +26,8 @@ def test_bench_client_against_fnstream(start_server):
             results = await run_streams(target, {"count": 50}, 5)
             assert [(r.status, r.events) for r in results] == [(200, 51)] * 5  # 50 events + [DONE]
             assert all(r.first_event is not None and r.ended >= r.first_event for r in results)
+            burst = await burst_streams(target, {"count": 5}, 20)
+            assert [(r.status, r.events) for r in burst] == [(200, 6)] * 20
             invokes = await run_invokes(target, {"x": [1, 2]}, 4, 0.4)
             assert invokes.requests > 0 and invokes.errors == 0
         held = await hold_streams(_target(server, "fnstream-async"), {"count": 1, "hold_s": 30}, 3)

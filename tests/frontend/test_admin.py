@@ -1,6 +1,9 @@
 """Admin API, manifests and config validation."""
 import json
-from pathlib import Path
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 
 import pytest
 import yaml
@@ -8,7 +11,7 @@ import yaml
 from runtime.config import load_config
 from runtime.errors import ConfigError, ManifestError
 from runtime.manifest import load_deploy_dir, parse_manifest
-from tests.support.servers import HANDLERS, ROOT, fn, test_config
+from tests.support.servers import HANDLERS, ROOT, test_config
 
 
 async def test_deploy_list_get_delete(client):
@@ -126,3 +129,60 @@ def test_config_overrides_and_defaults():
     assert cfg.frontend.args.streamBufferEvents == 100
     assert cfg.runtime.codeRoots == [(ROOT / "functions").resolve()]
     assert cfg.runtime.deployDir == (ROOT / "deploy").resolve()
+
+
+async def test_a_codepath_outside_the_code_roots_says_how_to_widen_them(tmp_path, make_client):
+    """openYuanrong's first example, deployed from its own directory, is refused with the fix."""
+    (tmp_path / "hello.py").write_text((ROOT / "functions/hello.py").read_text())
+    client = await make_client(test_config())
+    resp = await client.post("/admin/v1/functions", json={"name": "x", "handler": "hello.handler",
+                                                          "codePath": str(tmp_path)})
+    assert resp.status == 400
+    message = (await resp.json())["message"]
+    assert "runtime.codeRoots" in message and "-s 'runtime.codeRoots=[" in message and str(tmp_path) in message
+    # Following the advice works.
+    widened = message.split("-s '")[1].split("'")[0].partition("=")[2]
+    client = await make_client(test_config(**{"runtime.codeRoots": yaml.safe_load(widened)}))
+    resp = await client.post("/admin/v1/functions", json={"name": "x", "handler": "hello.handler",
+                                                          "codePath": str(tmp_path)})
+    assert resp.status == 201
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "frontend.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+
+
+def _get_function(server, name: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"{server.url}/admin/v1/functions/{name}", timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_cli_deploy_of_a_multi_function_file_is_one_all_or_nothing_request(start_server, tmp_path):
+    empty = tmp_path / "deploy"
+    empty.mkdir()
+    server = start_server("--deploy-dir", str(empty), "-s", f"runtime.codeRoots=[{ROOT / 'functions'},{HANDLERS}]")
+    echo = {"handler": "echo.handler", "codePath": str(ROOT / "functions")}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump([{"name": "cli-a", **echo},
+                                   {"name": "cli-broken", "handler": "broken_import.handler",
+                                    "codePath": str(HANDLERS)}]))
+    done = _cli("deploy", str(bad), "--url", server.url)
+    assert done.returncode == 1 and "this_module_does_not_exist" in done.stdout, done
+    assert _get_function(server, "cli-a")[0] == 404  # the good one of the file was not deployed either
+
+    first = tmp_path / "first.yaml"
+    first.write_text(yaml.safe_dump([{"name": "cli-a", **echo}]))
+    assert _cli("deploy", str(first), "--url", server.url).returncode == 0
+    revision = _get_function(server, "cli-a")[1]["function"]["status"]["revision"]
+
+    both = tmp_path / "both.yaml"  # one already deployed (redeployed) and one new, in one request
+    both.write_text(yaml.safe_dump([{"name": "cli-a", **echo, "environment": {"v": "2"}},
+                                    {"name": "cli-b", **echo}]))
+    done = _cli("deploy", str(both), "--url", server.url)
+    assert done.returncode == 0, done
+    assert [f["name"] for f in json.loads(done.stdout)["functions"]] == ["cli-a", "cli-b"]
+    _, body = _get_function(server, "cli-a")
+    assert body["function"]["environment"] == {"v": "2"} and body["function"]["status"]["revision"] > revision
+    assert _get_function(server, "cli-b")[0] == 200

@@ -95,7 +95,7 @@ async def test_hostile_msgpack(hclient, payload, word):
 
 async def test_yaml_bombs_are_refused_quickly_and_the_loop_stays_free(hclient):
     bomb = ('a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
-            + "".join(f"{c}: &{c} [{','.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")))
+            + "".join(f"{c}: &{c} [{','.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)))
     deep = "name: deep\nhandler: echo.handler\nx: " + "[" * 10_000 + "]" * 10_000
     big = b"name: big\nhandler: echo.handler\nn: " + BIG_INT
     for body, word in ((bomb, "anchor"), ("name: x\nhandler: *a\n", "alias"), (deep, "nested"), (big, "4300")):

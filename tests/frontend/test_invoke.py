@@ -134,7 +134,7 @@ async def test_json_refused_and_no_sse_is_406(client, accept):
     assert resp.status == 406 and "refuses application/json" in (await resp.json())["message"]
 
 
-async def test_enable_event_defaults_to_false_when_absent(tmp_path):
+def test_enable_event_defaults_to_false_when_absent(tmp_path):
     from runtime.config import load_config
     path = tmp_path / "c.yaml"
     path.write_text("frontend:\n  port: 1234\n")

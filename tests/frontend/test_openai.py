@@ -5,8 +5,8 @@ import time
 import pytest
 from openai import APIError, AsyncOpenAI
 
-from tests.support.servers import fn, test_config
 from tests.support.openai_support import MODEL, chat_body, chat_fn, chunks_of, content_of, sse_events, write_deploy
+from tests.support.servers import fn, test_config
 
 CHAT = "/v1/chat/completions"
 
@@ -220,3 +220,34 @@ async def test_events_arrive_while_the_stand_in_generates(make_client, deploy):
     total = time.monotonic() - start
     assert len(arrivals) == 15
     assert arrivals[0] < 0.4 * total
+
+
+async def test_model_aliases_answer_pinned_openai_names_and_are_listed(make_client, deploy):
+    functions = deploy(chat_fn(tokens_per_second=2000, models=[MODEL]) | {"modelAliases": {"gpt-4o-mini": MODEL}})
+    client = await make_client(config=test_config(functions))
+    listing = [m["id"] for m in (await (await client.get("/v1/models")).json())["data"]]
+    assert listing == [MODEL, "gpt-4o-mini"]
+    assert (await (await client.get("/v1/models/gpt-4o-mini")).json())["id"] == "gpt-4o-mini"
+    async with AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0) as sdk:
+        chunks = [c async for c in await sdk.chat.completions.create(
+            model="gpt-4o-mini", stream=True, messages=[{"role": "user", "content": "hi"}])]
+    assert chunks and {c.model for c in chunks} == {MODEL}  # the function was asked for the model it serves
+    resp = await client.post(CHAT, json={**chat_body(), "model": "gpt-4o"})
+    assert resp.status == 404
+
+
+async def test_with_no_models_the_function_name_is_listed(make_client, deploy):
+    client = await make_client(config=test_config(deploy(chat_fn("chat", models=[], tokens_per_second=2000))))
+    assert [m["id"] for m in (await (await client.get("/v1/models")).json())["data"]] == ["chat"]
+    resp = await client.post(CHAT, json={**chat_body(), "model": "anything"})
+    assert resp.status == 200
+
+
+@pytest.mark.parametrize("aliases, says", [
+    ({"gpt-4o-mini": "not-served"}, "which is not in models"),
+    ({MODEL: MODEL}, "is already one of the function's models"),
+    ({"": MODEL}, "must be non-empty"),
+])
+async def test_bad_model_aliases_are_refused_at_deploy(client, aliases, says):
+    resp = await client.post("/admin/v1/functions", json=chat_fn("aliased") | {"modelAliases": aliases})
+    assert resp.status == 400 and says in (await resp.json())["message"]

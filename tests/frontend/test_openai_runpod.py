@@ -5,8 +5,8 @@ import json
 import pytest
 from openai import AsyncOpenAI
 
-from tests.support.servers import fn, read_events, test_config
 from tests.support.openai_support import MODEL, chat_body, chat_fn, content_of, write_deploy
+from tests.support.servers import fn, read_events, test_config
 
 INVOKE = "/serverless/v1/functions/{}/invocations"
 SSE = {"Accept": "text/event-stream"}

@@ -10,8 +10,8 @@ import openai
 import pytest
 from httpx_sse import connect_sse
 
-from tests.support.servers import ServerProcess
 from tests.support.openai_support import MODEL, chat_fn, wait_inflight_zero, write_deploy
+from tests.support.servers import ServerProcess
 
 KEY, DEV = "sk-test-user", "sk-test-dev"
 TOKENS = [{"token": KEY, "role": "user"}, {"token": DEV, "role": "developer"}]

@@ -10,7 +10,6 @@ import yaml
 
 from tests.support.servers import FUNCTIONS, HANDLERS, HELLO_BYTES, ROOT, read_events
 
-
 SSE = {"Accept": "text/event-stream"}
 
 
@@ -127,7 +126,7 @@ async def test_cli_stream_prints_as_events_arrive(server):
         "--data", json.dumps({"count": 4, "delay_ms": 300}), cwd=ROOT, stdout=asyncio.subprocess.PIPE)
     start = time.monotonic()
     arrivals = []
-    async for line in proc.stdout:
+    async for _line in proc.stdout:
         arrivals.append(time.monotonic() - start)
     await proc.wait()
     assert len(arrivals) == 6

@@ -14,7 +14,6 @@ import pytest
 
 from frontend.client import iter_sse
 from frontend.keys import BROKER
-
 from tests.support.servers import ROOT
 
 SUB = "/serverless/v1/stream/subscribe"
@@ -56,7 +55,7 @@ async def _subscribe_then_produce(session_get, session_post, name: str):
     stamps: list[float] = []
     started = time.monotonic()
     reading = asyncio.ensure_future(collect(sub, stamps))
-    inv = await session_post(f"/serverless/v1/functions/stream-producer/invocations",
+    inv = await session_post("/serverless/v1/functions/stream-producer/invocations",
                              json={"stream": name, "count": count, "delay_ms": delay_ms})
     assert inv.status == 200, await inv.text()
     assert (await inv.json())["sent"] == count
@@ -158,17 +157,25 @@ def spy_subscriptions(app) -> list:
 async def test_slow_rest_subscriber_is_cut_with_a_resume_id(make_client):
     client = await make_client(**{"streams.subscriberBuffer": 4, "streams.slowConsumerPolicy": "cut"})
     subs = spy_subscriptions(client.app)
-    slow = await client.get(f"{STREAMS}/slow")  # headers read, body not read: TCP fills up, then the buffer
+    get_json = client_get_json(client)
+    # Headers read, body not read: the socket buffers fill, then the subscriber's buffer of 4, and
+    # it is cut. How much the kernel buffers first is its choice (loopback autotuning can take tens
+    # of MB), so publish until the cut happened rather than a fixed amount that may all fit. The
+    # idle timeout turns "never cut" into a failure instead of a hang.
+    slow = await client.get(f"{STREAMS}/slow?timeout_ms=30000")
     big = "x" * 65536
-    for _ in range(40):  # 400 elements of 64 KiB: far more than socket buffers hold
+    published = 0
+    while (await get_json(f"{STREAMS}?stream=slow"))[1]["streams"][0]["consumers"] > 0:
+        assert published < 4000, "a subscriber that never reads was never cut"
         await client.post(f"{STREAMS}/slow", json=[big] * 10)
+        published += 10
         assert subs[0].buffered <= 4
     assert subs[0].max_buffered <= 4
     events = await collect(slow)
     assert events[-1]["event"] == "error"
     error = json.loads(events[-1]["data"])
     received = [int(e["id"]) for e in events[:-1]]
-    assert received == list(range(1, len(received) + 1)) and len(received) < 400
+    assert received == list(range(1, len(received) + 1)) and len(received) < published
     assert error["resume_from_id"] == received[-1]
     assert f"resume after id {received[-1]}" in error["message"]
 
@@ -176,10 +183,12 @@ async def test_slow_rest_subscriber_is_cut_with_a_resume_id(make_client):
 async def test_slow_rest_subscriber_blocks_the_producer_with_a_clear_error(make_client):
     client = await make_client(**{"streams.subscriberBuffer": 4, "streams.slowConsumerPolicy": "block"})
     subs = spy_subscriptions(client.app)
-    slow = await client.get(f"{STREAMS}/blocked?expect_num=1000")
+    # As above: publish until the producer is blocked, however much the kernel buffers first; the
+    # idle timeout turns a lost element into a failure instead of a hang.
+    slow = await client.get(f"{STREAMS}/blocked?expect_num=100000&timeout_ms=30000")
     big = "x" * 65536
     blocked, last = None, 0
-    for _ in range(40):
+    for _ in range(400):
         r = await client.post(f"{STREAMS}/blocked?timeout_ms=50", json=[big] * 10)
         assert subs[0].buffered <= 4
         if r.status != 200:
@@ -191,8 +200,10 @@ async def test_slow_rest_subscriber_blocks_the_producer_with_a_clear_error(make_
     assert subs[0].max_buffered <= 4
     published = (await (await client.get(f"{STREAMS}?stream=blocked")).json())["streams"][0]["last_id"]
     assert blocked["published"] == list(range(last + 1, published + 1))  # the rest of that batch was refused
-    await client.post(f"{STREAMS}/blocked", json=["[DONE]"])  # the reader drains, so this one goes through
-    events = await collect(slow)
+    reading = asyncio.ensure_future(collect(slow))  # the reader drains, so the end marker goes through
+    done = await client.post(f"{STREAMS}/blocked", json=["[DONE]"])
+    assert done.status == 200, await done.text()
+    events = await reading
     assert [int(e["id"]) for e in events] == list(range(1, published + 2))  # nothing lost, in order
 
 
@@ -226,7 +237,8 @@ async def test_binary_elements_and_msgpack(make_client):
     unpacker = msgpack.Unpacker(raw=False)
     unpacker.feed(await mp.read())
     objs = [o for o in unpacker if o is not None]
-    assert objs == [{"id": 1, "data": raw}, {"id": 2, "data": b"text"}, {"id": 3, "data": b"[DONE]", "end": "terminator"}]
+    assert objs == [{"id": 1, "data": raw}, {"id": 2, "data": b"text"},
+                    {"id": 3, "data": b"[DONE]", "end": "terminator"}]
 
 
 @pytest.mark.parametrize("marker", [b"\\xE0\\xFF\\xE0\\xFF", b"\xe0\xff\xe0\xff"])

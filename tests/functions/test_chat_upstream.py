@@ -8,8 +8,8 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from tests.support.servers import ServerProcess, test_config
 from tests.support.openai_support import MODEL, chat_body, chat_fn, sse_events, wait_inflight_zero, write_deploy
+from tests.support.servers import ServerProcess, test_config
 
 KEY, DEV = "sk-up-user", "sk-up-dev"
 CHAT = "/v1/chat/completions"
@@ -183,3 +183,23 @@ async def test_client_disconnect_closes_the_upstream_request(upstream, proxy):
             break
         await asyncio.sleep(0.05)
     assert ours["inflight"] == 0
+
+
+async def test_upstream_request_carries_the_callers_trace(proxy, aiohttp_server):
+    seen: list[str] = []
+
+    async def answer(request):
+        seen.append(request.headers.get("traceparent", ""))
+        return web.json_response({"id": "x", "object": "chat.completion", "choices": []})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    server = await aiohttp_server(app)
+    front = await proxy(str(server.make_url("/v1")))
+    incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    resp = await front.post(CHAT, json=chat_body(), headers={"traceparent": incoming})
+    assert resp.status == 200, await resp.text()
+    version, trace_id, span_id, flags = seen[0].split("-")
+    assert (version, trace_id, flags) == ("00", "4bf92f3577b34da6a3ce929d0e0e4736", "01")
+    assert span_id != "00f067aa0ba902b7" and len(span_id) == 16  # a new span of the same trace
+    assert resp.headers["X-Trace-Id"] == trace_id

@@ -94,7 +94,7 @@ def sync_sleep_then_write(event, context):
     time.sleep(event.get("seconds", 1))
     try:
         context.get_stream().write("late")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         STATE["log"].append(("late-write", type(exc).__name__))
         raise
     return "wrote"

@@ -45,7 +45,7 @@ class FnstreamProcess:
     """
 
     def __init__(self, *cli_args: str, env: dict | None = None) -> None:
-        self.log = tempfile.TemporaryFile(mode="w+")
+        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by stop())
         self.proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", *cli_args], cwd=ROOT,
                                      env={**os.environ, **(env or {})}, stdout=self.log,
                                      stderr=subprocess.STDOUT, text=True)

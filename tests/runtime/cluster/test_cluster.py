@@ -10,68 +10,18 @@ import time
 import aiohttp
 import pytest
 
-from tests.support.servers import FUNCTIONS
-from tests.support.cluster import CLUSTER_FUNCTIONS, FAST
 from frontend.client import iter_sse
-
-RELAY = {"name": "relay", "handler": "relay.handler", "codePath": str(CLUSTER_FUNCTIONS), "timeout": 30}
-
-
-async def wait_until(probe, what: str, limit: float = 15.0):
-    """Poll `probe()` until it returns something truthy (readiness, not a timing assertion)."""
-    deadline = time.monotonic() + limit
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-async def status(session: aiohttp.ClientSession, base: str) -> dict:
-    async with session.get(base + "/cluster/v1/status") as r:
-        return await r.json()
-
-
-async def workers_serving(session, base: str, name: str, count: int = 1):
-    async def probe():
-        st = await status(session, base)
-        live = [w for w in st["workers"] if name in w["functions"]]
-        return live if len(live) >= count else None
-    return await wait_until(probe, f"{count} worker(s) serving {name}")
-
-
-async def deploy(session, base: str, manifest: dict, method: str = "POST") -> dict:
-    url = base + "/admin/v1/functions" + (f"/{manifest['name']}" if method == "PUT" else "")
-    async with session.request(method, url, json=manifest) as r:
-        body = await r.json()
-        assert r.status in (200, 201), body
-        return body
-
-
-async def sse(session, base: str, name: str, event: dict, on_event=None):
-    """Invoke with SSE; returns (status, [(arrival time, data)])."""
-    got = []
-    async with session.post(f"{base}/serverless/v1/functions/{name}/invocations", json=event,
-                            headers={"Accept": "text/event-stream"}) as r:
-        async for ev in iter_sse(r):
-            got.append((time.monotonic(), ev["data"]))
-            if on_event is not None:
-                on_event(ev["data"])
-        return r.status, got
-
-
-def frontend_args(url: str, role: str = "frontend") -> list[str]:
-    return ["--cluster", url, *FAST, "-s", f"cluster.role={role}"]
-
-
-@pytest.fixture
-def start_server(start_server):
-    """Quiet servers: nobody reads their stdout pipe while a test runs, so a chatty one would block."""
-    def factory(*args: str, env: dict | None = None):
-        return start_server(*args, env={"FNSTREAM_LOG": "WARNING", **(env or {})})
-    return factory
+from tests.support.cluster import (
+    CLUSTER_FUNCTIONS,
+    RELAY,
+    deploy,
+    frontend_args,
+    sse,
+    status,
+    wait_until,
+    workers_serving,
+)
+from tests.support.servers import FUNCTIONS
 
 
 async def test_invoke_on_frontend_runs_on_worker_and_streams_as_produced(redis_server, start_server, start_worker):
@@ -362,7 +312,7 @@ def test_cluster_config_is_checked():
     from runtime.errors import ConfigError
     cfg = load_config(data={})
     assert cfg.cluster.redisUrl is None and cfg.cluster.role == "all"   # default: no Redis at all
-    with pytest.raises(ConfigError, match="cluster.role"):
+    with pytest.raises(ConfigError, match=r"cluster\.role"):
         load_config(data={"cluster": {"role": "boss"}})
 
 

@@ -9,7 +9,7 @@ import json
 import aiohttp
 
 from frontend.client import iter_sse
-from test_cluster import frontend_args, start_server  # noqa: F401
+from tests.support.cluster import frontend_args
 
 STREAMS = "/serverless/v1/streams"
 

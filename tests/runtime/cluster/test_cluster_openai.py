@@ -7,7 +7,7 @@ import time
 import aiohttp
 from openai import AsyncOpenAI
 
-from test_cluster import frontend_args, start_server, status, wait_until, workers_serving  # noqa: F401
+from tests.support.cluster import frontend_args, status, wait_until, workers_serving
 
 MODEL = "fnstream-standin"
 

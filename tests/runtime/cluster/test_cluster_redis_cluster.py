@@ -7,8 +7,8 @@ import time
 
 import aiohttp
 
+from tests.support.cluster import RELAY, deploy, frontend_args, sse, workers_serving
 from tests.support.servers import read_events
-from test_cluster import RELAY, deploy, frontend_args, sse, start_server, wait_until, workers_serving  # noqa: F401
 
 
 async def test_invoke_and_named_stream_over_a_redis_cluster(redis_cluster, start_server, start_worker):
@@ -38,7 +38,7 @@ async def test_invoke_and_named_stream_over_a_redis_cluster(redis_cluster, start
         async with s.post(a.url + "/serverless/v1/functions/stream-producer/invocations",
                           json={"stream": "clustered", "count": 4, "delay_ms": 200}) as inv:
             assert inv.status == 200, await inv.text()
-        stamps, events = map(list, zip(*await asyncio.wait_for(reading, 10)))
+        stamps, events = map(list, zip(*await asyncio.wait_for(reading, 10), strict=True))
         sub.close()
     assert [e["id"] for e in events] == ["1", "2", "3", "4", "5"] and events[-1]["data"] == "[DONE]"
     assert stamps[0] - started < 0.4 * (stamps[-1] - started)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from test_cluster import frontend_args, start_server  # noqa: F401
+from tests.support.cluster import frontend_args
 
 STREAMS = "/serverless/v1/streams"
 

@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -233,7 +232,7 @@ async def test_client_disconnect_interrupts_the_handler(pclient, tmp_path):
 async def test_handler_ignoring_cancel_is_killed_after_grace(pclient):
     pclient.app[EXECUTOR].process.cancel_grace = 0.3
     await deploy(pclient, "p-stubborn", "stubborn", concurrency=1)
-    (pid,) = await wait_ready(pclient, "p-stubborn")
+    await wait_ready(pclient, "p-stubborn")
     resp = await invoke(pclient, "p-stubborn", {}, SSE)
     assert b"started" in await resp.content.readuntil(b"started")
     resp.close()

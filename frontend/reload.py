@@ -1,0 +1,148 @@
+"""`fnstream serve --reload`: redeploy a function when its manifest or its code changes.
+
+A cheap poll (stat calls in a thread, never on the event loop) compares the deploy directory's
+manifests and the `.py` files under each deployed function's `codePath` with the last look. A
+changed manifest redeploys the functions it defines (a removed one deletes them); a changed `.py`
+file redeploys every function whose `codePath` holds it. A redeploy is the one `PUT` does: in-flight
+invocations finish on the old code. A file that fails to parse, import or validate leaves the old
+revision serving and is logged with its file and line. For the single-process dev loop only.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from aiohttp import web
+
+from runtime.errors import FunctionServiceError
+from runtime.manifest import FunctionSpec, load_manifest_file
+from runtime.registry import Registry
+
+__all__ = ("Reloader",)
+
+log = logging.getLogger("fnstream.reload")
+
+Snapshot = dict[Path, tuple[int, int]]  # file -> (mtime_ns, size)
+_MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+_SKIP_DIRS = frozenset({"__pycache__", ".git", ".venv", "venv", "node_modules", ".mypy_cache", ".pytest_cache"})
+MAX_WATCHED_FILES = 20_000  # a codePath as wide as a home directory is not watched file by file
+
+
+def _stat_into(out: Snapshot, path: Path) -> None:
+    try:
+        st = path.stat()
+    except OSError:
+        return
+    out[path] = (st.st_mtime_ns, st.st_size)
+
+
+def _scan(deploy_dir: Path, code_paths: list[Path]) -> tuple[Snapshot, Snapshot]:
+    """(manifests, python files): runs in a worker thread."""
+    manifests: Snapshot = {}
+    if deploy_dir.is_dir():
+        for entry in os.scandir(deploy_dir):
+            if entry.is_file() and entry.name.endswith(_MANIFEST_SUFFIXES):
+                _stat_into(manifests, Path(entry.path))
+    code: Snapshot = {}
+    for root in code_paths:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+            for name in filenames:
+                if name.endswith(".py"):
+                    _stat_into(code, Path(dirpath) / name)
+            if len(code) > MAX_WATCHED_FILES:
+                return manifests, code
+    return manifests, code
+
+
+def _changed(before: Snapshot, after: Snapshot) -> set[Path]:
+    return {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
+
+
+class Reloader:
+    """Polls every `interval` seconds while the app runs; use `context` as an aiohttp cleanup_ctx."""
+
+    def __init__(self, registry: Registry, deploy_dir: Path, interval: float = 0.5) -> None:
+        self.registry = registry
+        self.deploy_dir = deploy_dir.resolve()
+        self.interval = interval
+        self._manifests: Snapshot = {}
+        self._code: Snapshot = {}
+        self._defined: dict[Path, list[str]] = {}  # manifest file -> names it deployed
+
+    async def context(self, app: web.Application) -> AsyncIterator[None]:
+        await self._look()  # the baseline: what is deployed now came from these files
+        for path in self._manifests:
+            self._defined[path] = [s.name for s in self._parse(path) or []]
+        log.info("reload: watching %s and the code of %d function(s)", self.deploy_dir, len(self.registry))
+        task = asyncio.create_task(self._run(), name="fnstream-reload")
+        yield
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    def _code_paths(self) -> list[Path]:
+        return sorted({d.spec.codePath for d in self.registry.list()})
+
+    async def _look(self) -> tuple[set[Path], set[Path]]:
+        manifests, code = await asyncio.to_thread(_scan, self.deploy_dir, self._code_paths())
+        changed = _changed(self._manifests, manifests), _changed(self._code, code)
+        self._manifests, self._code = manifests, code
+        return changed
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                manifests, code = await self._look()
+                if manifests or code:
+                    await self.apply(manifests, code)
+            except Exception:
+                log.exception("reload: unexpected error")
+
+    def _parse(self, path: Path) -> list[FunctionSpec] | None:
+        try:
+            return load_manifest_file(path)
+        except FunctionServiceError as exc:
+            log.error("reload: %s: not reloaded, the running revision stays: %s", path, exc.message)
+            return None
+
+    async def apply(self, manifests: set[Path], code: set[Path]) -> None:
+        """Redeploy what the changed files define or hold, one function at a time."""
+        wanted: dict[str, tuple[FunctionSpec, Path]] = {}
+        for path in sorted(manifests):
+            if not path.exists():
+                for name in self._defined.pop(path, []):
+                    if name in self.registry:
+                        self.registry.delete(name)
+                        log.info("reload: deleted %s (its manifest %s was removed)", name, path)
+                continue
+            specs = self._parse(path)
+            if specs is None:
+                continue
+            self._defined[path] = [s.name for s in specs]
+            for spec in specs:
+                wanted[spec.name] = (spec, path)
+        for dep in self.registry.list():
+            if dep.name not in wanted:
+                touched = sorted(p for p in code if dep.spec.codePath in p.parents)
+                if touched:
+                    wanted[dep.name] = (dep.spec, touched[0])
+        for name, (spec, cause) in wanted.items():
+            await self._redeploy(name, spec, cause)
+
+    async def _redeploy(self, name: str, spec: FunctionSpec, cause: Path) -> None:
+        old = self.registry.get(name).revision if name in self.registry else None
+        try:
+            deployed = await self.registry.adeploy([spec])
+        except FunctionServiceError as exc:
+            keep = f"revision {old} keeps serving" if old is not None else "not deployed"
+            log.error("reload: %s changed; %s: %s", cause, keep, exc.message)
+            return
+        log.info("reload: %s changed; %s is now revision %d", cause, name, self.registry.get(name).revision)
+        del deployed

@@ -1,0 +1,239 @@
+"""The listener: aiohttp's runner and request handler with the limits of `frontend.limits`.
+
+A server in front of the internet must bound what a client can hold: an idle keep-alive connection
+(`keepAliveSeconds`), the time to send a request's headers (`headerTimeoutSeconds`, so a slowloris
+client sending one byte a second, or nothing, is closed) and its body (`bodyTimeoutSeconds`), the
+size of its headers, and the number of open connections (`maxConnections`: past it a new one is
+answered 503 instead of running the process out of file descriptors). None of these cut a response:
+an SSE stream runs as long as its handler writes. Errors that never reach the app (bad or too large
+headers, timeouts, overload) are answered in fnstream's JSON shape, not aiohttp's text pages.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import resource
+import time
+from typing import Any, cast
+
+from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
+from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+
+from runtime.config import Config, FrontendLimits
+
+from .errors import http_error_code
+
+__all__ = ("FnstreamRunner", "raise_fd_limit", "start_site")
+
+log = logging.getLogger("fnstream.frontend")
+
+
+def _raw_error(status: int, reason: str, message: str) -> bytes:
+    """A whole HTTP/1.1 error response, for connections the app never sees."""
+    code = http_error_code(status)
+    body = json.dumps({"code": code, "message": message}).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nX-Inner-Code: {code}\r\nConnection: close\r\n")
+    if status == 503:
+        head += "Retry-After: 1\r\n"
+    return (head + "\r\n").encode() + body
+
+
+class _LimitedHandler(RequestHandler):
+    """aiohttp's per-connection protocol plus the header and body deadlines."""
+
+    def __init__(self, manager: web.Server, *, limits: FrontendLimits, **kwargs: Any) -> None:
+        super().__init__(manager, keepalive_timeout=limits.keepAliveSeconds, max_line_size=limits.maxHeaderFieldSize,
+                         max_field_size=limits.maxHeaderFieldSize, max_headers=limits.maxHeaders, **kwargs)
+        self._limits = limits
+        self._answered = 0                     # responses finished; < _request_count while a request runs
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_bytes = 0
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body: StreamReader | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        # Bytes that leave a request head incomplete, with no request running, start its header
+        # deadline (a head arriving whole in one read, the usual case, arms no timer at all); while
+        # a request runs, bytes are its body, or pipelined requests bounded by the keep-alive timeout.
+        self._head_bytes += len(data)
+        before = self._request_count
+        super().data_received(data)
+        if self._request_count > before:  # a request line and headers arrived whole
+            self._cancel_head_timer()
+            payload = self._messages[-1][1] if self._messages else None
+            if isinstance(payload, StreamReader) and not payload.is_eof():
+                self._arm_body_timer(payload)
+        elif self._head_timer is None and self._request_count == self._answered and data:
+            self._arm_head_timer(counted=len(data))
+        if self._body is not None and self._body.is_eof():
+            self._cancel_body_timer()
+
+    async def finish_response(self, request: BaseRequest, resp: web.StreamResponse,
+                              start_time: float | None) -> tuple[web.StreamResponse, bool]:
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self._answered += 1
+
+    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """aiohttp's answer to an unparsable request or an unhandled error, as fnstream JSON."""
+        super().handle_error(request, status, exc, message)  # logs; refuses once a response started
+        if isinstance(exc, LineTooLong) or "Too many headers" in str(exc):
+            status = 431
+            message = (f"request headers too large: at most {self._limits.maxHeaders} header lines of "
+                       f"{self._limits.maxHeaderFieldSize} bytes each (frontend.limits)")
+        elif status == 500:
+            message = "internal server error"
+        code = http_error_code(status)
+        resp = web.json_response({"code": code, "message": message or "bad request"}, status=status,
+                                 headers={"X-Inner-Code": str(code)})
+        resp.force_close()
+        return resp
+
+    def _arm_head_timer(self, counted: int = 0) -> None:
+        self._head_bytes = counted
+        self._head_timer = self._loop.call_later(self._limits.headerTimeoutSeconds, self._head_timeout)
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self.transport is None or self._request_count != self._answered:
+            return
+        if self._head_bytes:  # a client that sent nothing gets nothing back, as from nginx
+            self.transport.write(_raw_error(408, "Request Timeout", "request headers did not arrive within "
+                                            f"frontend.limits.headerTimeoutSeconds "
+                                            f"({self._limits.headerTimeoutSeconds:g} s)"))
+        self.force_close()
+
+    def _arm_body_timer(self, payload: StreamReader) -> None:
+        self._cancel_body_timer()
+        self._body = payload
+        self._body_timer = self._loop.call_later(self._limits.bodyTimeoutSeconds, self._body_timeout)
+
+    def _body_timeout(self) -> None:
+        """A body still incomplete: its reader raises 408 (the route answers it); then the connection closes."""
+        self._body_timer = None
+        payload, self._body = self._body, None
+        if payload is None or payload.is_eof() or self.transport is None:
+            return
+        payload.set_exception(web.HTTPRequestTimeout(
+            text=f"request body did not arrive within frontend.limits.bodyTimeoutSeconds "
+                 f"({self._limits.bodyTimeoutSeconds:g} s)"))
+        self._lingering_time = 0.0  # do not wait for the rest of a body that is not coming
+        self.close()
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        self._body = None
+
+    def _cancel_timers(self) -> None:
+        self._cancel_head_timer()
+        self._cancel_body_timer()
+
+
+class _Overloaded(asyncio.Protocol):
+    """A connection past `maxConnections`: read the request head, answer 503, close."""
+
+    _last_warning = 0.0
+
+    def __init__(self, limits: FrontendLimits) -> None:
+        self._limits = limits
+        self._transport: asyncio.Transport | None = None
+        self._seen = b""
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+        self._timer = asyncio.get_running_loop().call_later(min(1.0, self._limits.headerTimeoutSeconds),
+                                                            self._answer)
+        now = time.monotonic()
+        if now - _Overloaded._last_warning > 10:
+            _Overloaded._last_warning = now
+            log.warning("refusing connections with 503: %d open (frontend.limits.maxConnections)",
+                        self._limits.maxConnections)
+
+    def data_received(self, data: bytes) -> None:
+        self._seen = (self._seen + data)[-4:]
+        if b"\r\n\r\n" in self._seen or b"\n\n" in self._seen:
+            self._answer()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._transport = None
+
+    def _answer(self) -> None:
+        if self._transport is None or self._transport.is_closing():
+            return
+        self._transport.write(_raw_error(503, "Service Unavailable", "too many open connections "
+                                         f"(frontend.limits.maxConnections={self._limits.maxConnections}); "
+                                         "retry later"))
+        self._transport.close()
+
+
+class _LimitedServer(web.Server):
+    """aiohttp's connection factory, handing out `_LimitedHandler`s up to `maxConnections`."""
+
+    def __init__(self, *args: Any, limits: FrontendLimits, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._limits = limits
+
+    def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
+        if len(self._connections) >= self._limits.maxConnections:
+            return _Overloaded(self._limits)
+        return _LimitedHandler(self, loop=self._loop, limits=self._limits, **self._kwargs)
+
+
+class FnstreamRunner(web.AppRunner):
+    """`web.AppRunner` whose connections carry `frontend.limits`."""
+
+    def __init__(self, app: web.Application, limits: FrontendLimits, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._limits = limits
+        self._server_kwargs = {k: v for k, v in kwargs.items() if k not in ("shutdown_timeout", "handle_signals")}
+
+    async def _make_server(self) -> web.Server:
+        base = await super()._make_server()  # runs the app's startup and freezes it
+        return _LimitedServer(base.request_handler, request_factory=base.request_factory,
+                              loop=asyncio.get_running_loop(), limits=self._limits, **self._server_kwargs)
+
+
+async def start_site(runner: web.BaseRunner, config: Config, host: str, port: int) -> web.TCPSite:
+    """Listen with `frontend.backlog` and, when `frontend.reusePort`, SO_REUSEPORT."""
+    site = web.TCPSite(runner, host, port, backlog=config.frontend.backlog,
+                       reuse_port=True if config.frontend.reusePort else None)
+    await site.start()
+    return site
+
+
+def raise_fd_limit(max_connections: int) -> None:
+    """Lift the soft file-descriptor limit towards the hard one so `maxConnections` can be reached."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_connections + 256  # listener, Redis, logs, worker pipes
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        if new > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        if new < want:
+            log.warning("file descriptor limit %d is below frontend.limits.maxConnections=%d; connections past "
+                        "it fail at accept instead of getting 503", new, max_connections)

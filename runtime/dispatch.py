@@ -1,0 +1,107 @@
+"""The runtime's one entry point for running a function: `Dispatcher.dispatch`.
+
+A route resolves who asks (a `Principal`, or None when auth is off), reads the event, and calls
+`dispatch(principal, function, event, options)`. The dispatcher decides once where it runs: here
+(the executor picks async, thread or process) or, in cluster mode, queued for a worker. Either
+way the caller gets an InvocationSurface (runtime/surface.py) and only has to speak HTTP.
+The tenant check (runtime/principal.py) runs here too, so no route can forget it.
+
+Extension points: `InvokeOptions` grows fields for new kinds of invocation (e.g. a background
+job), and `Principal` (runtime/principal.py) is the value tenant scoping keys on.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .deployment import Deployment, FunctionRef
+from .errors import FunctionNotFoundError
+from .executor import Executor
+from .invocation import Invocation
+from .principal import Principal, check_tenant
+from .registry import Registry
+from .surface import InvocationSurface, Mode
+
+if TYPE_CHECKING:
+    from .config import Config
+
+__all__ = ("InvokeOptions", "Limits", "Dispatcher", "ClusterRoute")
+
+
+@dataclass(frozen=True, slots=True)
+class InvokeOptions:
+    """How to run one invocation."""
+
+    mode: Mode = "json"
+    trace_id: str | None = None
+    # A plain JSON call of an `async def` handler may run in the caller's own task (Executor.start).
+    inline: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-invocation bounds (frontend.args): output buffer (events, bytes), one write, the whole answer."""
+
+    buffer_events: int = 100
+    max_write_size: int = 4 * 1024 * 1024
+    max_response_size: int = 6 * 1024 * 1024
+    buffer_bytes: int | None = None
+
+    @classmethod
+    def from_config(cls, config: Config) -> Limits:
+        args = config.frontend.args
+        return cls(args.streamBufferEvents, args.maxWriteSize, args.maxResponseSize, args.streamBufferBytes)
+
+
+class ClusterRoute(Protocol):
+    """What dispatch asks of a cluster node (runtime/cluster/node.py ClusterNode)."""
+
+    def lookup(self, ref: str) -> FunctionRef: ...
+    def should_enqueue(self, function: FunctionRef) -> bool: ...
+    async def submit(self, function: FunctionRef, event: Any, *, mode: Mode, buffer_events: int,
+                     max_write_size: int, max_response_size: int, trace_id: str | None) -> InvocationSurface: ...
+
+
+class Dispatcher:
+    """Finds functions and runs invocations, here or on the cluster."""
+
+    def __init__(self, registry: Registry, executor: Executor, limits: Limits = Limits(),
+                 cluster: ClusterRoute | None = None) -> None:
+        self.registry = registry
+        self.executor = executor
+        self.limits = limits
+        self.cluster = cluster  # set when the node joins a cluster
+
+    def find(self, principal: Principal | None, ref: str) -> FunctionRef:
+        """The function `ref` names, deployed here or (cluster mode) known to the cluster; 404/403."""
+        function: FunctionRef
+        try:
+            function = self.registry.get(ref)
+        except FunctionNotFoundError:
+            if self.cluster is None:
+                raise
+            function = self.cluster.lookup(ref)
+        check_tenant(principal, function.spec)
+        return function
+
+    async def dispatch(self, principal: Principal | None, function: FunctionRef | str, event: Any,
+                       options: InvokeOptions = InvokeOptions()) -> InvocationSurface:
+        """Start `function` with `event`; the running invocation, to read and await."""
+        if isinstance(function, str):
+            function = self.find(principal, function)
+        else:
+            check_tenant(principal, function.spec)
+        limits = self.limits
+        cluster = self.cluster
+        if cluster is not None and cluster.should_enqueue(function):
+            return await cluster.submit(function, event, mode=options.mode, buffer_events=limits.buffer_events,
+                                        max_write_size=limits.max_write_size,
+                                        max_response_size=limits.max_response_size, trace_id=options.trace_id)
+        assert isinstance(function, Deployment)  # a RemoteFunction is always enqueued
+        inv = Invocation(function, event, mode=options.mode, loop=asyncio.get_running_loop(),
+                         buffer_events=limits.buffer_events, max_write_size=limits.max_write_size,
+                         max_response_size=limits.max_response_size, trace_id=options.trace_id,
+                         buffer_bytes=limits.buffer_bytes)
+        self.executor.start(inv, inline=options.inline)
+        return inv

@@ -1,0 +1,185 @@
+"""frontend.limits over real sockets against a real `fnstream serve`: slowloris clients are cut,
+idle keep-alive connections closed, too large headers answered 431 JSON, connections past the cap
+answered 503 JSON — and an SSE response longer than every timeout runs to its end."""
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from tests.support.servers import read_events
+
+LIMITS = ["-s", "frontend.limits.keepAliveSeconds=1", "-s", "frontend.limits.headerTimeoutSeconds=1",
+          "-s", "frontend.limits.bodyTimeoutSeconds=1"]
+
+
+def _connect(server) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=10)
+
+
+def _read_until_closed(sock: socket.socket, limit: float = 10) -> tuple[bytes, float]:
+    """Everything the server sends until it closes; and how long that took."""
+    start, data = time.monotonic(), b""
+    sock.settimeout(limit)
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data, time.monotonic() - start
+
+
+def _split(response: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = response.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+def _get(path: str = "/healthz", extra: str = "") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode()
+
+
+def test_client_sending_nothing_is_closed_after_the_header_timeout(start_server):
+    server = start_server(*LIMITS, "-s", "frontend.limits.keepAliveSeconds=30")
+    with _connect(server) as sock:
+        data, took = _read_until_closed(sock)
+    assert data == b"" and 0.8 < took < 5
+
+
+def test_slowloris_headers_one_byte_a_time_are_cut_with_408(start_server):
+    server = start_server(*LIMITS, "-s", "frontend.limits.keepAliveSeconds=30")
+    request = _get()
+    with _connect(server) as sock:
+        start = time.monotonic()
+        try:
+            for byte in request[:-2]:  # never the final CRLF
+                sock.send(bytes([byte]))
+                time.sleep(0.2)
+                if time.monotonic() - start > 6:
+                    break
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        data, _ = _read_until_closed(sock)
+        took = time.monotonic() - start
+    status, headers, body = _split(data)
+    assert status == 408 and headers["content-type"].startswith("application/json")
+    assert "headerTimeoutSeconds" in json.loads(body)["message"]
+    assert took < 5
+
+
+def test_slowloris_body_is_answered_408_and_closed(start_server):
+    server = start_server(*LIMITS)
+    with _connect(server) as sock:
+        sock.sendall(b"POST /serverless/v1/functions/echo/invocations HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a\":")
+        data, took = _read_until_closed(sock)
+    status, _headers, body = _split(data)
+    assert status == 408 and "bodyTimeoutSeconds" in json.loads(body)["message"]
+    assert took < 5
+
+
+def test_idle_keep_alive_connection_is_closed_and_a_busy_one_is_not(start_server):
+    server = start_server(*LIMITS)
+    with _connect(server) as sock:
+        for _ in range(4):  # requests 0.5 s apart keep it open past the 1 s timeout
+            sock.sendall(_get())
+            status, _, _ = _split(sock.recv(65536))
+            assert status == 200
+            time.sleep(0.5)
+        data, took = _read_until_closed(sock)  # then idle: closed about a second after the last answer
+    assert data == b"" and took < 3
+
+
+def test_too_large_header_is_answered_431_json(start_server):
+    server = start_server("-s", "frontend.limits.maxHeaderFieldSize=1024")
+    with _connect(server) as sock:
+        sock.sendall(_get(extra=f"X-Big: {'a' * 2000}\r\n"))
+        data, _ = _read_until_closed(sock)
+    status, headers, body = _split(data)
+    assert status == 431 and headers["content-type"].startswith("application/json")
+    assert json.loads(body)["code"] == 431000
+    with _connect(server) as sock:  # the limit is per line: many small ones past maxHeaders too
+        sock.sendall(_get(extra="".join(f"X-H{i}: v\r\n" for i in range(200))))
+        assert _split(_read_until_closed(sock)[0])[0] == 431
+
+
+def test_connections_past_the_cap_get_503_json_and_the_held_ones_still_work(start_server):
+    server = start_server("-s", "frontend.limits.maxConnections=3", "-s", "frontend.limits.keepAliveSeconds=30")
+    held = [_connect(server) for _ in range(3)]
+    try:
+        for sock in held:  # each one accepted and served
+            sock.sendall(_get())
+            assert _split(sock.recv(65536))[0] == 200
+        with _connect(server) as extra:
+            extra.sendall(_get())
+            data, _ = _read_until_closed(extra)
+        status, headers, body = _split(data)
+        assert status == 503 and headers["retry-after"] == "1"
+        assert "maxConnections" in json.loads(body)["message"]
+        held[0].sendall(_get())  # the held connections are untouched
+        assert _split(held[0].recv(65536))[0] == 200
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 5
+    while True:  # once they are closed, new connections are served again
+        with _connect(server) as sock:
+            sock.sendall(_get())
+            if _split(sock.recv(65536))[0] == 200:
+                break
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_sse_stream_longer_than_every_timeout_runs_to_its_end(start_server, loop):
+    import aiohttp
+
+    server = start_server(*LIMITS, "-s", f"frontend.loop={loop}")
+    async with aiohttp.ClientSession() as session, session.post(
+            server.url + "/serverless/v1/functions/ticker/invocations", json={"count": 3, "delay_ms": 1500},
+            headers={"Accept": "text/event-stream"}) as resp:
+        assert resp.status == 200
+        events = await read_events(resp)
+    data = [json.loads(ev["data"]) if ev["data"] != "[DONE]" else ev["data"] for _t, ev in events]
+    assert data == [{"tick": 1, "of": 3}, {"tick": 2, "of": 3}, {"tick": 3, "of": 3}, {"ticks": 3}, "[DONE]"]
+    # Gaps of 1.5 s, each longer than the 1 s timeouts: the events arrived apart, as written.
+    assert events[2][0] - events[0][0] > 2.5
+    assert f"{loop} loop" in server.output()
+
+
+def _listen_backlog(port: int) -> int:
+    """Send-Q of a listening socket, as `ss` shows it, is its accept backlog."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("ss"):
+        pytest.skip("ss (iproute2) not installed")
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
+    return int(out.split()[2])
+
+
+def test_listener_backlog_is_frontend_backlog(start_server):
+    from pathlib import Path
+
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    default = start_server()
+    assert _listen_backlog(default.port) == min(2048, somaxconn)
+    assert "uvloop loop" in default.output()  # frontend.loop: auto picks the declared dependency
+    small = start_server("-s", "frontend.backlog=64")
+    assert _listen_backlog(small.port) == 64
+
+
+def test_malformed_request_is_answered_400_json_not_a_text_page(start_server):
+    server = start_server()
+    with _connect(server) as sock:
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        status, headers, body = _split(_read_until_closed(sock)[0])
+    assert status == 400 and headers["content-type"].startswith("application/json")
+    assert json.loads(body)["code"] == 200400

@@ -72,7 +72,8 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app = web.Application(middlewares=middlewares, client_max_size=body_limit)
     app[CONFIG] = config
     app[REGISTRY] = registry if registry is not None else build_registry(config)
-    app[EXECUTOR] = executor if executor is not None else Executor(config.runtime.threadPoolSize)
+    app[EXECUTOR] = executor if executor is not None else Executor(config.runtime.threadPoolSize,
+                                                                     config.runtime.threadsPerFunction)
     app[DISPATCHER] = Dispatcher(app[REGISTRY], app[EXECUTOR], Limits.from_config(config))
     app[LIFECYCLE] = Lifecycle(app[EXECUTOR], app[REGISTRY], config.frontend.args.shutdownGraceSeconds)
     # Named streams live in this process, or in Redis in cluster mode (attach_cluster replaces it).
@@ -100,9 +101,12 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
 
     async def _drain_invocations(app: web.Application) -> None:
         # Runs after the listener stopped and before aiohttp waits for open responses: aborted
-        # invocations end their SSE responses with an error event and [DONE].
+        # invocations end their SSE responses with an error event and [DONE]; named-stream
+        # subscribers get `event: end` (reason shutdown) as the Lifecycle says.
         await app[LIFECYCLE].drain()
 
+    app[streams.OPEN_SUBSCRIPTIONS] = subscriptions = streams.OpenSubscriptions()
+    app[LIFECYCLE].end_streams.append(subscriptions.end_all)
     app.on_shutdown.append(_drain_invocations)
 
     async def _bind_broker(app: web.Application) -> AsyncIterator[None]:

@@ -1,7 +1,9 @@
-"""Bearer-token auth: `Authorization: Bearer <token>`, `X-Auth`, or `?token=` on GET; roles `user` and `developer`.
+"""Bearer-token auth: `Authorization: Bearer <token>`, `X-Auth`, or `?token=` on GET.
 
-Off when no tokens are configured. Invoke and session routes need either role; everything else
-but `/healthz` needs `developer`. Tokens are compared in constant time.
+Off when no tokens are configured. Roles `user` < `developer` < `admin` (runtime/principal.py):
+invoke routes need any role; everything else but `/healthz` needs `developer` or `admin`. The
+scheme is case-insensitive (RFC 7235); the token must match exactly (a padded one is refused).
+Tokens are compared in constant time.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from aiohttp.typedefs import Handler
 
 from runtime.config import AuthToken
 from runtime.errors import ForbiddenError, UnauthorizedError
-from runtime.principal import Principal
+from runtime.principal import ROLE_RANK, Principal
 
 from .keys import CONFIG, PRINCIPAL
 
@@ -40,8 +42,8 @@ def required_role(path: str) -> str | None:
 def _presented_token(request: web.Request) -> str | None:
     header = request.headers.get("Authorization", "")
     scheme, _, value = header.partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
+    if scheme.lower() == "bearer":
+        return value  # exactly: "Bearer  tok" or "Bearer tok " is not "tok"
     if request.headers.get("X-Auth"):
         return request.headers["X-Auth"]
     # A browser EventSource cannot set headers: GET requests may carry `?token=` (as openYuanrong's).
@@ -81,7 +83,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     principal = _match(presented, tokens)
     if principal is None:
         raise UnauthorizedError("invalid token")
-    if role == "developer" and principal.role != "developer":
-        raise ForbiddenError(f"this route needs the 'developer' role; the token has {principal.role!r}")
+    if ROLE_RANK[principal.role] < ROLE_RANK[role]:
+        raise ForbiddenError(f"this route needs the 'developer' (or 'admin') role; the token has {principal.role!r}")
     request[PRINCIPAL] = principal
     return await handler(request)

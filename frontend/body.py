@@ -8,6 +8,7 @@ from aiohttp import web
 
 from runtime.errors import BadRequestError, BodyTooLargeError
 
+from . import safe_json
 from .keys import CONFIG
 
 __all__ = ("read_body", "read_json_body", "max_body_bytes")
@@ -34,11 +35,7 @@ async def read_json_body(request: web.Request) -> Any:
     if not raw.strip():
         return {}
     try:
-        return json.loads(raw)
-    except UnicodeDecodeError:
-        raise BadRequestError("request body is not UTF-8 JSON") from None
+        return safe_json.loads(raw)
     except json.JSONDecodeError as exc:
         raise BadRequestError(f"request body is not valid JSON: {exc.msg} at line {exc.lineno} "
                               f"column {exc.colno}") from None
-    except RecursionError:
-        raise BadRequestError("request body is JSON nested too deeply") from None

@@ -16,6 +16,7 @@ from typing import Any
 from runtime import eventloop
 from runtime.config import Config
 from runtime.errors import ConfigError, FunctionServiceError
+from runtime.lifecycle import exit_after_shutdown
 from runtime.logs import TEXT_FORMAT, configure_logging
 from runtime.manifest import load_manifest_file
 
@@ -35,6 +36,7 @@ def _print(obj: Any) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .app import build_app, build_registry, serve
+    from .keys import LIFECYCLE
 
     overrides = list(args.set or [])
     if args.deploy_dir:
@@ -73,7 +75,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except FunctionServiceError as exc:  # e.g. the job store is in use by another server
         print(f"fnstream: {exc.message}", file=sys.stderr)
         return 2
-    return 0
+    return exit_after_shutdown(app[LIFECYCLE].abandoned_threads)
 
 
 def _serve_processes(args: argparse.Namespace, config: Config, overrides: list[str]) -> int:
@@ -111,8 +113,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"fnstream: {exc.message}", file=sys.stderr)
         return 2
     configure_logging(config.logging.format, os.environ.get("FNSTREAM_LOG", "INFO"))
-    eventloop.run(serve_worker(config), config.frontend.loop)
-    return 0
+    return exit_after_shutdown(eventloop.run(serve_worker(config), config.frontend.loop))
 
 
 def _client(args: argparse.Namespace) -> Client:

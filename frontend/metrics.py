@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 from runtime.errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError
 from runtime.streams import StreamStats
 
-from .keys import BROKER, CONFIG, REGISTRY
+from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY
 from .sse import CURRENT_STREAM
 
 __all__ = ("InvocationStats", "METRICS", "INVOCATION", "FUNCTION", "counted", "install_metrics", "routes")
@@ -192,6 +192,7 @@ class _Snapshot(Collector):
         yield from self._invocations()
         yield from self._functions()
         yield from self._streams()
+        yield from self._loop()
         if self.cluster is not None:
             yield from self._cluster(self.cluster)
 
@@ -248,6 +249,17 @@ class _Snapshot(Collector):
                 busy.add_metric([dep.name], sum(1 for w in pool.get("workers", []) if w.get("state") == "busy"))
                 restarts.add_metric([dep.name], pool.get("restarts", 0))
         yield from (inflight, instances, busy, restarts)
+
+    def _loop(self) -> Iterator[Metric]:
+        """The event loop's lateness (runtime/limits.py LoopLagMonitor): a stall held every request."""
+        monitor = self.app[EXECUTOR].loop_monitor
+        yield GaugeMetricFamily("fnstream_loop_lag_seconds", "How late the loop-lag timer fired last",
+                                value=monitor.last_lag)
+        yield GaugeMetricFamily("fnstream_loop_lag_max_seconds", "Largest loop lag seen", value=monitor.max_lag)
+        yield CounterMetricFamily("fnstream_loop_stalls", "Event-loop stalls over the monitor's threshold",
+                                  value=monitor.stalls)
+        yield CounterMetricFamily("fnstream_loop_stall_seconds", "Seconds the event loop was stalled",
+                                  value=monitor.total_stall_seconds)
 
     def _streams(self) -> Iterator[Metric]:
         labels = ["stream"]

@@ -1,7 +1,8 @@
 """The bounded output channel of one invocation: writers put, the response reads.
 
 Writers are handler threads (blocking put) or coroutines on the loop (awaitable put); the single
-reader is the HTTP response on the loop. Memory is bounded by `capacity` items. The reader takes
+reader is the HTTP response on the loop. Memory is bounded by `capacity` items and by `max_bytes`
+(UTF-8 size of what is queued; one item larger than that still passes, alone). The reader takes
 everything already queued in one batch, so the response can coalesce it into one socket write.
 """
 from __future__ import annotations
@@ -20,9 +21,11 @@ T = TypeVar("T")
 class OutputChannel(Generic[T]):
     """Bounded, single-reader, thread-safe queue with close (producer done) and cancel (reader gone)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int, max_bytes: int | None = None) -> None:
         self._loop = loop
         self.capacity = capacity
+        self.max_bytes = max_bytes
+        self._bytes = 0  # queued size, counted only with max_bytes
         self._items: list[T] = []  # swapped out whole by the reader; far smaller than a deque when idle
         self._lock = threading.Lock()
         # Made on first need: most channels never see a blocked writer, and every open stream
@@ -41,6 +44,11 @@ class OutputChannel(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
+    @property
+    def queued_bytes(self) -> int:
+        """UTF-8 size of what is queued (0 when the channel has no byte bound)."""
+        return self._bytes
+
     def _check_writable(self) -> None:
         if self._cancel_reason is not None:
             raise StreamClosedError(f"stream closed: {self._cancel_reason}")
@@ -57,25 +65,43 @@ class OutputChannel(Generic[T]):
             else:
                 self._loop.call_soon_threadsafe(_resolve, reader)
 
+    def _room_for(self, size: int) -> bool:
+        """Called with the lock held."""
+        if len(self._items) >= self.capacity:
+            return False
+        return self.max_bytes is None or not self._items or self._bytes + size <= self.max_bytes
+
+    def _append(self, item: T, size: int) -> None:
+        self._items.append(item)
+        self._bytes += size
+        self._wake_reader()
+
+    def _size(self, item: T) -> int:
+        if self.max_bytes is None:
+            return 0
+        if isinstance(item, str):
+            return len(item) if item.isascii() else len(item.encode("utf-8", "surrogatepass"))
+        return len(item) if isinstance(item, (bytes, bytearray)) else 1
+
     # -- writers -----------------------------------------------------------------------------
     def try_put(self, item: T) -> bool:
         """Put without waiting; False when full. Raises StreamClosedError when closed."""
+        size = self._size(item)
         with self._lock:
             self._check_writable()
-            if len(self._items) >= self.capacity:
+            if not self._room_for(size):
                 return False
-            self._items.append(item)
-            self._wake_reader()
+            self._append(item, size)
             return True
 
     def put_blocking(self, item: T, timeout: float | None = None) -> None:
         """Put from a thread, waiting while the channel is full (backpressure)."""
+        size = self._size(item)
         with self._lock:
             while True:
                 self._check_writable()
-                if len(self._items) < self.capacity:
-                    self._items.append(item)
-                    self._wake_reader()
+                if self._room_for(size):
+                    self._append(item, size)
                     return
                 if self._space is None:
                     self._space = threading.Condition(self._lock)
@@ -88,7 +114,7 @@ class OutputChannel(Generic[T]):
             waiter = self._loop.create_future()
             with self._lock:
                 self._async_writers.append(waiter)
-                if len(self._items) < self.capacity or self._cancel_reason or self._closed:
+                if self._room_for(self._size(item)) or self._cancel_reason or self._closed:
                     _resolve(waiter)
             await waiter
 
@@ -103,6 +129,7 @@ class OutputChannel(Generic[T]):
                 if self._items:
                     batch = self._items
                     self._items = []
+                    self._bytes = 0
                     if self._space is not None:
                         self._space.notify_all()
                     if self._async_writers:
@@ -142,6 +169,7 @@ class OutputChannel(Generic[T]):
                 self._cancel_reason = reason
             if discard:
                 self._items.clear()
+                self._bytes = 0
             if self._space is not None:
                 self._space.notify_all()
             writers = list(self._async_writers)

@@ -44,6 +44,8 @@ class FrontendArgs(_Strict):
     maxRequestBodySize: float = Field(6, gt=0, description="MB")
     heartbeatSeconds: float = Field(15, gt=0)
     streamBufferEvents: int = Field(100, ge=1, description="per-invocation output buffer (events)")
+    streamBufferBytes: int = Field(4 * 1024 * 1024, ge=1, description="per-invocation output buffer (bytes); "
+                                   "one larger write still passes alone")
     maxWriteSize: int = Field(4 * 1024 * 1024, ge=1, description="bytes per stream write")
     maxResponseSize: int = Field(6 * 1024 * 1024, ge=1, description="bytes of a JSON result")
     shutdownGraceSeconds: float = Field(10, ge=0, description="in-flight invocations may finish this long on SIGTERM")
@@ -83,14 +85,19 @@ class FrontendConfig(_Strict):
 
 class RuntimeConfig(_Strict):
     threadPoolSize: int = Field(64, ge=1, description="threads for plain `def` handlers")
+    threadsPerFunction: int | None = Field(None, ge=1, description="threads one function may hold (running or "
+                                           "overrunning its timeout); default: a quarter of threadPoolSize")
     codeRoots: list[Path] = Field(default_factory=list, description="directories handler code may live in")
     deployDir: Path | None = None
 
 
 class AuthToken(_Strict):
-    token: str = Field(min_length=1)
-    tenant: str = "default"
-    role: Literal["user", "developer"] = "user"
+    """A token, the tenant it belongs to and its role: `user` invokes, `developer` also manages its
+    tenant's functions and streams, `admin` manages every tenant's (runtime/principal.py)."""
+
+    token: str = Field(min_length=1, pattern=r"^\S+$", description="no whitespace: tokens are matched exactly")
+    tenant: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+    role: Literal["user", "developer", "admin"] = "user"
 
 
 class AuthConfig(_Strict):
@@ -101,6 +108,8 @@ class StreamsConfig(_Strict):
     """Named-stream settings (see runtime/streams; every key is documented in README.md)."""
 
     subscriberBuffer: int = Field(1000, ge=1, description="elements buffered per subscription")
+    subscriberBufferBytes: int = Field(4 * 1024 * 1024, ge=1, description="bytes buffered per subscription; one "
+                                       "larger element still passes alone")
     slowConsumerPolicy: Literal["block", "cut"] = "cut"
     blockTimeoutMs: int = Field(5000, ge=0, description="how long 'block' makes a producer wait")
     retainNum: int = Field(0, ge=0)

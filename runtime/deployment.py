@@ -22,6 +22,7 @@ from .pre_stop import run_pre_stop
 from .sessions import SessionTable
 
 if TYPE_CHECKING:
+    from .limits import ThreadGate
     from .process.pool import WorkerPool
 
 __all__ = ("Deployment", "RemoteFunction", "FunctionRef", "Kind", "ExecutorName", "handler_kind", "executor_for",
@@ -102,6 +103,7 @@ class Deployment:
         self.executor: ExecutorName = "process" if code is None else executor_for(spec, self.kind)
         self.pool: WorkerPool | None = None  # executor: process - started by Registry.deploy
         self.sessions = SessionTable()  # X-Instance-Session sessions of this deployment
+        self.thread_gate: ThreadGate | None = None  # `def` handlers: set by the Executor on first call
         self.revision = revision
         self.inflight = 0
         self.invocations = 0
@@ -191,6 +193,11 @@ class Deployment:
                           "sessions": self.sessions.describe()}
         if self.pool is not None:
             data["status"]["pool"] = self.pool.describe()
+        if self.thread_gate is not None:
+            data["status"]["threads"] = self.thread_gate.describe()
+            if self.thread_gate.overran_total:
+                data["status"]["warning"] = ("threads of this function ran past their timeout and cannot be "
+                                             "stopped: use 'executor: process' for code that must be stoppable")
         return data
 
 

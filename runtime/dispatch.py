@@ -55,16 +55,17 @@ class InvokeOptions:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Per-invocation bounds (frontend.args): output buffer, one write, the whole answer."""
+    """Per-invocation bounds (frontend.args): output buffer (events, bytes), one write, the whole answer."""
 
     buffer_events: int = 100
     max_write_size: int = 4 * 1024 * 1024
     max_response_size: int = 6 * 1024 * 1024
+    buffer_bytes: int | None = None
 
     @classmethod
     def from_config(cls, config: Config) -> Limits:
         args = config.frontend.args
-        return cls(args.streamBufferEvents, args.maxWriteSize, args.maxResponseSize)
+        return cls(args.streamBufferEvents, args.maxWriteSize, args.maxResponseSize, args.streamBufferBytes)
 
 
 class ClusterRoute(Protocol):
@@ -124,7 +125,8 @@ class Dispatcher:
         inv = Invocation(function, event, mode=options.mode, loop=asyncio.get_running_loop(),
                          buffer_events=limits.buffer_events, max_write_size=limits.max_write_size,
                          max_response_size=limits.max_response_size, trace_id=options.trace_id,
-                         timeout=options.timeout, keep_items=options.keep_items)
+                         timeout=options.timeout, keep_items=options.keep_items,
+                         buffer_bytes=limits.buffer_bytes)
         if options.session is not None:
             inv.session = function.sessions.open(options.session)  # 429 when the table is full
         self.executor.start(inv, inline=options.inline)

@@ -18,10 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .context import Context
+from .deployment import Deployment
 from .errors import FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError, handler_failure
 from .invocation import Invocation, drain_generator
+from .limits import LoopLagMonitor, ThreadGate
 from .logs import set_log_context
 from .process.executor import ProcessExecutor
+from .streams.tenancy import current_tenant
 
 __all__ = ("Executor",)
 
@@ -33,14 +36,36 @@ DEADLINE_TICK = 0.05  # seconds between deadline checks
 class Executor:
     """Starts invocations and owns the thread pool for sync handlers."""
 
-    def __init__(self, thread_pool_size: int = 64) -> None:
+    def __init__(self, thread_pool_size: int = 64, threads_per_function: int | None = None) -> None:
         self._pool = ThreadPoolExecutor(thread_pool_size, thread_name_prefix="fnstream-handler")
         self.process = ProcessExecutor()  # `executor: process` functions run on worker processes
         self.active: set[Invocation] = set()
         self._watchdog: asyncio.Task[Any] | None = None
+        # One function's threads (running or overran) may not take more than this of the pool.
+        self.threads_per_function = threads_per_function or max(1, thread_pool_size // 4)
+        self._gates: list[ThreadGate] = []
+        self._loop_started: set[str] = set()
+        self.loop_monitor = LoopLagMonitor(self._running_on_loop)
+
+    def _running_on_loop(self) -> list[str]:
+        """Loop-run functions active now or started since the last call (for the loop-lag monitor)."""
+        seen, self._loop_started = self._loop_started, set()
+        return [*seen, *(inv.spec.name for inv in self.active
+                         if inv.deployment.kind in ("async", "asyncgen") and inv.deployment.executor != "process")]
+
+    def _gate(self, dep: Deployment) -> ThreadGate:
+        if dep.thread_gate is None:
+            dep.thread_gate = ThreadGate(dep.name, self.threads_per_function)
+            self._gates.append(dep.thread_gate)
+        return dep.thread_gate
+
+    def abandoned_threads(self) -> int:
+        """Handler threads still running (at shutdown: those the process will abandon)."""
+        return sum(g.busy for g in self._gates)
 
     def run_sync(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
-        # In a copy of the caller's context: log records of thread handlers keep the invocation's tags.
+        # In a copy of the caller's context: log records of thread handlers keep the invocation's
+        # tags, and its tenant scopes the handler's named streams.
         return asyncio.get_running_loop().run_in_executor(self._pool, contextvars.copy_context().run, fn)
 
     def start(self, inv: Invocation, *, inline: bool = False) -> asyncio.Task[Any] | None:
@@ -141,11 +166,16 @@ class Executor:
         dep = inv.deployment
         set_log_context(inv.trace_id, dep.name, inv.id)
         thread_future: asyncio.Future[Any] | None = None
+        tenant_token = current_tenant.set(dep.spec.tenant)  # named streams are the function's tenant's
+        started: list[bool] = [False]  # set by the thread as the handler starts
+        overran: list[bool] = [False]
         try:
             await dep.ensure_initialized(self.run_sync)
             ctx = Context(dep.spec, inv)
             assert dep.code is not None  # in-process deployments have their code loaded
             handler = dep.code.handler
+            if dep.kind in ("async", "asyncgen"):
+                self._loop_started.add(dep.name)
             if dep.kind == "async":
                 result = await handler(inv.event, ctx)
                 if inv.has_stream:  # a last write the handler did not await must not be lost
@@ -157,7 +187,10 @@ class Executor:
                     async for item in items:
                         await inv.add_item(item)
                 return None
-            thread_future = self.run_sync(lambda: self._call_in_thread(inv, ctx))
+            gate = self._gate(dep)
+            await gate.acquire()  # cancellable: a deadline passing here ends the call before it starts
+            thread_future = self.run_sync(lambda: self._call_in_thread(inv, ctx, started))
+            thread_future.add_done_callback(lambda _f: gate.release(overran[0]))
             return await asyncio.shield(thread_future)
         except asyncio.CancelledError as exc:
             if inv.timed_out is not None:  # the deadline watchdog's doing, not the client's
@@ -182,23 +215,38 @@ class Executor:
                       "".join(traceback.format_exception(exc)))
             raise handler_failure(exc) from None
         finally:
+            current_tenant.reset(tenant_token)
             inv.close_output()
             if thread_future is not None and not thread_future.done():
-                # The thread cannot be killed: its slot is freed when it really ends.
+                # The thread cannot be killed. After a timeout the answer went out and the slot is
+                # free: the thread holds one of the function's threads (ThreadGate) until it really
+                # ends, and the status says so. A thread whose client left keeps its slot till it ends.
+                timed_out = inv.timed_out is not None
+                if started[0]:
+                    overran[0] = True
+                    assert dep.thread_gate is not None
+                    dep.thread_gate.mark_overran(inv.id, dep.spec.timeout)
+
                 def _thread_ended(future: asyncio.Future[Any]) -> None:
-                    dep.release()
+                    if not timed_out:
+                        dep.release()
                     if not future.cancelled() and future.exception() is not None:
                         log.info("function %s: abandoned invocation %s ended: %r", dep.name, inv.id,
                                  future.exception())
 
                 thread_future.add_done_callback(_thread_ended)
+                if timed_out:
+                    dep.release()
             else:
                 dep.release()
             if inline:
                 self.active.discard(inv)
 
     @staticmethod
-    def _call_in_thread(inv: Invocation, ctx: Context) -> Any:
+    def _call_in_thread(inv: Invocation, ctx: Context, started: list[bool]) -> Any:
+        if inv.cancel_reason is not None or time.monotonic() >= inv.deadline:
+            return None  # it waited for a free thread past its deadline (or its client left): never start
+        started[0] = True
         code = inv.deployment.code
         assert code is not None
         result = code.handler(inv.event, ctx)

@@ -42,7 +42,7 @@ _LAZY_LOCK = threading.Lock()  # guards the first use of a plain JSON call's cha
 
 # What `json.dumps(x, ensure_ascii=False, separators=(",", ":"))` uses, made once: dumps with
 # options builds a new encoder on every call. Encoding keeps no state in it (thread-safe).
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)  # NaN is not JSON
 
 
 # The bits uuid4 fixes: version 4 and the RFC 4122 variant.
@@ -60,18 +60,30 @@ def new_trace_id() -> str:
 
 
 def encode_payload(data: Any) -> str:
-    """What a stream write carries: str as is, bytes as UTF-8, anything else JSON-encoded."""
+    """What a stream write carries: str as is, bytes as UTF-8, anything else JSON-encoded.
+
+    Raises StreamWriteError at the write for what cannot go out: text with a lone surrogate
+    (no UTF-8 encoding exists), NaN/Infinity (not JSON), objects JSON cannot encode.
+    """
     if isinstance(data, str):
-        return data
-    if isinstance(data, (bytes, bytearray, memoryview)):
+        text = data
+    elif isinstance(data, (bytes, bytearray, memoryview)):
         try:
             return bytes(data).decode("utf-8")
         except UnicodeDecodeError:
             raise StreamWriteError("stream write: bytes must be UTF-8 text") from None
-    try:
-        return _ENCODER.encode(data)
-    except (TypeError, ValueError) as exc:
-        raise StreamWriteError(f"stream write: {type(data).__name__} is not JSON-serializable: {exc}") from None
+    else:
+        try:
+            text = _ENCODER.encode(data)
+        except (TypeError, ValueError) as exc:
+            raise StreamWriteError(f"stream write: {type(data).__name__} is not JSON-serializable: {exc}") from None
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise StreamWriteError(f"stream write: the text holds a lone surrogate at position {exc.start} "
+                                   "and cannot be sent as UTF-8") from None
+    return text
 
 
 def encode_write(data: Any, max_write_size: int) -> str:
@@ -84,11 +96,18 @@ def encode_write(data: Any, max_write_size: int) -> str:
 
 
 def encode_json(value: Any) -> str:
-    """A handler's result as compact JSON text (ResultNotSerializableError if it is not JSON)."""
+    """A handler's result as compact JSON text (ResultNotSerializableError if it is not JSON).
+
+    NaN/Infinity are not JSON, and a lone surrogate has no UTF-8 form: both are refused here,
+    not mid-response.
+    """
     try:
-        return _ENCODER.encode(value)
+        text = _ENCODER.encode(value)
+        if not text.isascii():
+            text.encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise ResultNotSerializableError(f"the handler's result is not JSON-serializable: {exc}") from None
+    return text
 
 
 def encode_result(value: Any, max_size: int) -> str:
@@ -134,7 +153,7 @@ class Invocation:
     def __init__(self, deployment: Deployment, event: Any, *, mode: Mode, loop: asyncio.AbstractEventLoop,
                  buffer_events: int = 100, max_write_size: int = 4 * 1024 * 1024,
                  max_response_size: int = 6 * 1024 * 1024, trace_id: str | None = None,
-                 timeout: float | None = None, keep_items: bool = False) -> None:
+                 timeout: float | None = None, keep_items: bool = False, buffer_bytes: int | None = None) -> None:
         self.id = new_trace_id()
         self.trace_id = trace_id or new_trace_id()
         self.deployment = deployment
@@ -148,8 +167,10 @@ class Invocation:
         # The channel and the writer are made on first use: a plain JSON call whose handler never
         # calls `context.get_stream()` needs neither (see `channel`, `stream`).
         self._buffer_events = buffer_events
+        self._buffer_bytes = buffer_bytes
         self._output_closed = False
-        self._channel: OutputChannel[str] | None = None if self.mode == "json" else OutputChannel(loop, buffer_events)
+        self._channel: OutputChannel[str] | None = (
+            None if self.mode == "json" else OutputChannel(loop, buffer_events, buffer_bytes))
         self._stream: StreamWriter | None = None
         self.max_write_size = max_write_size
         self.max_response_size = max_response_size
@@ -180,7 +201,7 @@ class Invocation:
             with _LAZY_LOCK:  # a thread handler's first get_stream() may race the loop's cancel
                 channel = self._channel
                 if channel is None:
-                    channel = self._channel = OutputChannel(self.loop, self._buffer_events)
+                    channel = self._channel = OutputChannel(self.loop, self._buffer_events, self._buffer_bytes)
                     if self._output_closed:
                         channel.close()
         return channel

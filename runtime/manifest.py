@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ManifestError
+from .safe_yaml import load_untrusted
 
 __all__ = ("FunctionSpec", "parse_manifest", "load_manifest_file", "load_deploy_dir", "function_urn")
 
@@ -144,9 +145,11 @@ def parse_manifest(text: str, source: str, base_dir: Path) -> list[FunctionSpec]
     Raises ManifestError listing every problem in the document; returns nothing partial.
     """
     try:
-        doc = yaml.safe_load(text)
+        doc = load_untrusted(text)
     except yaml.YAMLError as exc:
         raise ManifestError(f"{source}: not valid YAML/JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
+        raise ManifestError(f"{source}: not an acceptable manifest: {exc}") from None
     if isinstance(doc, dict) and "functions" in doc and len(doc) == 1:
         doc = doc["functions"]
     items = doc if isinstance(doc, list) else [doc]

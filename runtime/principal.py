@@ -2,6 +2,10 @@
 
 A leaf module, so every layer that names something (registry, streams, dispatch, jobs) can take
 a principal and check it without importing the layers above it. None means auth is off.
+
+The tenant rules live here, once. Roles, weakest first: `user` (invoke), `developer` (also
+manage the functions and streams of its own tenant), `admin` (manage every tenant's functions
+and streams). Running a function stays within the principal's own tenant for every role.
 """
 from __future__ import annotations
 
@@ -13,19 +17,36 @@ from .errors import ForbiddenError
 if TYPE_CHECKING:
     from .manifest import FunctionSpec
 
-__all__ = ("Principal", "check_tenant")
+__all__ = ("Principal", "ROLE_RANK", "check_tenant", "may_manage", "check_manage")
+
+ROLE_RANK = {"user": 0, "developer": 1, "admin": 2}
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """The tenant a request acts for and its role (`user` or `developer`)."""
+    """The tenant a request acts for and its role (`user`, `developer` or `admin`)."""
 
     tenant: str
     role: str
 
 
 def check_tenant(principal: Principal | None, spec: FunctionSpec) -> None:
-    """403 unless `principal` belongs to the function's tenant (None: auth is off, anyone may)."""
+    """403 unless `principal` belongs to the function's tenant (None: auth is off, anyone may).
+
+    No role crosses this one: an `admin` manages other tenants' functions but never runs them.
+    """
     if principal is not None and principal.tenant != spec.tenant:
         raise ForbiddenError(f"tenant {principal.tenant!r} may not use function {spec.name!r} "
                              f"of tenant {spec.tenant!r}")
+
+
+def may_manage(principal: Principal | None, tenant: str) -> bool:
+    """Whether `principal` may see and change what `tenant` owns: its own tenant, or the `admin` role."""
+    return principal is None or principal.role == "admin" or principal.tenant == tenant
+
+
+def check_manage(principal: Principal | None, tenant: str, what: str) -> None:
+    """403 unless `principal` may manage `what` of `tenant` (see `may_manage`)."""
+    if principal is not None and not may_manage(principal, tenant):
+        raise ForbiddenError(f"a {principal.role!r} token of tenant {principal.tenant!r} may not manage "
+                             f"{what} of tenant {tenant!r} (that needs the 'admin' role)")

@@ -132,6 +132,10 @@ class Registry:
                 self._retire(old)
             log.info("deployed %s (%s, %s handler, %s executor, revision %d)",
                      dep.name, dep.spec.urn, dep.kind, dep.executor, dep.revision)
+            if dep.executor != "process" and "memory" in dep.spec.model_fields_set:
+                log.warning("function %s: 'memory: %d' is not enforced for the %s executor (only "
+                            "'executor: process' limits memory); the handler shares the server's memory",
+                            dep.name, dep.spec.memory, dep.executor)
             for cb in self.on_change:
                 cb(dep.name, dep)
         return staged

@@ -16,10 +16,13 @@ from aiohttp import web
 from runtime.deployment import Deployment
 from runtime.errors import BadRequestError
 from runtime.manifest import FunctionSpec, parse_manifest
+from runtime.principal import check_manage, may_manage
 
+from ..auth import principal_of
 from ..body import read_body
 from ..jobs import forget_function, remember_functions
 from ..keys import REGISTRY
+from ..tenancy import owned_specs
 
 __all__ = ("routes",)
 
@@ -40,7 +43,15 @@ async def _specs_from_body(request: web.Request) -> list[FunctionSpec]:
     except UnicodeDecodeError:
         raise BadRequestError("manifest body is not UTF-8") from None
     # Off the loop: YAML parsing, the working directory and resolving code paths touch the file system.
-    return await asyncio.to_thread(_parse, text, list(request.app[REGISTRY].code_roots))
+    specs = await asyncio.to_thread(_parse, text, list(request.app[REGISTRY].code_roots))
+    return owned_specs(request, specs)  # the token's tenant unless it names another (admin only)
+
+
+def _managed(request: web.Request, name: str) -> Deployment:
+    """The deployment named `name`, if the token may manage it (403 for another tenant's)."""
+    dep = request.app[REGISTRY].get(name)
+    check_manage(principal_of(request), dep.spec.tenant, f"function {name!r}")
+    return dep
 
 
 def _deployed(deps: Iterable[Deployment]) -> dict[str, Any]:
@@ -60,25 +71,31 @@ async def create_functions(request: web.Request) -> web.Response:
 async def deploy_functions(request: web.Request) -> web.Response:
     """Deploy or redeploy every function of the manifest: all of them or none (`fnstream deploy`)."""
     specs = await _specs_from_body(request)
-    deps = await request.app[REGISTRY].adeploy(specs)
+    registry = request.app[REGISTRY]
+    for spec in specs:
+        if spec.name in registry:
+            _managed(request, spec.name)  # never replaces another tenant's function of that name (403)
+    deps = await registry.adeploy(specs)
     return web.json_response(_deployed(deps), status=200)
 
 
 @routes.get("/admin/v1/functions")
 async def list_functions(request: web.Request) -> web.Response:
-    return web.json_response({"functions": [d.describe() for d in request.app[REGISTRY].list()]})
+    principal = principal_of(request)
+    deps = [d for d in request.app[REGISTRY].list() if may_manage(principal, d.spec.tenant)]
+    return web.json_response({"functions": [d.describe() for d in deps]})
 
 
 @routes.get("/admin/v1/functions/{name}")
 async def get_function(request: web.Request) -> web.Response:
-    return web.json_response({"function": request.app[REGISTRY].get(request.match_info["name"]).describe()})
+    return web.json_response({"function": _managed(request, request.match_info["name"]).describe()})
 
 
 @routes.put("/admin/v1/functions/{name}")
 async def redeploy_function(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     registry = request.app[REGISTRY]
-    registry.get(name)  # 404 when there is nothing to redeploy
+    _managed(request, name)  # 404 when there is nothing to redeploy, 403 when it is another tenant's
     specs = await _specs_from_body(request)
     if len(specs) != 1 or specs[0].name != name:
         raise BadRequestError(f"PUT /admin/v1/functions/{name} takes exactly one function named {name!r}")
@@ -89,6 +106,8 @@ async def redeploy_function(request: web.Request) -> web.Response:
 
 @routes.delete("/admin/v1/functions/{name}")
 async def delete_function(request: web.Request) -> web.Response:
-    dep = request.app[REGISTRY].delete(request.match_info["name"])
+    name = request.match_info["name"]
+    _managed(request, name)
+    dep = request.app[REGISTRY].delete(name)
     await forget_function(request.app, dep.name)  # [jobs hook]
     return web.json_response({"code": 0, "message": "deleted", "function": dep.spec.public()})

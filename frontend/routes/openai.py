@@ -135,7 +135,7 @@ async def _whole(inv: InvocationSurface) -> web.Response:
 
 
 def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def _single_object(inv: InvocationSurface, parts: list[str], result: Any) -> dict[str, Any]:

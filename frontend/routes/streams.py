@@ -17,32 +17,58 @@ from typing import Any, ClassVar
 import msgpack
 from aiohttp import web
 
-from runtime.errors import BadRequestError
+from runtime.errors import BadRequestError, FunctionServiceError
 from runtime.streams import (
     AbstractSubscription,
     Element,
     StreamOptions,
+    StreamStats,
     SubscriptionEndedError,
     terminator_set,
     terminator_text,
     validate_stream_name,
 )
+from runtime.streams.tenancy import qualify, tenant_of, unqualify
 
+from .. import safe_json
 from ..body import read_body
 from ..keys import BROKER, CONFIG
 from ..negotiation import parse_accept, quality
 from ..sse import PING, EventStream, encode_comment, encode_event
+from ..tenancy import stream_tenant
 
-__all__ = ("routes", "parse_elements")
+__all__ = ("routes", "parse_elements", "OPEN_SUBSCRIPTIONS", "OpenSubscriptions")
 
 log = logging.getLogger("fnstream.frontend")
 routes = web.RouteTableDef()
+
+_SHUTDOWN = "shutdown"
+
+
+class OpenSubscriptions:
+    """The REST subscriptions open now. On shutdown (runtime/lifecycle.py `end_streams`) each is
+    closed and its response ends with `event: end` (reason shutdown), instead of being cut when
+    the grace runs out."""
+
+    def __init__(self) -> None:
+        self.open: set[AbstractSubscription] = set()
+        self.shutting_down = False
+
+    async def end_all(self) -> None:
+        self.shutting_down = True
+        for sub in list(self.open):
+            await sub.close()
+
+
+OPEN_SUBSCRIPTIONS = web.AppKey("open_subscriptions", OpenSubscriptions)
 
 MSGPACK = "application/x-msgpack"
 LOST_CODE = 330416  # an `event: error` that is not the end: ids asked for are no longer retained
 
 
 # -- request parameters ----------------------------------------------------------------------
+MAX_PARAM = 10**15  # any count, id or duration (ms) beyond this is a mistake or an attack (OverflowError)
+_MAX_PARAM_DIGITS = 40
 def _param(request: web.Request, header: str | None, query: str) -> str | None:
     value = request.headers.get(header) if header else None
     if value is None:
@@ -56,9 +82,12 @@ def _int_param(request: web.Request, header: str | None, query: str, minimum: in
         return None
     where = f"{header} / {query}" if header else query
     try:
-        value = int(raw.strip())
+        value = int(raw.strip()) if len(raw) <= _MAX_PARAM_DIGITS else None
     except ValueError:
-        raise BadRequestError(f"parameter {where} must be an integer >= {minimum}, got {raw[:40]!r}") from None
+        value = None
+    if value is None or value > MAX_PARAM:
+        raise BadRequestError(f"parameter {where} must be an integer from {minimum} to {MAX_PARAM}, "
+                              f"got {raw[:40]!r}") from None
     if value < minimum:
         raise BadRequestError(f"parameter {where} must be an integer >= {minimum}, got {value}")
     return value
@@ -72,7 +101,7 @@ def _float_param(request: web.Request, query: str) -> float | None:
         value = float(raw)
     except ValueError:
         raise BadRequestError(f"parameter {query} must be a number >= 0, got {raw[:40]!r}") from None
-    if not value >= 0:
+    if not 0 <= value <= MAX_PARAM:  # also NaN and inf ("1e400")
         raise BadRequestError(f"parameter {query} must be a number >= 0, got {raw[:40]!r}")
     return value
 
@@ -150,6 +179,7 @@ async def _subscribe(request: web.Request, name: str | None) -> web.StreamRespon
     if name is None:
         raise BadRequestError("parameter X-Stream-Name (or ?stream=) is missing")
     name = validate_stream_name(name)
+    key = qualify(stream_tenant(request), name)
     cfg = request.app[CONFIG].streams
     timeout_ms = _int_param(request, "X-Timeout-Ms", "timeout_ms", 0)
     idle = (cfg.subscribeTimeoutMs if timeout_ms is None else timeout_ms) / 1000
@@ -166,7 +196,9 @@ async def _subscribe(request: web.Request, name: str | None) -> web.StreamRespon
                                   "(write other bytes as \\xHH escapes)") from None
     fmt = _format(request.headers.get("Accept"))
     heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds
-    sub = await request.app[BROKER].subscribe(name, from_id=from_id)
+    sub = await request.app[BROKER].subscribe(key, from_id=from_id)
+    open_subs = request.app.get(OPEN_SUBSCRIPTIONS) or OpenSubscriptions()
+    open_subs.open.add(sub)
     try:
         out = EventStream(request, headers={"X-Stream-Name": name, **fmt.headers})
         await out.write(fmt.opened(name))
@@ -175,15 +207,16 @@ async def _subscribe(request: web.Request, name: str | None) -> web.StreamRespon
             await out.write(fmt.error({"code": LOST_CODE, "lost_from_id": first, "lost_to_id": last,
                                        "message": f"ids {first}..{last} of stream {name!r} are no longer "
                                                   f"retained and were lost; continuing from id {last + 1}"}))
-        await _pump(out, fmt, sub, idle, expect, heartbeat, asked_terminator, cfg.terminators)
+        await _pump(out, fmt, sub, idle, expect, heartbeat, asked_terminator, cfg.terminators, open_subs)
     finally:
+        open_subs.open.discard(sub)
         await sub.close()
     return await out.finish()
 
 
 async def _pump(out: EventStream, fmt: type[_SSE | _Msgpack], sub: AbstractSubscription, idle: float,
                 expect: int | None, heartbeat: float, asked_terminator: str | None,
-                config_terminators: list[str]) -> None:
+                config_terminators: list[str], open_subs: OpenSubscriptions) -> None:
     """Forward elements until a terminator, expect_num, the idle timeout or an error."""
     loop = asyncio.get_running_loop()
     stream_term: str | None = None
@@ -195,7 +228,15 @@ async def _pump(out: EventStream, fmt: type[_SSE | _Msgpack], sub: AbstractSubsc
         try:
             batch = await sub.next_batch(None if expect is None else expect - sent, wait)
         except SubscriptionEndedError as exc:
-            await out.write(fmt.error(exc.to_dict()))
+            if open_subs.shutting_down:
+                await out.write(fmt.end({"reason": _SHUTDOWN, "last_id": sub.last_id,
+                                         "message": "the server is shutting down; resume from last_id "
+                                                    "(Last-Event-ID) on another node or after the restart"}))
+            else:
+                await out.write(fmt.error(exc.to_dict()))
+            return
+        except FunctionServiceError as exc:  # e.g. cluster mode with Redis unreachable: say so and end
+            await out.write(fmt.error({**exc.to_dict(), "last_id": sub.last_id}))
             return
         if not batch:
             if idle_deadline is not None and loop.time() >= idle_deadline:
@@ -244,7 +285,12 @@ def _element_bytes(value: Any) -> bytes:
         return value.encode("utf-8")
     if isinstance(value, (bytes, bytearray)):
         return bytes(value)
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise BadRequestError(f"msgpack extension type {code} is not an element value; send str, bin, "
+                          "numbers, booleans, arrays and maps with str keys")
 
 
 def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
@@ -252,7 +298,9 @@ def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
     their UTF-8 text, other JSON values as their JSON text, msgpack bin as is."""
     if content_type == MSGPACK:
         try:
-            values = msgpack.unpackb(raw, raw=False)
+            values = msgpack.unpackb(raw, raw=False, strict_map_key=True, ext_hook=_refuse_ext, timestamp=0)
+        except BadRequestError:
+            raise
         except (ValueError, msgpack.UnpackException) as exc:
             raise BadRequestError(f"body is not msgpack: {exc}") from None
         if not isinstance(values, list):
@@ -264,20 +312,15 @@ def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
             raise BadRequestError("body is not UTF-8; send binary elements as msgpack "
                                   f"(Content-Type: {MSGPACK})") from None
         try:
-            whole = json.loads(text)
+            whole = safe_json.loads(text, "body")
             values = whole if isinstance(whole, list) else [whole]
-        except RecursionError:
-            raise BadRequestError("body is JSON nested too deeply") from None
         except json.JSONDecodeError:
             values = []
             for n, line in enumerate(text.splitlines(), 1):
                 if not line.strip():
                     continue
                 try:
-                    values.append(json.loads(line))
-                except RecursionError:
-                    raise BadRequestError(
-                        f"body is neither a JSON array nor NDJSON: line {n} is nested too deeply") from None
+                    values.append(safe_json.loads(line, f"NDJSON line {n}"))
                 except json.JSONDecodeError as exc:
                     raise BadRequestError(f"body is neither a JSON array nor NDJSON: line {n}: {exc.msg} "
                                           f"at column {exc.colno}") from None
@@ -285,10 +328,15 @@ def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
         raise BadRequestError("no elements: send a JSON array, NDJSON or a msgpack array of elements")
     if any(v is None for v in values):
         raise BadRequestError("null is not an element")
-    try:
-        return [_element_bytes(v) for v in values]
-    except RecursionError:  # a msgpack value nested deeper than json.dumps can encode
-        raise BadRequestError("an element is nested too deeply to encode as JSON") from None
+    out = []
+    for i, value in enumerate(values):
+        try:
+            out.append(_element_bytes(value))
+        except RecursionError:  # a msgpack value nested deeper than json.dumps can encode
+            raise BadRequestError(f"element {i} is nested too deeply to encode as JSON") from None
+        except (TypeError, ValueError) as exc:  # bin map keys, timestamps, NaN, lone surrogates
+            raise BadRequestError(f"element {i} cannot be sent as a stream element: {exc}") from None
+    return out
 
 
 def _publish_options(request: web.Request) -> StreamOptions | None:
@@ -311,32 +359,40 @@ def _publish_options(request: web.Request) -> StreamOptions | None:
                          terminator=terminator)
 
 
+def _stats(tenant: str, stats: StreamStats) -> dict[str, Any]:
+    return {**stats.to_dict(), "name": unqualify(tenant, stats.name)}
+
+
 @routes.post("/serverless/v1/streams/{name:.+}")
 async def publish(request: web.Request) -> web.Response:
     name = validate_stream_name(request.match_info["name"])
+    tenant = stream_tenant(request)
+    key = qualify(tenant, name)
     options = _publish_options(request)
     timeout_ms = _int_param(request, "X-Timeout-Ms", "timeout_ms", 0)
     elements = parse_elements(await read_body(request), request.content_type)
     broker = request.app[BROKER]
     broker.check_elements(elements)  # all or nothing: refuse before anything is published
     if options is not None:
-        await broker.configure(name, options)
-    ids = await broker.publish(name, elements, timeout=None if timeout_ms is None else timeout_ms / 1000)
-    stats = await broker.stats(name)
-    return web.json_response({"stream": name, "ids": ids, "stats": stats.to_dict()})
+        await broker.configure(key, options)
+    ids = await broker.publish(key, elements, timeout=None if timeout_ms is None else timeout_ms / 1000)
+    stats = await broker.stats(key)
+    return web.json_response({"stream": name, "ids": ids, "stats": _stats(tenant, stats)})
 
 
 @routes.get("/serverless/v1/streams")
 async def list_streams(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
+    tenant = stream_tenant(request)
     one = request.query.get("stream")
     if one is not None:
-        return web.json_response({"streams": [(await broker.stats(validate_stream_name(one))).to_dict()]})
-    return web.json_response({"streams": [s.to_dict() for s in await broker.list()]})
+        return web.json_response({"streams": [_stats(tenant, await broker.stats(qualify(tenant, one)))]})
+    mine = [_stats(tenant, s) for s in await broker.list() if tenant_of(s.name) == tenant]
+    return web.json_response({"streams": mine})
 
 
 @routes.delete("/serverless/v1/streams/{name:.+}")
 async def delete_stream(request: web.Request) -> web.Response:
     name = validate_stream_name(request.match_info["name"])
-    await request.app[BROKER].delete(name)
+    await request.app[BROKER].delete(qualify(stream_tenant(request), name))
     return web.json_response({"code": 0, "message": "SUCCESS", "deleted": name})

@@ -146,12 +146,13 @@ class ClusterNode:
                 "unavailable": {n: reason for n, (_s, reason) in sorted(self.sync.unavailable.items())}}
 
 
-async def serve_worker(config: Config) -> None:
+async def serve_worker(config: Config) -> int:
     """`fnstream worker`: run a worker-only node until SIGINT/SIGTERM, then shut down as `serve` does:
-    take no more work, let running invocations finish within `shutdownGraceSeconds`, run preStops."""
+    take no more work, let running invocations finish within `shutdownGraceSeconds`, run preStops.
+    Returns how many handler threads were abandoned (runtime/lifecycle.py exit_after_shutdown)."""
     grace = config.frontend.args.shutdownGraceSeconds
     registry = Registry(config.runtime.codeRoots, stop_grace=grace)
-    executor = Executor(config.runtime.threadPoolSize)
+    executor = Executor(config.runtime.threadPoolSize, config.runtime.threadsPerFunction)
     node = ClusterNode(config, registry, executor, role="worker")
     async with Lifecycle(executor, registry, grace) as lifecycle:
         lifecycle.stop_intake.append(node.stop_taking)
@@ -166,3 +167,4 @@ async def serve_worker(config: Config) -> None:
             await node.stop()
             unbind_broker(node.broker)
             await node.broker.close()
+    return lifecycle.abandoned_threads

@@ -21,7 +21,7 @@ from typing import Any
 
 from redis.typing import EncodableT, FieldT
 
-from runtime.errors import BadRequestError
+from runtime.errors import BadRequestError, FunctionServiceError
 from runtime.streams.broker import (
     AbstractBroker,
     AbstractSubscription,
@@ -37,7 +37,7 @@ from runtime.streams.errors import (
     SubscriptionCutError,
     SubscriptionEndedError,
 )
-from runtime.streams.names import validate_stream_name
+from runtime.streams.names import MAX_QUALIFIED_NAME_LENGTH, validate_stream_name
 
 from .settings import REDIS_DOWN, AnyRedis, ClusterUnavailableError
 
@@ -115,6 +115,15 @@ class RedisSubscription(AbstractSubscription):
         return self._terminator
 
     async def next_batch(self, max_items: int | None = None, timeout: float | None = None) -> list[Element]:
+        try:
+            return await self._next_batch(max_items, timeout)
+        except FunctionServiceError:
+            raise  # cut, deleted, closed (some are ConnectionErrors, hence OSErrors: not "Redis down")
+        except REDIS_DOWN as exc:  # any Redis call of the read (xread, counters, meta)
+            raise ClusterUnavailableError(f"stream {self.name!r}: Redis unreachable ({exc}); "
+                                          f"resume after id {self.last_id}") from None
+
+    async def _next_batch(self, max_items: int | None, timeout: float | None) -> list[Element]:
         if self._closed:
             raise SubscriptionEndedError(f"subscription to {self.name!r} is closed", last_id=self.last_id)
         count = min(self.capacity, max_items) if max_items and max_items > 0 else self.capacity
@@ -195,7 +204,7 @@ class RedisBroker(AbstractBroker):
         return _text(await self._call(self._count(keys=[self.keys(name)[1]], args=[field, by])))
 
     async def _ensure(self, name: str) -> tuple[str, str]:
-        keys = self.keys(validate_stream_name(name))
+        keys = self.keys(validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH))
         # Idempotent steps, so no transaction (the index and the stream are on different cluster slots).
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hsetnx(keys[1], "seq", 0)
@@ -269,7 +278,7 @@ class RedisBroker(AbstractBroker):
         await self.count(name, "producers", -1)
 
     async def stats(self, name: str) -> StreamStats:
-        keys = self.keys(validate_stream_name(name))
+        keys = self.keys(validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH))
         raw = await self._call(self.redis.hgetall(keys[1]))
         meta = {k.decode(): v.decode("utf-8", "replace") for k, v in raw.items()}
         if not meta:
@@ -294,7 +303,7 @@ class RedisBroker(AbstractBroker):
         return out
 
     async def delete(self, name: str) -> None:
-        keys = self.keys(validate_stream_name(name))
+        keys = self.keys(validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH))
         removed = await self._call(self.redis.delete(*keys))
         await self._call(self.redis.srem(self.index, name))
         if not removed:

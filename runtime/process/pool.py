@@ -125,7 +125,7 @@ class WorkerProcess:
         self.kill_reason: str | None = None
         self.exited = threading.Event()
         self.returncode: int | None = None
-        self.streams = StreamBridge(self.send)
+        self.streams = StreamBridge(self.send, pool.spec.tenant)
         self._batch: list[bytes] = []  # frames queued on the loop this turn (send_on_loop)
         self._inbox: list[tuple[Job, Write | Item | Result | Error]] = []  # invocation frames for the loop
         self._inbox_lock = threading.Lock()

@@ -18,6 +18,7 @@ from .. import errors as core_errors
 from ..errors import FunctionServiceError, HandlerError
 from ..streams import errors as stream_errors
 from ..streams.broker import AbstractBroker, AbstractSubscription, BrokerSettings, Element, StreamOptions, StreamStats
+from ..streams.tenancy import qualify, tenant_of, unqualify
 from .protocol import StreamCall, StreamReply
 
 __all__ = ("ProxyBroker", "ProxySubscription", "StreamBridge", "stream_error")
@@ -69,6 +70,8 @@ class ProxySubscription(AbstractSubscription):
 class ProxyBroker(AbstractBroker):
     """A broker whose every operation runs in the frontend (over the worker's connection)."""
 
+    scoped_remotely = True  # the frontend's StreamBridge qualifies names with this worker's tenant
+
     def __init__(self, call: Call, acall: ACall, post: Callable[..., None]) -> None:
         self._call = call
         self._acall = acall
@@ -113,11 +116,19 @@ class ProxyBroker(AbstractBroker):
 
 
 # -- frontend side -----------------------------------------------------------------------------
+_NAMED_OPS = ("publish", "subscribe", "configure", "attach_producer", "detach_producer", "stats", "delete")
+
+
+def _unqualified(tenant: str, stats: dict[str, Any]) -> dict[str, Any]:
+    return {**stats, "name": unqualify(tenant, stats["name"]) or stats["name"]}
+
+
 class StreamBridge:
     """Runs one worker's stream calls on the frontend's broker; `release` undoes what it left."""
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, tenant: str) -> None:
         self._send = send
+        self._tenant = tenant  # the worker's function's: every stream name it uses is this tenant's
         self._subs: dict[int, AbstractSubscription] = {}
         self._next_sub = 0
         self._producers: list[str] = []
@@ -145,13 +156,21 @@ class StreamBridge:
     async def _run(self, broker: AbstractBroker, op: str, *args: Any) -> Any:
         if op == "max_element_size":
             return broker.settings.max_element_size
+        # Streams belong to the worker's tenant: the name is qualified here, never by the worker.
+        tenant = self._tenant
+        if op in _NAMED_OPS:
+            args = (qualify(tenant, args[0]), *args[1:])
+        if op == "list":
+            return [_unqualified(tenant, s.to_dict()) for s in await broker.list() if tenant_of(s.name) == tenant]
+        if op == "stats":
+            return _unqualified(tenant, (await broker.stats(args[0])).to_dict())
         if op == "publish":
             return await broker.publish(args[0], args[1], timeout=args[2])
         if op == "subscribe":
             sub = await broker.subscribe(args[0], from_id=args[1], buffer=args[2])
             self._next_sub += 1
             self._subs[self._next_sub] = sub
-            return [self._next_sub, sub.name, list(sub.lost) if sub.lost else None]
+            return [self._next_sub, unqualify(tenant, sub.name) or sub.name, list(sub.lost) if sub.lost else None]
         if op == "sub_next":
             batch = await self._subs[args[0]].next_batch(args[1], args[2])
             return [[e.id, e.data] for e in batch]
@@ -171,10 +190,6 @@ class StreamBridge:
             if args[0] in self._producers:
                 self._producers.remove(args[0])
             return await broker.detach_producer(args[0])
-        if op == "stats":
-            return (await broker.stats(args[0])).to_dict()
-        if op == "list":
-            return [s.to_dict() for s in await broker.list()]
         if op == "delete":
             return await broker.delete(args[0])
         raise ValueError(f"unknown stream operation {op!r}")

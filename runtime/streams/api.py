@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 from .broker import AbstractBroker, AbstractSubscription, Element, StreamOptions
 from .errors import StreamError, StreamNotFoundError, SubscriptionEndedError
 from .names import validate_stream_name
+from .tenancy import qualify, scoped_tenant
 
 __all__ = (
     "Element", "ProducerConfig", "SubscriptionConfig", "Producer", "Consumer",
@@ -290,61 +291,86 @@ class Consumer:
 
 
 # -- module functions (openYuanrong's `yr.*` names) --------------------------------------------
+def _scoped(broker: AbstractBroker, stream_name: str) -> str:
+    """The broker's name for the caller's stream: qualified with the running invocation's tenant
+    (runtime/streams/tenancy.py), unless the broker's other side qualifies (a worker's proxy)."""
+    if broker.scoped_remotely:
+        return validate_stream_name(stream_name)
+    return qualify(scoped_tenant(), stream_name)
+
+
 async def acreate_stream_producer(stream_name: str, config: ProducerConfig | None = None) -> Producer:
+    broker, _loop = current_broker()
+    return await _create_producer(_scoped(broker, stream_name), config)
+
+
+async def _create_producer(name: str, config: ProducerConfig | None) -> Producer:
     broker, loop = current_broker()
     config = config or ProducerConfig()
-    name = validate_stream_name(stream_name)
     await broker.attach_producer(name, config.options())
     return Producer(broker, loop, name, config)
 
 
 async def acreate_stream_consumer(stream_name: str, config: SubscriptionConfig | None = None) -> Consumer:
+    broker, _loop = current_broker()
+    return await _create_consumer(_scoped(broker, stream_name), config)
+
+
+async def _create_consumer(name: str, config: SubscriptionConfig | None) -> Consumer:
     broker, loop = current_broker()
     config = config or SubscriptionConfig()
-    sub = await broker.subscribe(validate_stream_name(stream_name), from_id=config.from_id, buffer=config.buffer)
+    sub = await broker.subscribe(name, from_id=config.from_id, buffer=config.buffer)
     return Consumer(sub, loop, config)
 
 
 async def adelete_stream(stream_name: str) -> None:
-    await current_broker()[0].delete(validate_stream_name(stream_name))
+    broker = current_broker()[0]
+    await broker.delete(_scoped(broker, stream_name))
 
 
 async def aquery_global_producers_num(stream_name: str) -> int:
-    return await _count(stream_name, "producers")
+    return await _count(_scoped(current_broker()[0], stream_name), "producers")
 
 
 async def aquery_global_consumers_num(stream_name: str) -> int:
-    return await _count(stream_name, "consumers")
+    return await _count(_scoped(current_broker()[0], stream_name), "consumers")
 
 
-async def _count(stream_name: str, what: str) -> int:
+async def _count(name: str, what: str) -> int:
     try:
-        stats = await current_broker()[0].stats(validate_stream_name(stream_name))
+        stats = await current_broker()[0].stats(name)
     except StreamNotFoundError:
         return 0
     count: int = getattr(stats, what)
     return count
 
 
+# The blocking forms qualify the name here, in the handler's thread, where its tenant is known.
 def create_stream_producer(stream_name: str, config: ProducerConfig | None = None) -> Producer:
-    return _run_sync(current_broker()[1], lambda: acreate_stream_producer(stream_name, config),
-                     "acreate_stream_producer")
+    broker, loop = current_broker()
+    name = _scoped(broker, stream_name)
+    return _run_sync(loop, lambda: _create_producer(name, config), "acreate_stream_producer")
 
 
 def create_stream_consumer(stream_name: str, config: SubscriptionConfig | None = None) -> Consumer:
-    return _run_sync(current_broker()[1], lambda: acreate_stream_consumer(stream_name, config),
-                     "acreate_stream_consumer")
+    broker, loop = current_broker()
+    name = _scoped(broker, stream_name)
+    return _run_sync(loop, lambda: _create_consumer(name, config), "acreate_stream_consumer")
 
 
 def delete_stream(stream_name: str) -> None:
-    _run_sync(current_broker()[1], lambda: adelete_stream(stream_name), "adelete_stream")
+    broker, loop = current_broker()
+    name = _scoped(broker, stream_name)
+    _run_sync(loop, lambda: broker.delete(name), "adelete_stream")
 
 
 def query_global_producers_num(stream_name: str) -> int:
-    return _run_sync(current_broker()[1], lambda: aquery_global_producers_num(stream_name),
-                     "aquery_global_producers_num")
+    broker, loop = current_broker()
+    name = _scoped(broker, stream_name)
+    return _run_sync(loop, lambda: _count(name, "producers"), "aquery_global_producers_num")
 
 
 def query_global_consumers_num(stream_name: str) -> int:
-    return _run_sync(current_broker()[1], lambda: aquery_global_consumers_num(stream_name),
-                     "aquery_global_consumers_num")
+    broker, loop = current_broker()
+    name = _scoped(broker, stream_name)
+    return _run_sync(loop, lambda: _count(name, "consumers"), "aquery_global_consumers_num")

@@ -95,6 +95,7 @@ class BrokerSettings:
     """Broker-wide limits and defaults (from the `streams:` config section)."""
 
     subscriber_buffer: int = 1000
+    subscriber_buffer_bytes: int = 4 * 1024 * 1024  # memory broker: bytes buffered per subscription
     policy: Policy = "cut"
     block_timeout: float = 5.0
     defaults: StreamOptions = StreamOptions()
@@ -109,6 +110,7 @@ class BrokerSettings:
         """From a `runtime.config.StreamsConfig`."""
         return cls(
             subscriber_buffer=cfg.subscriberBuffer,
+            subscriber_buffer_bytes=cfg.subscriberBufferBytes,
             policy=cfg.slowConsumerPolicy,
             block_timeout=cfg.blockTimeoutMs / 1000,
             defaults=StreamOptions(retain_num=cfg.retainNum, retain_bytes=cfg.retainBytes,
@@ -183,6 +185,9 @@ class AbstractBroker(abc.ABC):
     """Named streams: publish, subscribe (optionally from an id), stats, list, delete."""
 
     settings: BrokerSettings
+    #: True when the other side of this broker qualifies names with the tenant (a worker's proxy:
+    #: the frontend's StreamBridge does it); else the handler API qualifies them (tenancy.py).
+    scoped_remotely: bool = False
 
     def check_elements(self, elements: Sequence[bytes]) -> None:
         """Refuse the whole batch if one element is empty or over `max_element_size`."""

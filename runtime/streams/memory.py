@@ -20,7 +20,7 @@ from .errors import (
     SubscriptionCutError,
     SubscriptionEndedError,
 )
-from .names import validate_stream_name
+from .names import MAX_QUALIFIED_NAME_LENGTH, validate_stream_name
 
 __all__ = ("MemoryBroker", "MemorySubscription")
 
@@ -33,6 +33,8 @@ class MemorySubscription(AbstractSubscription):
         self.name = stream.name
         self._stream = stream
         self.capacity = capacity
+        self.max_bytes = stream.settings.subscriber_buffer_bytes  # one larger element still fits alone
+        self.buffered_bytes = 0
         self._replay: deque[Element] = deque(replay)
         self._buffer: deque[Element] = deque()
         self.lost = lost
@@ -54,15 +56,19 @@ class MemorySubscription(AbstractSubscription):
 
     @property
     def full(self) -> bool:
-        return len(self._buffer) >= self.capacity
+        return self._at_capacity()
+
+    def _at_capacity(self) -> bool:
+        return len(self._buffer) >= self.capacity or self.buffered_bytes >= self.max_bytes
 
     # -- called by the stream ------------------------------------------------------------------
     def _offer(self, element: Element) -> bool:
-        if len(self._buffer) >= self.capacity:
+        if self._at_capacity():
             return False
         self._buffer.append(element)
+        self.buffered_bytes += len(element.data)
         self.max_buffered = max(self.max_buffered, len(self._buffer))
-        if len(self._buffer) >= self.capacity:
+        if self._at_capacity():
             self._space.clear()
         self._data.set()
         return True
@@ -91,8 +97,9 @@ class MemorySubscription(AbstractSubscription):
                 if isinstance(err, SubscriptionCutError):
                     # The message names the resume point, known only once the buffer is drained.
                     err = SubscriptionCutError(
-                        f"stream {self.name!r}: this subscriber fell {self.capacity} elements behind and "
-                        f"was cut; resume after id {self.last_id} (Last-Event-ID: {self.last_id})",
+                        f"stream {self.name!r}: this subscriber fell {self.capacity} elements "
+                        f"(or {self.max_bytes} bytes) behind and was cut; resume after id {self.last_id} "
+                        f"(Last-Event-ID: {self.last_id})",
                         last_id=self.last_id)
                 raise err
             self._data.clear()
@@ -105,10 +112,13 @@ class MemorySubscription(AbstractSubscription):
     def _take(self, max_items: int | None) -> list[Element]:
         limit = max_items if max_items is not None and max_items > 0 else None
         batch: list[Element] = []
-        for source in (self._replay, self._buffer):
-            while source and (limit is None or len(batch) < limit):
-                batch.append(source.popleft())
-        if len(self._buffer) < self.capacity:
+        while self._replay and (limit is None or len(batch) < limit):
+            batch.append(self._replay.popleft())
+        while self._buffer and (limit is None or len(batch) < limit):
+            element = self._buffer.popleft()
+            self.buffered_bytes -= len(element.data)
+            batch.append(element)
+        if not self.full:
             self._space.set()
         self.last_id = batch[-1].id
         self._stream.delivered += len(batch)
@@ -123,6 +133,7 @@ class MemorySubscription(AbstractSubscription):
         self._finish(SubscriptionEndedError(f"subscription to {self.name!r} is closed", last_id=self.last_id))
         self._replay.clear()
         self._buffer.clear()
+        self.buffered_bytes = 0
         self._stream.remove(self)
 
 
@@ -291,13 +302,13 @@ class MemoryBroker(AbstractBroker):
         self._streams: dict[str, _Stream] = {}
 
     def _get(self, name: str) -> _Stream:
-        stream = self._streams.get(validate_stream_name(name))
+        stream = self._streams.get(validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH))
         if stream is None:
             raise StreamNotFoundError(f"stream {name!r} does not exist")
         return stream
 
     def _get_or_create(self, name: str) -> _Stream:
-        stream = self._streams.get(validate_stream_name(name))
+        stream = self._streams.get(validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH))
         if stream is None:
             if len(self._streams) >= self.settings.max_streams:
                 self._reclaim_idle()
@@ -320,7 +331,7 @@ class MemoryBroker(AbstractBroker):
 
     async def subscribe(self, name: str, *, from_id: int | None = None,
                         buffer: int | None = None) -> MemorySubscription:
-        created = validate_stream_name(name) not in self._streams
+        created = validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH) not in self._streams
         stream = self._get_or_create(name)
         try:
             return stream.subscribe(from_id, buffer or self.settings.subscriber_buffer)

@@ -125,3 +125,11 @@ def hanging_pre_stop(context):
     Path(context.getUserData("marker")).write_text(f"hanging {os.getpid()}")
     while True:
         time.sleep(1)
+
+
+def last_words(event, context):
+    """Writes, then dies at once: the writes made just before must still reach the client."""
+    stream = context.get_stream()
+    for i in range(int(event.get("n", 3))):
+        stream.write(f"word {i}")
+    os._exit(9)

@@ -46,7 +46,7 @@ async def test_invoke_and_named_stream_over_a_redis_cluster(redis_cluster, start
     # the keys really are spread over the cluster's masters, each on its hash-tagged slot
     client = redis_cluster.client()
     keys = {k for k in client.scan_iter(match="fnstream:*", target_nodes=client.PRIMARIES)}
-    assert {"fnstream:{queue:relay}", "fnstream:{stream:clustered}:s", "fnstream:{registry}:functions"} <= keys
+    assert {"fnstream:{queue:relay}", "fnstream:{stream:default/clustered}:s", "fnstream:{registry}:functions"} <= keys
     owners = {client.get_node_from_key(k).port for k in keys}
     assert len(owners) >= 2, owners
     assert not [k for k in keys if "{inv:" in k]          # per-invocation keys went away

@@ -158,9 +158,9 @@ async def test_delay_flush_time_batches_until_flush(api_broker):
     producer = await acreate_stream_producer("batch", ProducerConfig(delay_flush_time=-1))
     for _ in range(3):
         await producer.asend(b"x")
-    assert (await api_broker.stats("batch")).produced == 0  # held in the producer
+    assert (await api_broker.stats("default/batch")).produced == 0  # held (names: <tenant>/<name>)
     await producer.aflush()
-    assert (await api_broker.stats("batch")).produced == 3
+    assert (await api_broker.stats("default/batch")).produced == 3
     timed = await acreate_stream_producer("batch", ProducerConfig(delay_flush_time=5))
     await timed.asend(b"y")
     got = await consumer.areceive(5000, expect_num=4)  # the timer flushes without an explicit flush

@@ -1,0 +1,73 @@
+"""Parsing untrusted JSON: every hostile input becomes a BadRequestError (400), never a 500.
+
+On top of `json.loads`: integers over Python's 4300-digit limit, `NaN`/`Infinity` and floats
+that overflow to infinity (not JSON, and they could never be sent back as JSON), strings holding
+a lone surrogate escape (`"\\ud800"`, which no UTF-8 text can carry) and nesting deeper than the
+parser's recursion limit.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from runtime.errors import BadRequestError
+
+__all__ = ("loads", "has_lone_surrogate")
+
+# Only a body containing a `\uD8xx`..`\uDFxx` escape can yield a surrogate: the walk below is skipped otherwise.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_MAX_WALK_DEPTH = 10_000
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise BadRequestError(f"the number {text[:40]} is too large for a float; send finite numbers only")
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise BadRequestError(f"{name} is not a JSON number; send finite numbers only")
+
+
+def has_lone_surrogate(value: Any, depth: int = 0) -> bool:
+    """True if a string (or key) anywhere in `value` holds a surrogate code point."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if depth > _MAX_WALK_DEPTH:
+        return False
+    if isinstance(value, list):
+        return any(has_lone_surrogate(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return any(has_lone_surrogate(k, depth + 1) or has_lone_surrogate(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def loads(raw: bytes | str, what: str = "request body") -> Any:
+    """Parse JSON text; raise BadRequestError with a message naming `what` and the problem.
+
+    json.JSONDecodeError is let through (callers word its position their own way).
+    """
+    try:
+        value = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except json.JSONDecodeError:
+        raise
+    except UnicodeDecodeError:
+        raise BadRequestError(f"{what} is not UTF-8 JSON") from None
+    except RecursionError:
+        raise BadRequestError(f"{what} is JSON nested too deeply") from None
+    except BadRequestError as exc:
+        raise BadRequestError(f"{what}: {exc.message}") from None
+    except ValueError as exc:  # an integer over sys.get_int_max_str_digits() digits
+        raise BadRequestError(f"{what} is not acceptable JSON: {exc}") from None
+    data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
+    if _SURROGATE_ESCAPE.search(data) and has_lone_surrogate(value):
+        raise BadRequestError(f"{what} holds a lone surrogate escape (e.g. \"\\ud800\"); "
+                              "JSON strings must be valid Unicode text")
+    return value

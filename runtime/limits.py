@@ -1,0 +1,120 @@
+"""Containing runaway handlers: a per-function bound on threads, and a loop-lag monitor.
+
+A plain `def` handler runs in the shared thread pool, and a thread cannot be stopped. So each
+function may hold at most `runtime.threadsPerFunction` threads at once, counting threads whose
+invocation already timed out but which are still running (overran): one function spinning in
+`while True` exhausts its own share, never the pool. A call waiting for a thread waits on the
+loop (cancellable: its deadline passing ends it with a 504 before it ever starts).
+
+The loop-lag monitor is a periodic timer that measures its own lateness: when the loop was held
+(an `async def` handler calling `time.sleep`...) it logs the stall and the functions that were
+running on the loop. Its figures (`stalls`, `last_lag`, `max_lag`, `total_stall_seconds`) are
+attributes for the metrics exporter.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+__all__ = ("ThreadGate", "LoopLagMonitor")
+
+log = logging.getLogger("fnstream.runtime")
+
+
+class ThreadGate:
+    """At most `limit` threads of one function: running ones and ones that overran their deadline."""
+
+    def __init__(self, name: str, limit: int) -> None:
+        self.name = name
+        self.limit = limit
+        self.busy = 0            # threads held (running or overran)
+        self.overran = 0         # threads still running past their invocation's deadline
+        self.overran_total = 0   # ever (shown in the function's status)
+        self._waiters: list[asyncio.Future[None]] = []
+
+    async def acquire(self) -> None:
+        """Wait for a thread of this function (cancellable: the deadline watchdog cancels it)."""
+        while self.busy >= self.limit:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+        self.busy += 1
+
+    def release(self, overran: bool) -> None:
+        """A thread ended (on the loop)."""
+        self.busy -= 1
+        if overran:
+            self.overran -= 1
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+                break
+
+    def mark_overran(self, invocation_id: str, timeout: float) -> None:
+        self.overran += 1
+        self.overran_total += 1
+        log.warning("function %s: invocation %s timed out after %gs but its thread keeps running (%d of %d "
+                    "threads of this function held by overrunning calls); a thread cannot be stopped: use "
+                    "'executor: process' for code that must be stoppable", self.name, invocation_id,
+                    timeout, self.overran, self.limit)
+
+    def describe(self) -> dict[str, int]:
+        return {"limit": self.limit, "busy": self.busy, "overran": self.overran,
+                "overranTotal": self.overran_total}
+
+
+class LoopLagMonitor:
+    """Every `interval` s, how late the timer fired; a lateness over `threshold` s is a stall."""
+
+    def __init__(self, running_on_loop: Callable[[], Iterable[str]], *, interval: float = 0.25,
+                 threshold: float = 0.5) -> None:
+        self._running_on_loop = running_on_loop
+        self.interval = interval
+        self.threshold = threshold
+        self.stalls = 0
+        self.last_lag = 0.0
+        self.max_lag = 0.0
+        self.total_stall_seconds = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="loop-lag-monitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            expected = time.monotonic() + self.interval
+            await asyncio.sleep(self.interval)
+            lag = time.monotonic() - expected
+            # Functions that ran on the loop during this interval (the executor remembers them).
+            self.record(lag, sorted(set(self._running_on_loop())))
+
+    def record(self, lag: float, running: list[str]) -> None:
+        self.last_lag = max(0.0, lag)
+        self.max_lag = max(self.max_lag, self.last_lag)
+        if self.last_lag >= self.threshold:
+            self.stalls += 1
+            self.total_stall_seconds += self.last_lag
+            log.warning("event loop stalled for %.2fs (every request waited); running on the loop: %s. "
+                        "A blocking call in an `async def` handler holds the whole server: make it a "
+                        "plain `def` handler or use `await asyncio.to_thread(...)`",
+                        self.last_lag, ", ".join(running) or "no function (fnstream itself?)")
+
+    def describe(self) -> dict[str, float | int]:
+        return {"stalls": self.stalls, "lastLagSeconds": round(self.last_lag, 4),
+                "maxLagSeconds": round(self.max_lag, 4), "totalStallSeconds": round(self.total_stall_seconds, 4)}

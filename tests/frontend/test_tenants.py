@@ -1,0 +1,148 @@
+"""Tenants are a security boundary: functions and named streams of one tenant are out of reach of
+another tenant's tokens (only `admin` manages across tenants); bearer parsing is exact."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from frontend.client import iter_sse
+from tests.support.servers import make_config
+
+TOKENS = [{"token": "dev-default", "tenant": "default", "role": "developer"},
+          {"token": "user-default", "tenant": "default", "role": "user"},
+          {"token": "dev-acme", "tenant": "acme", "role": "developer"},
+          {"token": "user-acme", "tenant": "acme", "role": "user"},
+          {"token": "root", "tenant": "ops", "role": "admin"}]
+FUNCS = "/admin/v1/functions"
+STREAMS = "/serverless/v1/streams"
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def manifest(name: str, **fields: object) -> str:
+    return yaml.safe_dump({"name": name, "handler": "echo.handler", "codePath": ".", **fields})
+
+
+@pytest.fixture
+async def tclient(make_client):
+    return await make_client(make_config(**{"auth.tokens": TOKENS}))
+
+
+async def test_developer_cannot_touch_another_tenants_functions(tclient):
+    acme = bearer("dev-acme")
+    for method, body in (("GET", None), ("PUT", manifest("echo")), ("DELETE", None)):
+        resp = await tclient.request(method, f"{FUNCS}/echo", data=body, headers=acme)
+        assert resp.status == 403, (method, await resp.text())
+        msg = (await resp.json())["message"]
+        assert "tenant 'acme'" in msg and "admin" in msg
+    # echo (tenant default) is untouched and still answers its own tenant
+    resp = await tclient.post("/serverless/v1/functions/echo/invocations", json={"a": 1},
+                              headers=bearer("user-default"))
+    assert resp.status == 200 and await resp.json() == {"a": 1}
+    # deploying into another tenant is refused; nothing was deployed
+    resp = await tclient.post(FUNCS, data=manifest("planted", tenant="default"), headers=acme)
+    assert resp.status == 403
+    assert (await tclient.get(f"{FUNCS}/planted", headers=bearer("dev-default"))).status == 404
+    # the list shows only the token's own tenant
+    listed = await (await tclient.get(FUNCS, headers=acme)).json()
+    assert listed["functions"] == []
+
+
+async def test_a_manifest_without_tenant_lands_in_the_tokens_tenant(tclient):
+    resp = await tclient.post(FUNCS, data=manifest("acme-echo"), headers=bearer("dev-acme"))
+    assert resp.status == 201, await resp.text()
+    assert (await resp.json())["function"]["tenant"] == "acme"
+    listed = await (await tclient.get(FUNCS, headers=bearer("dev-acme"))).json()
+    assert [f["name"] for f in listed["functions"]] == ["acme-echo"]
+    invoke = "/serverless/v1/functions/acme-echo/invocations"
+    assert (await tclient.post(invoke, json={}, headers=bearer("user-acme"))).status == 200
+    assert (await tclient.post(invoke, json={}, headers=bearer("user-default"))).status == 403
+    assert (await tclient.get(f"{FUNCS}/acme-echo", headers=bearer("dev-default"))).status == 403
+    assert (await tclient.delete(f"{FUNCS}/acme-echo", headers=bearer("dev-default"))).status == 403
+    assert (await tclient.delete(f"{FUNCS}/acme-echo", headers=bearer("dev-acme"))).status == 200
+
+
+async def test_admin_role_manages_every_tenant(tclient):
+    root = bearer("root")
+    listed = await (await tclient.get(FUNCS, headers=root)).json()
+    assert "echo" in [f["name"] for f in listed["functions"]]
+    resp = await tclient.post(FUNCS, data=manifest("for-acme", tenant="acme"), headers=root)
+    assert resp.status == 201 and (await resp.json())["function"]["tenant"] == "acme"
+    assert (await tclient.get(f"{FUNCS}/for-acme", headers=bearer("dev-acme"))).status == 200
+    resp = await tclient.put(f"{FUNCS}/for-acme", data=manifest("for-acme", tenant="acme"), headers=root)
+    assert resp.status == 200
+    assert (await tclient.delete(f"{FUNCS}/for-acme", headers=root)).status == 200
+    # admin does not run other tenants' code: invoking stays within the token's tenant
+    resp = await tclient.post("/serverless/v1/functions/echo/invocations", json={}, headers=root)
+    assert resp.status == 403
+
+
+async def test_bearer_scheme_is_case_insensitive_and_tokens_exact(tclient):
+    invoke = "/serverless/v1/functions/echo/invocations"
+    for header in ("bearer user-default", "BEARER user-default", "Bearer user-default"):
+        assert (await tclient.post(invoke, json={}, headers={"Authorization": header})).status == 200, header
+    for header in ("Bearer  user-default", "Bearer user-default\t x", "Bearer user-defaul", "Bearer "):
+        resp = await tclient.post(invoke, json={}, headers={"Authorization": header})
+        assert resp.status == 401, header
+        assert (await resp.json())["code"] == 200401
+    assert (await tclient.get(f"{FUNCS}?token=%20dev-default")).status == 401
+
+
+def test_config_refuses_whitespace_in_tokens():
+    from runtime.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"auth\.tokens"):
+        make_config(**{"auth.tokens": [{"token": "has space", "role": "user"}]})
+
+
+async def test_named_streams_are_per_tenant_over_rest(tclient):
+    acme, default = bearer("dev-acme"), bearer("dev-default")
+    resp = await tclient.post(f"{STREAMS}/jobs?retain_num=10", json=["secret-1", "secret-2"], headers=acme)
+    assert resp.status == 200 and (await resp.json())["stream"] == "jobs"
+    # another tenant does not see it listed, cannot stat, read retained data, or delete it
+    assert (await (await tclient.get(STREAMS, headers=default)).json())["streams"] == []
+    assert (await tclient.get(f"{STREAMS}?stream=jobs", headers=default)).status == 404
+    assert (await tclient.delete(f"{STREAMS}/jobs", headers=default)).status == 404
+    sub = await tclient.get(f"{STREAMS}/jobs?from_id=0&timeout_ms=200", headers=default)
+    body = (await sub.read()).decode()
+    assert "secret" not in body and "idle_timeout" in body
+    # its own publish goes to its own stream named `jobs`, ids from 1
+    resp = await tclient.post(f"{STREAMS}/jobs", json=["mine"], headers=default)
+    assert (await resp.json())["ids"] == [1]
+    listed = (await (await tclient.get(STREAMS, headers=acme)).json())["streams"]
+    assert [(s["name"], s["produced"]) for s in listed] == [("jobs", 2)]
+    # a developer cannot pick another tenant; an admin can
+    assert (await tclient.get(STREAMS, headers={**default, "X-Tenant-ID": "acme"})).status == 403
+    assert (await tclient.get(STREAMS, headers={**bearer("root"), "X-Tenant-ID": "acme/x"})).status == 400
+    resp = await tclient.get(f"{STREAMS}?stream=jobs", headers={**bearer("root"), "X-Tenant-ID": "acme"})
+    assert resp.status == 200 and (await resp.json())["streams"][0]["retained"] == 2
+    sub = await tclient.get(f"{STREAMS}/jobs?from_id=0&expect_num=2", headers=acme)
+    assert [e["data"] async for e in iter_sse(sub)][:2] == ["secret-1", "secret-2"]
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+async def test_handler_streams_are_the_functions_tenant(tclient, executor):
+    """A function of tenant acme produces into `shared`: acme reads it, default does not (thread and
+    process executors: the process bridge qualifies names itself)."""
+    spec = {"name": "acme-producer", "handler": "stream_producer.handler", "codePath": ".", "executor": executor}
+    resp = await tclient.post(FUNCS, data=yaml.safe_dump(spec), headers=bearer("dev-acme"))
+    assert resp.status == 201, await resp.text()
+    event = {"stream": "shared", "count": 3, "retain_num": 10}
+    resp = await tclient.post("/serverless/v1/functions/acme-producer/invocations", json=event,
+                              headers=bearer("user-acme"))
+    assert resp.status == 200, await resp.text()
+    default_sub = await tclient.get(f"{STREAMS}/shared?from_id=0&timeout_ms=200", headers=bearer("dev-default"))
+    assert "seq" not in (await default_sub.read()).decode()
+    acme_sub = await tclient.get(f"{STREAMS}/shared?from_id=0", headers=bearer("dev-acme"))
+    events = [e async for e in iter_sse(acme_sub)]
+    assert [json.loads(e["data"])["seq"] for e in events[:-1]] == [1, 2, 3] and events[-1]["data"] == "[DONE]"
+    # the bundled stream-producer (tenant default) keeps working for its tenant
+    sub = await tclient.get(f"{STREAMS}/demo", headers=bearer("dev-default"))
+    resp = await tclient.post("/serverless/v1/functions/stream-producer/invocations",
+                              json={"stream": "demo", "count": 2}, headers=bearer("user-default"))
+    assert resp.status == 200
+    assert [e["data"] async for e in iter_sse(sub)][-1] == "[DONE]"
+    await tclient.delete(f"{FUNCS}/acme-producer", headers=bearer("dev-acme"))

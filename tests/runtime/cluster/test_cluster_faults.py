@@ -1,0 +1,44 @@
+"""Fault: Redis stopped and restarted while a cluster-mode subscriber streams. The client sees the
+elements published before, then a clear end (never a silent hang); after the restart the node
+serves again."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+
+from frontend.client import iter_sse
+from tests.support.cluster import frontend_args
+
+STREAMS = "/serverless/v1/streams"
+
+
+async def test_redis_restart_mid_stream(redis_server, start_server):
+    node = start_server(*frontend_args(redis_server.url, role="all"))
+    async with aiohttp.ClientSession() as s:
+        sub = await s.get(f"{node.url}{STREAMS}/fragile", headers={"X-Timeout-Ms": "30000"})
+        reading = asyncio.ensure_future(_events(sub))
+        await asyncio.sleep(0.5)
+        async with s.post(f"{node.url}{STREAMS}/fragile", json=["before-1", "before-2"]) as r:
+            assert r.status == 200
+        await asyncio.sleep(0.5)
+        redis_server.kill()
+        async with s.post(f"{node.url}{STREAMS}/fragile", json=["during"]) as r:
+            assert r.status == 503 and (await r.json())["code"]       # refused, not lost silently
+        events = await asyncio.wait_for(reading, 30)
+        redis_server.start()
+        for _ in range(100):
+            async with s.post(f"{node.url}{STREAMS}/fragile", json=["after"]) as r:
+                if r.status == 200:
+                    break
+            await asyncio.sleep(0.1)
+        assert r.status == 200
+    data = [e["data"] for e in events]
+    assert data[:2] == ["before-1", "before-2"]
+    assert events[-1].get("event") == "error", events
+    assert "Redis" in json.loads(events[-1]["data"])["message"]
+
+
+async def _events(resp: aiohttp.ClientResponse) -> list[dict]:
+    return [e async for e in iter_sse(resp)]

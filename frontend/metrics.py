@@ -262,7 +262,7 @@ class _Snapshot(Collector):
                                   value=monitor.total_stall_seconds)
 
     def _streams(self) -> Iterator[Metric]:
-        labels = ["stream"]
+        labels = ["tenant", "stream"]  # broker names are `<tenant>/<name>` (runtime/streams/tenancy.py)
         produced = CounterMetricFamily("fnstream_stream_produced", "Elements published into a named stream",
                                        labels=labels)
         delivered = CounterMetricFamily("fnstream_stream_delivered", "Elements delivered to subscribers", labels=labels)
@@ -275,12 +275,13 @@ class _Snapshot(Collector):
         retained = GaugeMetricFamily("fnstream_stream_retained_bytes", "Bytes a named stream retains for replay",
                                      labels=labels)
         for s in self.streams:
-            produced.add_metric([s.name], s.produced)
-            delivered.add_metric([s.name], s.delivered)
-            dropped.add_metric([s.name], s.dropped)
-            subscribers.add_metric([s.name], s.consumers)
-            producers.add_metric([s.name], s.producers)
-            retained.add_metric([s.name], s.retained_bytes)
+            tenant, _, name = s.name.partition("/")
+            produced.add_metric([tenant, name], s.produced)
+            delivered.add_metric([tenant, name], s.delivered)
+            dropped.add_metric([tenant, name], s.dropped)
+            subscribers.add_metric([tenant, name], s.consumers)
+            producers.add_metric([tenant, name], s.producers)
+            retained.add_metric([tenant, name], s.retained_bytes)
         count = GaugeMetricFamily("fnstream_streams", "Named streams known")
         count.add_metric([], len(self.streams))
         yield from (produced, delivered, dropped, subscribers, producers, retained, count)

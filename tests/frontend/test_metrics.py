@@ -99,11 +99,11 @@ async def test_named_stream_metrics_are_read_from_the_broker(metered):
     assert (await client.post("/serverless/v1/streams/m1", json=["a", "bb"])).status == 200
     await sub.read()
     s = await _scrape(client)
-    assert _value(s, "fnstream_stream_produced_total", stream="m1") == 2
-    assert _value(s, "fnstream_stream_delivered_total", stream="m1") == 2
-    assert _value(s, "fnstream_stream_dropped_total", stream="m1") == 0
-    assert ("fnstream_stream_retained_bytes", (("stream", "m1"),)) in s
-    assert ("fnstream_stream_subscribers", (("stream", "m1"),)) in s
+    assert _value(s, "fnstream_stream_produced_total", tenant="default", stream="m1") == 2
+    assert _value(s, "fnstream_stream_delivered_total", tenant="default", stream="m1") == 2
+    assert _value(s, "fnstream_stream_dropped_total", tenant="default", stream="m1") == 0
+    assert ("fnstream_stream_retained_bytes", (("stream", "m1"), ("tenant", "default"))) in s
+    assert ("fnstream_stream_subscribers", (("stream", "m1"), ("tenant", "default"))) in s
     assert _value(s, "fnstream_streams") >= 1
 
 

@@ -160,7 +160,8 @@ async def test_retention_expires_finished_jobs(make_client, job_config):
 
 TOKENS = [{"token": "alice-dev", "tenant": "alice", "role": "developer"},
           {"token": "alice-user", "tenant": "alice", "role": "user"},
-          {"token": "bob-dev", "tenant": "bob", "role": "developer"}]
+          {"token": "bob-dev", "tenant": "bob", "role": "developer"},
+          {"token": "root-admin", "tenant": "default", "role": "admin"}]
 
 
 async def test_tenants_never_see_each_others_jobs(make_client, deploy_dir):
@@ -198,7 +199,7 @@ async def test_a_queued_job_runs_only_as_the_tenant_it_was_submitted_for(make_cl
     queued = (await (await client.post("/v2/shared-name/run", json={"input": {"seconds": 0}},
                                        headers=alice)).json())["id"]
     resp = await client.put("/admin/v1/functions/shared-name", json={**spec, "tenant": "bob"},
-                            headers={"Authorization": "Bearer bob-dev"})  # one atomic redeploy
+                            headers={"Authorization": "Bearer root-admin"})  # one atomic redeploy (cross-tenant: admin)
     assert resp.status == 200, await resp.text()
     for _ in range(100):
         state = await (await client.get(f"/serverless/v1/jobs/{queued}", headers=alice)).json()

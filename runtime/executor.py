@@ -14,7 +14,6 @@ import logging
 import time
 import traceback
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .context import Context
@@ -25,6 +24,7 @@ from .limits import LoopLagMonitor, ThreadGate
 from .logs import set_log_context
 from .process.executor import ProcessExecutor
 from .streams.tenancy import current_tenant
+from .threadpool import DaemonThreadPool
 
 __all__ = ("Executor",)
 
@@ -37,7 +37,7 @@ class Executor:
     """Starts invocations and owns the thread pool for sync handlers."""
 
     def __init__(self, thread_pool_size: int = 64, threads_per_function: int | None = None) -> None:
-        self._pool = ThreadPoolExecutor(thread_pool_size, thread_name_prefix="fnstream-handler")
+        self._pool = DaemonThreadPool(thread_pool_size, thread_name_prefix="fnstream-handler")
         self.process = ProcessExecutor()  # `executor: process` functions run on worker processes
         self.active: set[Invocation] = set()
         self._watchdog: asyncio.Task[Any] | None = None

@@ -31,7 +31,6 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -50,6 +49,7 @@ from ..manifest import FunctionSpec
 from ..pre_stop import pre_stop_timeout
 from ..streams import bind_broker
 from ..surface import Mode
+from ..threadpool import DaemonThreadPool
 from .errors import MemoryLimitError
 from .instances import instance_slots
 from .protocol import (
@@ -204,7 +204,7 @@ class Worker:
         self._cond = threading.Condition()
         self._invs: dict[str, _Invocation] = {}
         self._early_cancels: dict[str, str] = {}  # a cancel that overtook its invoke frame
-        self._threads: ThreadPoolExecutor | None = None
+        self._threads: DaemonThreadPool | None = None
         self._retiring = False
         self._stop_requested = False
         self._stream_replies: dict[int, StreamReply] = {}
@@ -357,7 +357,7 @@ class Worker:
         self.kind = handler_kind(self._code.handler)
         self.slots = instance_slots(self.spec, self.kind)
         if self.kind in ("sync", "gen"):
-            self._threads = ThreadPoolExecutor(self.slots, thread_name_prefix="fnstream-handler")
+            self._threads = DaemonThreadPool(self.slots, thread_name_prefix="fnstream-handler")
         self.post({"t": "loaded", "kind": self.kind, "error": None})
         return None
 

@@ -3,6 +3,7 @@
 Plain helpers live in `tests.support`; fixtures are only ever requested by name."""
 from __future__ import annotations
 
+import faulthandler
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +35,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Under --require-redis a Redis test that skipped fails the run: CI must have run them all."""
     if session.config.getoption("--require-redis") and _skipped_for_redis(session.config):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A run whose process cannot exit fails instead of hanging CI: if a test left a thread that
+    never ends (the interpreter waits for non-daemon threads at exit), every thread's stack is
+    printed and the process exits 1 after EXIT_GRACE seconds."""
+    faulthandler.dump_traceback_later(EXIT_GRACE, exit=True)
+
+
+EXIT_GRACE = 60
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,

@@ -18,9 +18,42 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-__all__ = ("ThreadGate", "LoopLagMonitor")
+__all__ = ("ThreadGate", "LoopLagMonitor", "Waiters")
 
 log = logging.getLogger("fnstream.runtime")
+
+
+class Waiters:
+    """The callers waiting, in order, for room in a count-limited resource (a function's threads,
+    a session's turns). The resource says when it is full and wakes one waiter when room frees;
+    the woken caller checks again. A waiter cancelled after its wake-up passes the wake-up on, so
+    room is never lost."""
+
+    def __init__(self) -> None:
+        self._queue: list[asyncio.Future[None]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
+
+    async def wait_while(self, full: Callable[[], bool]) -> None:
+        while full():
+            waiter = asyncio.get_running_loop().create_future()
+            self._queue.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self.wake_one()  # woken, then cancelled before it could take the room
+                raise
+            finally:
+                if waiter in self._queue:
+                    self._queue.remove(waiter)
+
+    def wake_one(self) -> None:
+        for waiter in self._queue:
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
 
 class ThreadGate:
@@ -32,18 +65,11 @@ class ThreadGate:
         self.busy = 0            # threads held (running or overran)
         self.overran = 0         # threads still running past their invocation's deadline
         self.overran_total = 0   # ever (shown in the function's status)
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters = Waiters()
 
     async def acquire(self) -> None:
         """Wait for a thread of this function (cancellable: the deadline watchdog cancels it)."""
-        while self.busy >= self.limit:
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            finally:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+        await self._waiters.wait_while(lambda: self.busy >= self.limit)
         self.busy += 1
 
     def release(self, overran: bool) -> None:
@@ -51,10 +77,7 @@ class ThreadGate:
         self.busy -= 1
         if overran:
             self.overran -= 1
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-                break
+        self._waiters.wake_one()
 
     def mark_overran(self, invocation_id: str, timeout: float) -> None:
         self.overran += 1

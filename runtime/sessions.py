@@ -9,7 +9,6 @@ turn limit, interrupt and end work the same.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import time
@@ -24,6 +23,7 @@ from .errors import (
     FunctionServiceError,
     HandlerError,
 )
+from .limits import Waiters
 
 __all__ = (
     "DEFAULT_SESSION_TTL",
@@ -107,7 +107,7 @@ class Session:
         self.last_used = time.monotonic()
         self.turns = 0
         self.running: set[Turn] = set()
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters = Waiters()
         self.worker: Any = None        # the WorkerProcess it is pinned to (executor: process)
         self.restarted = False         # its worker died: the next turn is told (context.session_restarted)
         self.on_end: list[Callable[[Session], None]] = []
@@ -122,14 +122,7 @@ class Session:
     async def enter(self, inv: Turn) -> None:
         """Wait for a turn (at most `concurrency` running), then count `inv` as running."""
         limit = self.concurrency if self.concurrency > 0 else math.inf
-        while len(self.running) >= limit:
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            finally:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+        await self._waiters.wait_while(lambda: len(self.running) >= limit)
         self.running.add(inv)
         self.turns += 1
         self.last_used = time.monotonic()
@@ -137,10 +130,7 @@ class Session:
     def leave(self, inv: Turn) -> None:
         self.running.discard(inv)
         self.last_used = time.monotonic()
-        if self._waiters:
-            waiter = self._waiters.pop(0)
-            if not waiter.done():
-                waiter.set_result(None)
+        self._waiters.wake_one()
 
     def interrupt(self, reason: str) -> int:
         """Stop every running invocation of the session; how many there were."""

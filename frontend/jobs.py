@@ -82,7 +82,8 @@ def _build_store(config: Config) -> JobStore:
         raise ConfigError("jobs.store: redis needs cluster mode (cluster.redisUrl)")
     from runtime.cluster.job_store import connect_store  # cluster mode only: it imports redis
 
-    return connect_store(config.cluster.redisUrl, config.cluster.keyPrefix, config.jobs.retentionSeconds)
+    return connect_store(config.cluster.redisUrl, config.cluster.keyPrefix, config.jobs.retentionSeconds,
+                         config.jobs.takeoverSeconds)
 
 
 async def _restore_functions(app: web.Application, store: JobStore) -> None:

@@ -165,6 +165,8 @@ class JobsConfig(_Strict):
     maxOutputBytes: int = Field(10 * 1024 * 1024, ge=1, description="output bytes per job; beyond, FAILED")
     retentionSeconds: float = Field(3600, gt=0, description="finished jobs and their output expire after this")
     runsyncWaitMs: int = Field(90_000, ge=0, description="default and maximum wait of /runsync")
+    takeoverSeconds: float = Field(15, gt=0, description="cluster mode: a node's unfinished jobs pass to another "
+                                   "node this long after it stops renewing its lease")
     webhook: WebhookConfig = WebhookConfig()
 
 

@@ -6,6 +6,11 @@ job's keys expire after `jobs.retentionSeconds`. The node that accepted a job ru
 it through; any other node reads it from here (`fetch`), so `/status`, `/stream` and `/events`
 answer on every frontend. Cancels travel on the `{prefix}:jobs:cancel` channel to the node
 running the job. Writes go out in call order on one background task.
+
+A node that dies leaves its unfinished jobs behind: each node keeps the ids of the jobs it owns
+in `{prefix}:{jobs-node:ID}:jobs` and renews `{prefix}:{jobs-node:ID}:alive` (a lease of
+`jobs.takeoverSeconds`). When a lease lapses, the first node to notice claims the whole set in
+one script (`claim_orphans`; both keys share a hash tag) and applies the restart rules to them.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -41,20 +47,32 @@ end
 return {}
 """
 
+# Take a dead node's unfinished jobs: nothing while its lease lives, else its job ids, removed at once
+# (so one node takes them, whichever asks first).
+_CLAIM = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {} end
+local ids = redis.call('SMEMBERS', KEYS[2])
+redis.call('DEL', KEYS[2])
+return ids
+"""
+
 
 class RedisJobStore(SharedStore):
     """Job state in Redis; `load()` recovers nothing (a node does not own other nodes' jobs)."""
 
     durable = True
 
-    def __init__(self, redis: Any, prefix: str, retention: float) -> None:
+    def __init__(self, redis: Any, prefix: str, retention: float, lease: float = 15.0) -> None:
         self.redis = redis
         self.prefix = prefix
         self.retention = max(1, int(retention))
+        self.node = uuid.uuid4().hex[:12]  # this process's owner id (a restarted node is a new owner)
+        self.lease = lease
         self.cancel_channel = f"{prefix}:jobs:cancel"
         self._writes: asyncio.Queue[tuple[Callable[[], Awaitable[Any]], asyncio.Future[None]]] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._leaser: asyncio.Task[None] | None = None
 
     def _state(self, job_id: str) -> str:
         return f"{self.prefix}:{{job:{job_id}}}:state"
@@ -65,9 +83,18 @@ class RedisJobStore(SharedStore):
     def _cursor(self, job_id: str) -> str:
         return f"{self.prefix}:{{job:{job_id}}}:cursor"
 
+    def _owned(self, node: str) -> str:
+        return f"{self.prefix}:{{jobs-node:{node}}}:jobs"
+
+    def _alive(self, node: str) -> str:
+        return f"{self.prefix}:{{jobs-node:{node}}}:alive"
+
     async def open(self) -> None:
-        self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name="jobs-redis-writer")
-        self._listener = asyncio.get_running_loop().create_task(self._listen(), name="jobs-redis-cancels")
+        loop = asyncio.get_running_loop()
+        await self.renew_lease()  # before the first save, so no other node ever sees this one's jobs unowned
+        self._writer = loop.create_task(self._write_loop(), name="jobs-redis-writer")
+        self._listener = loop.create_task(self._listen(), name="jobs-redis-cancels")
+        self._leaser = loop.create_task(self._keep_lease(), name="jobs-redis-lease")
 
     async def close(self) -> None:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -78,10 +105,13 @@ class RedisJobStore(SharedStore):
         await self._writes.put((nothing, done))
         with contextlib.suppress(Exception):
             await asyncio.wait_for(done, 5)
-        for task in (self._writer, self._listener):
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(*(t for t in (self._writer, self._listener) if t is not None), return_exceptions=True)
+        tasks = [t for t in (self._writer, self._listener, self._leaser) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            # A clean stop: the unfinished jobs left behind are the next node's at once (the restart rules).
+            await self.redis.delete(self._alive(self.node))
         await self.redis.aclose()
 
     async def _write_loop(self) -> None:
@@ -120,7 +150,7 @@ class RedisJobStore(SharedStore):
     # -- JobStore ----------------------------------------------------------------------------
     def save(self, job: Job) -> asyncio.Future[None]:
         data = _dumps(job.row())
-        state, out = self._state(job.id), self._out(job.id)
+        state, out, owned = self._state(job.id), self._out(job.id), self._owned(self.node)
         ttl = self.retention if job.final else None
 
         async def op() -> None:
@@ -128,6 +158,9 @@ class RedisJobStore(SharedStore):
                 pipe.set(state, data, ex=ttl)
                 if ttl is not None:
                     pipe.expire(out, ttl)
+                    pipe.srem(owned, job.id)
+                else:
+                    pipe.sadd(owned, job.id)
                 await pipe.execute()
 
         return self._queue(op)
@@ -151,10 +184,12 @@ class RedisJobStore(SharedStore):
 
     def delete(self, job_ids: list[str]) -> asyncio.Future[None]:
         keys = [k for i in job_ids for k in (self._state(i), self._out(i), self._cursor(i))]
+        owned = self._owned(self.node)
 
         async def op() -> None:
             for key in keys:  # one key per command: the keys of different jobs live on different slots
                 await self.redis.delete(key)
+            await self.redis.srem(owned, *job_ids)
 
         return self._queue(op)
 
@@ -180,8 +215,42 @@ class RedisJobStore(SharedStore):
         return [json.loads(i) for i in items]
 
 
-def connect_store(url: str, prefix: str, retention: float) -> RedisJobStore:
+    # -- a dead node's jobs ------------------------------------------------------------------
+    async def renew_lease(self) -> None:
+        await self.redis.set(self._alive(self.node), "1", px=max(100, int(self.lease * 1000)))
+
+    async def _keep_lease(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease / 3)
+            try:
+                await self.renew_lease()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis away: the lease may lapse, and another node take the jobs
+                log.warning("jobs: could not renew this node's lease: %s", exc)
+
+    async def claim_orphans(self) -> list[Job]:
+        """The unfinished jobs of nodes whose lease lapsed, now this node's (each taken by one node)."""
+        head, tail = self._owned("*").split("*")
+        claimed: list[Job] = []
+        async for key in self.redis.scan_iter(match=self._owned("*"), count=1000):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            node = name[len(head):-len(tail)]
+            if node == self.node:
+                continue
+            ids = await self.redis.eval(_CLAIM, 2, self._alive(node), name)
+            for raw in ids:
+                job = await self.fetch(raw.decode() if isinstance(raw, bytes) else str(raw))
+                if job is not None and not job.final:
+                    claimed.append(job)
+            if ids:
+                log.warning("jobs: node %s stopped renewing its lease; took over %d unfinished job(s)",
+                            node, len(ids))
+        return claimed
+
+
+def connect_store(url: str, prefix: str, retention: float, lease: float) -> RedisJobStore:
     from .settings import connect
 
     client: aioredis.Redis = connect(url)  # type: ignore[assignment]
-    return RedisJobStore(client, prefix, retention)
+    return RedisJobStore(client, prefix, retention, lease)

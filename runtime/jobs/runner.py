@@ -76,24 +76,50 @@ class JobManager:
             if job.final and job.completed_at is not None and job.completed_at + self.config.retentionSeconds < now:
                 expired.append(job.id)  # expired while the server was down
                 continue
-            if job.status == "IN_PROGRESS":
-                recovered += 1
-                if job.outputs:
-                    self._finish(job, "FAILED", error=ServiceUnavailableError(
-                        f"the server restarted while this job was running; it had written {len(job.outputs)} "
-                        "output item(s), so it was not run again"))
-                else:
-                    job.status, job.started_at = "IN_QUEUE", None
-                    self.store.save(job)
-            self.jobs[job.id] = job
-            if job.status == "IN_QUEUE":
-                requeued += 1
-                self._enqueue(job)
+            recovered += job.status == "IN_PROGRESS"
+            self._adopt(job, "the server restarted")
+            requeued += job.status == "IN_QUEUE"
         if expired:
             self.store.delete(expired)
         if recovered or requeued:
             log.info("jobs: %d queued job(s) after restart (%d were running)", requeued, recovered)
-        self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="jobs-sweeper")
+        loop = asyncio.get_running_loop()
+        self._sweeper = loop.create_task(self._sweep(), name="jobs-sweeper")
+        if self.shared is not None:
+            self._tasks.add(loop.create_task(self._take_over(self.shared), name="jobs-takeover"))
+
+    def _adopt(self, job: Job, what: str, *, take_ownership: bool = False) -> None:
+        """The restart rules, for a job whose runner is gone (this server before a restart, or a dead
+        cluster node): a job that had written output is FAILED — never run twice where a client may
+        have seen half of it — and any other unfinished job is queued to run (again) here."""
+        if job.status == "IN_PROGRESS":
+            if job.outputs:
+                self._finish(job, "FAILED", error=ServiceUnavailableError(
+                    f"{what} while this job was running; it had written {len(job.outputs)} "
+                    "output item(s), so it was not run again"))
+            else:
+                job.status, job.started_at = "IN_QUEUE", None
+                take_ownership = True
+        self.jobs[job.id] = job
+        if job.status == "IN_QUEUE":
+            if take_ownership:
+                self.store.save(job)
+            self._enqueue(job)
+
+    async def _take_over(self, shared: SharedStore) -> None:
+        """Cluster mode: adopt the unfinished jobs of nodes that stopped renewing their lease."""
+        while not self.stopping:
+            await asyncio.sleep(shared.lease / 3)
+            try:
+                orphans = [] if self.stopping else await shared.claim_orphans()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis away: the next round tries again
+                log.warning("jobs: could not look for a dead node's jobs: %s", exc)
+                continue
+            for job in orphans:
+                if job.id not in self.jobs:
+                    self._adopt(job, "the node running it stopped", take_ownership=True)
 
     async def stop_taking(self) -> None:
         """Start no more jobs (Lifecycle.stop_intake: before the drain aborts the running ones, which

@@ -89,6 +89,11 @@ class SharedStore(JobStore):
     """A store every node of a cluster reads (Redis): jobs of other nodes are found here."""
 
     on_cancel: Callable[[str], None] | None = None  # set by the runner: a cancel asked on another node
+    lease: float = 15.0  # seconds a node's jobs stay its own after it stops renewing its lease
+
+    async def claim_orphans(self) -> list[Job]:
+        """Unfinished jobs of nodes whose lease lapsed, now this node's (the runner re-runs or fails them)."""
+        raise NotImplementedError
 
     async def fetch(self, job_id: str, outputs_from: int = 0) -> Job | None:
         """The stored job with its output items from index `outputs_from` on; None when unknown."""

@@ -115,3 +115,43 @@ async def test_a_frontend_node_queues_jobs_for_the_cluster_workers(redis_server,
         async with s.get(f"{frontend.url}/serverless/v1/functions/async-results/{request_id}") as r:
             body = await r.json()
         assert body["status"] == "completed" and body["respBody"] == {"count": 4, "pid": worker.pid}
+
+
+async def test_a_dead_nodes_jobs_are_taken_over_by_a_live_one(redis_server, start_server, tmp_path):
+    """Kill -9 of the node that accepted three jobs: another node runs the queued one and the
+    running one that had no output yet, and fails the one that had written output (as a restart)."""
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    (deploy / "fns.yaml").write_text(yaml.safe_dump([fn("count", "job_fns.count"),
+                                                     fn("sleeper", "job_fns.sleeper", concurrency=1)]))
+    args = [*node_args(redis_server.url, deploy), "-s", "jobs.takeoverSeconds=1"]
+    a = start_server(*args, env={"FNSTREAM_LOG": "WARNING"})
+    b = start_server(*args, env={"FNSTREAM_LOG": "WARNING"})
+    async with aiohttp.ClientSession() as s:
+        async def run(fn_name: str, payload: dict) -> str:
+            async with s.post(f"{a.url}/v2/{fn_name}/run", json={"input": payload}) as r:
+                assert r.status == 200, await r.text()
+                return (await r.json())["id"]
+
+        running = await run("sleeper", {"seconds": 4})
+        queued = await run("sleeper", {"seconds": 0.1})
+        half_done = await run("count", {"n": 100, "delay": 0.2})
+        await wait_status(s, b.url, "sleeper", running, {"IN_PROGRESS"})
+        deadline = time.monotonic() + 20
+        while True:  # the count job has written output that B can see
+            async with s.get(f"{b.url}/serverless/v1/jobs/{half_done}") as r:
+                if (await r.json())["outputCount"] > 0:
+                    break
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        for job_id, want in ((running, {"IN_PROGRESS"}), (queued, {"IN_QUEUE", "IN_PROGRESS"})):
+            async with s.get(f"{b.url}/v2/sleeper/status/{job_id}") as r:
+                assert (await r.json())["status"] in want   # (a job may also run on B through the work queue)
+
+        a.kill()
+        assert (await wait_status(s, b.url, "sleeper", running, {"COMPLETED"}, limit=30))["output"] == "slept"
+        assert (await wait_status(s, b.url, "sleeper", queued, {"COMPLETED"}, limit=30))["output"] == "slept"
+        failed = await wait_status(s, b.url, "count", half_done, {"FAILED"}, limit=30)
+        assert "the node running it stopped" in json.dumps(failed)
+        async with s.get(f"{b.url}/serverless/v1/jobs/{running}") as r:
+            assert (await r.json())["status"] == "COMPLETED"   # B owns it now: its own job list has it

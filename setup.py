@@ -12,7 +12,8 @@ example_packages = [f"{EXAMPLES}.functions.{p}" for p in find_packages("function
 
 setup(
     packages=[*find_packages(include=["runtime", "runtime.*", "frontend", "frontend.*"]),
-              "frontend.console", "runtime._defaults", f"{EXAMPLES}.functions", f"{EXAMPLES}.deploy", *example_packages],
+              "frontend.console", "runtime._defaults", f"{EXAMPLES}.functions", f"{EXAMPLES}.deploy",
+              *example_packages],
     package_dir={"runtime._defaults": "config", f"{EXAMPLES}.functions": "functions",
                  f"{EXAMPLES}.deploy": "deploy"},
     package_data={"runtime._defaults": ["default.yaml"], f"{EXAMPLES}.deploy": ["*.yaml"],

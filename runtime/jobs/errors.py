@@ -1,7 +1,11 @@
-"""Errors of the job API (fnstream's inner codes; RunPod routes show the message as `error`)."""
+"""Errors of the job API (fnstream's inner codes; RunPod routes show the message as `error`).
+
+Each is a kind of the matching general error (runtime/errors.py), so it carries that code and
+status; only the ones with no general twin set their own.
+"""
 from __future__ import annotations
 
-from ..errors import FunctionServiceError
+from ..errors import BadRequestError, ConcurrencyLimitError, FunctionServiceError, HandlerError
 
 __all__ = (
     "JobBadRequestError",
@@ -19,8 +23,8 @@ class JobNotFoundError(FunctionServiceError, LookupError):
     code, status = 200404, 404
 
 
-class JobBadRequestError(FunctionServiceError, ValueError):
-    code, status = 200400, 400
+class JobBadRequestError(BadRequestError):
+    """A job request that cannot be taken (bad policy, webhook, input)."""
 
 
 class JobStateError(FunctionServiceError):
@@ -29,15 +33,13 @@ class JobStateError(FunctionServiceError):
     code, status = 200409, 409
 
 
-class JobQueueFullError(FunctionServiceError):
-    code, status = 200429, 429
+class JobQueueFullError(ConcurrencyLimitError):
+    """jobs.maxQueued jobs are waiting already."""
 
 
 class JobOutputTooLargeError(FunctionServiceError):
     code, status = 200413, 413
 
 
-class JobItemError(FunctionServiceError):
+class JobItemError(HandlerError):
     """A RunPod-style handler returned or yielded a dict with an `error` key."""
-
-    code, status = 4001, 500

@@ -2,12 +2,13 @@
 
 An invocation is one entry on its function's queue stream (`{queue:NAME}`); a worker takes it
 with XREADGROUP and writes entries to the invocation's own output stream (`{inv:ID}:out`):
-`start` (which worker), `data` (one stream write each), then one terminal `result` or `error`.
+`data` (a batch of stream writes: fields `0`, `1`, ...), then one terminal `result` or `error`; the
+first entry also names the worker (`w`).
 `RemoteInvocation` pumps that stream into a bounded OutputChannel and resolves `task` with the
 result, so the HTTP response reads it exactly as it reads a local Invocation.
 Flow control: the pump records how many entries it has taken (`{inv:ID}:ack`); a worker never
 runs more than `buffer` entries ahead of it. Every per-invocation key has a TTL and is deleted
-by the frontend at the end.
+by the frontend at the end, many invocations' in one DEL.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ class WorkQueue:
     def __init__(self, redis: AnyRedis, keys: Keys, *, ttl: float, heartbeat: float) -> None:
         self.redis, self.keys, self.ttl, self.heartbeat = redis, keys, ttl, heartbeat
         self._cleanup: set[asyncio.Task[Any]] = set()
+        self._doomed: list[str] = []   # keys of finished invocations, deleted together (one DEL per loop turn)
 
     async def submit(self, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int, max_write_size: int,
                      max_response_size: int, trace_id: str | None, timeout: float | None = None) -> RemoteInvocation:
@@ -80,6 +82,22 @@ class WorkQueue:
             await self.redis.publish(self.keys.cancel_channel, inv_id)
         except REDIS_DOWN as exc:
             log.warning("could not send the cancellation of %s (Redis unreachable: %s); its keys expire", inv_id, exc)
+
+    def drop(self, *keys: str) -> None:
+        """Delete these keys soon: every finished invocation of this loop turn in one DEL."""
+        if not self._doomed:
+            asyncio.get_running_loop().call_soon(self._flush_doomed)
+        self._doomed.extend(keys)
+
+    def _flush_doomed(self) -> None:
+        keys, self._doomed = self._doomed, []
+        self.background(self._delete(keys))
+
+    async def _delete(self, keys: list[str]) -> None:
+        try:
+            await self.redis.delete(*keys)
+        except REDIS_DOWN:
+            pass  # they expire
 
     def background(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -163,26 +181,29 @@ class RemoteInvocation:
                 if not reply:
                     await self._check_worker()
                     continue
-                entries = reply[0][1]
-                for entry_id, fields in entries:
+                events = self.events
+                for entry_id, fields in reply[0][1]:
                     last = entry_id
                     kind = fields.get("t")
-                    if kind == "start":
-                        self.worker = fields.get("worker")
-                    elif kind == "data":
-                        await self.channel.put(fields.get("d", ""))
-                        self.events += 1
+                    if "w" in fields:
+                        self.worker = fields["w"]
+                    if kind == "data":
+                        put = self.channel.put
+                        for payload in list(fields.values())[1 + ("w" in fields):]:
+                            await put(payload)
+                            self.events += 1
                     elif kind == "result":
                         self._finished = True
                         return fields.get("d") or None
                     elif kind == "error":
                         self._finished = True
                         raise error_from_fields(fields)
-                await redis.set(keys.ack(self.id), str(self.events), ex=max(1, int(self.queue.ttl)))
+                if self.events != events:   # flow control: only data moves the worker's window
+                    await redis.set(keys.ack(self.id), str(self.events), ex=max(1, int(self.queue.ttl)))
         finally:
             self.channel.close()
             if self._finished:
-                self.queue.background(self._drop_keys())
+                self.queue.drop(keys.output(self.id), keys.ack(self.id))
 
     async def _check_worker(self) -> None:
         """A worker that vanished after output began is lost; before that, its entry is reclaimed."""
@@ -195,9 +216,3 @@ class RemoteInvocation:
             raise WorkerLostError(f"worker {self.worker} running {self.spec.name!r} was lost after "
                                   f"{self.events} events; the invocation was not retried")
 
-    async def _drop_keys(self) -> None:
-        keys = self.queue.keys
-        try:
-            await self.queue.redis.delete(keys.output(self.id), keys.ack(self.id))
-        except REDIS_DOWN:
-            pass  # they expire

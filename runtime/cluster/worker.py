@@ -8,6 +8,12 @@ holds; entries of a dead worker go idle and another worker takes them with XAUTO
 output had already begun is not run again: the client gets a "worker lost" error instead.
 Cancellations arrive on a pub/sub channel and as a key, checked before starting and by every
 output write (one script): once the frontend dropped an invocation's keys, a late write cannot recreate them.
+
+Round trips are what a queued invocation costs (each is ~100 µs of redis-py on either side), so
+they are few: the cancel markers of every entry one read returned are checked in one pipeline;
+the worker's id rides on the first entry written (no entry of its own); a batch of stream writes
+is one output entry (fields `0`, `1`, ... in order); the terminal entry, XACK and XDEL go in one
+pipeline. A JSON invocation costs the worker about 2 round trips.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import time
 from typing import Any, cast, get_args
 
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT, StreamIdT
 
 from runtime.errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError
@@ -60,6 +67,7 @@ class QueueWorker:
         self._slots = asyncio.Semaphore(concurrency)
         self._running: dict[str, Invocation] = {}          # invocation id -> Invocation
         self._held: dict[str, tuple[str, str]] = {}        # invocation id -> (queue key, entry id)
+        self._cancelled: set[str] = set()                  # held, not yet running, cancel message seen
         self._grouped: set[str] = set()
         self._by_slot: dict[int, list[str]] = {}           # cluster slot -> queue keys read together
         self._readers: dict[int, asyncio.Task[Any]] = {}
@@ -163,8 +171,8 @@ class QueueWorker:
                                                     block=1000 if wait else None)
                 backoff.reset()
                 for key, entries in reply or []:
-                    for entry_id, fields in entries:
-                        self._take(key, entry_id, fields, reclaimed=False)
+                    for (entry_id, fields), cancelled in zip(entries, await self._cancel_marks(entries), strict=True):
+                        self._take(key, entry_id, fields, reclaimed=False, cancelled=cancelled)
                         taken += 1
             except aioredis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):   # NOGROUP: the queue was deleted (e.g. Redis restarted empty)
@@ -194,11 +202,13 @@ class QueueWorker:
                     try:
                         reply = await self.redis.xautoclaim(key, Keys.GROUP, self.id, int(self.claim_idle * 1000),
                                                             "0-0", count=free)
-                        for entry_id, fields in reply[1]:
-                            # Not one it runs itself: a stalled loop can let its own entries go idle.
-                            if fields and fields.get("id", entry_id) not in self._held:
-                                self._take(key, entry_id, fields, reclaimed=True)
-                                taken += 1
+                        # Not one it runs itself: a stalled loop can let its own entries go idle.
+                        entries = [(entry_id, fields) for entry_id, fields in reply[1]
+                                   if fields and fields.get("id", entry_id) not in self._held]
+                        marks = await self._cancel_marks(entries)
+                        for (entry_id, fields), cancelled in zip(entries, marks, strict=True):
+                            self._take(key, entry_id, fields, reclaimed=True, cancelled=cancelled)
+                            taken += 1
                     finally:
                         self._release(free - taken)
                     for entry_id in (reply[2] if len(reply) > 2 else []):   # deleted while pending
@@ -209,31 +219,54 @@ class QueueWorker:
             except aioredis.ResponseError as exc:
                 log.debug("reclaim: %s", exc)
 
-    def _take(self, key: str, entry_id: str, fields: dict[str, str], *, reclaimed: bool) -> None:
+    async def _cancel_marks(self, entries: list[tuple[str, dict[str, str]]]) -> list[bool]:
+        """Which of these entries' invocations were cancelled while queued: one pipeline for a whole read."""
+        if not entries:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for entry_id, fields in entries:
+                pipe.exists(self.keys.cancelled(fields.get("id", entry_id)))
+            return [bool(n) for n in await pipe.execute()]
+
+    def _take(self, key: str, entry_id: str, fields: dict[str, str], *, reclaimed: bool, cancelled: bool) -> None:
         """Run an entry in a slot the caller reserved (released by _done_with)."""
         inv_id = fields.get("id", entry_id)
         self._held[inv_id] = (key, entry_id)
-        job = asyncio.create_task(self._run_entry(key, entry_id, fields, reclaimed), name=f"worker-run-{inv_id}")
+        job = asyncio.create_task(self._run_entry(key, entry_id, fields, reclaimed, cancelled),
+                                  name=f"worker-run-{inv_id}")
         self._jobs.add(job)
         job.add_done_callback(self._jobs.discard)
 
-    async def _done_with(self, inv_id: str) -> None:
+    async def _done_with(self, inv_id: str, terminal: list[dict[str, str]] | None = None) -> None:
+        """Release the slot, write the invocation's `terminal` entry (if any) and ack + delete its queue
+        entry — one pipeline, in that order, so an entry is never acked before its answer is stored."""
         key, entry_id = self._held.pop(inv_id)
+        self._cancelled.discard(inv_id)
         self._slots.release()
         try:
-            async with self.redis.pipeline(transaction=True) as pipe:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                if terminal:
+                    keys, args = self._append_args(inv_id, terminal)
+                    # EVALSHA by hand: a Script in a pipeline costs a SCRIPT EXISTS first, every time.
+                    pipe.evalsha(self._append.sha, len(keys), *keys, *args)
                 pipe.xack(key, Keys.GROUP, entry_id)
                 pipe.xdel(key, entry_id)
-                await pipe.execute()
+                results = await pipe.execute(raise_on_error=False)
+            if terminal and isinstance(results[0], NoScriptError):   # Redis restarted: load it, write again
+                await self._write(inv_id, terminal)
+            elif terminal and isinstance(results[0], Exception):
+                raise results[0]
         except REDIS_DOWN:
             pass  # stays pending; whoever reclaims it finds the finished output and just acks it
 
     # -- running -----------------------------------------------------------------------------
-    async def _run_entry(self, key: str, entry_id: str, fields: dict[str, str], reclaimed: bool) -> None:
+    async def _run_entry(self, key: str, entry_id: str, fields: dict[str, str], reclaimed: bool,
+                         cancelled: bool) -> None:
         inv_id = fields.get("id", entry_id)
+        terminal: list[dict[str, str]] | None = None
         try:
-            if await self._should_run(inv_id, fields, reclaimed):
-                await self._execute(inv_id, fields)
+            if not cancelled and await self._should_run(inv_id, fields, reclaimed):
+                terminal = await self._execute(inv_id, fields)
         except REDIS_DOWN as exc:
             # Leave the entry pending and stop touching it: once idle it is reclaimed (and re-run if
             # no output went out, else answered with "worker lost").
@@ -242,6 +275,7 @@ class QueueWorker:
             if inv is not None:
                 inv.cancel("lost the connection to Redis")
             self._held.pop(inv_id, None)
+            self._cancelled.discard(inv_id)
             self._slots.release()
             return
         except Exception:
@@ -249,13 +283,12 @@ class QueueWorker:
         finally:
             self._running.pop(inv_id, None)
             self.completed += 1
-        await self._done_with(inv_id)
+        await self._done_with(inv_id, terminal)
 
     async def _should_run(self, inv_id: str, fields: dict[str, str], reclaimed: bool) -> bool:
-        """False when there is nothing to run, only the entry to ack: cancelled while queued, or
-        (reclaimed) already answered, or answered here with "worker lost" since its output had begun."""
-        if await self.redis.exists(self.keys.cancelled(inv_id)):
-            return False
+        """False when there is nothing to run, only the entry to ack: (reclaimed) already answered,
+        or answered here with "worker lost" since its output had begun. (Cancelled while queued:
+        the caller checked the marker.)"""
         if reclaimed:
             last: Any = await self.redis.xrevrange(self.keys.output(inv_id), count=1)
             kind = last[0][1].get("t") if last else None
@@ -272,19 +305,25 @@ class QueueWorker:
     def _error_fields(self, exc: FunctionServiceError) -> dict[str, str]:
         return {"t": "error", "code": str(exc.code), "status": str(exc.status), "message": exc.message}
 
-    async def _write(self, inv_id: str, entries: list[dict[str, str]]) -> bool:
-        """Append to the output stream and renew its TTL; False (nothing written) once the frontend
-        cancelled: it deleted the keys, and a late write would recreate them until they expire."""
+    def _append_args(self, inv_id: str, entries: list[dict[str, str]]) -> tuple[list[KeyT], list[EncodableT]]:
         args: list[EncodableT] = [max(1, int(self.ttl))]
         for fields in entries:
             args.append(len(fields) * 2)
             for name, value in fields.items():
                 args += (name, value)
-        keys: list[KeyT] = [self.keys.output(inv_id), self.keys.cancelled(inv_id)]
+        return [self.keys.output(inv_id), self.keys.cancelled(inv_id)], args
+
+    async def _write(self, inv_id: str, entries: list[dict[str, str]]) -> bool:
+        """Append to the output stream and renew its TTL; False (nothing written) once the frontend
+        cancelled: it deleted the keys, and a late write would recreate them until they expire."""
+        keys, args = self._append_args(inv_id, entries)
         return bool(await self._append(keys, args))
 
-    async def _execute(self, inv_id: str, fields: dict[str, str]) -> None:
+    async def _execute(self, inv_id: str, fields: dict[str, str]) -> list[dict[str, str]] | None:
+        """Run it, writing its stream as it goes; returns its terminal entry, which _done_with writes
+        with the queue ack (None: nothing to write, the client is gone)."""
         name = fields.get("function", "")
+        first = {"w": self.id}   # which worker runs it: on the first entry written, wherever that is
         try:
             dep = self.registry.get(name)
             if time.time() > float(fields.get("deadline", "inf")):
@@ -298,12 +337,11 @@ class QueueWorker:
             inv.id = inv_id
             inv.deadline = min(inv.deadline, time.monotonic() + float(fields.get("deadline", "inf")) - time.time())
             if not await self._start_when_free(inv, inv_id):
-                return
+                return None
         except FunctionServiceError as exc:
-            await self._write(inv_id, [{"t": "start", "worker": self.id}, self._error_fields(exc)])
-            return
+            return [{**self._error_fields(exc), **first}]
         self._running[inv_id] = inv
-        if not await self._write(inv_id, [{"t": "start", "worker": self.id}]):
+        if inv_id in self._cancelled:   # its cancel message came while it was being set up
             inv.cancel("cancelled")
         written, acked = 0, 0
         while True:
@@ -316,7 +354,10 @@ class QueueWorker:
                 acked = int(await self.redis.get(self.keys.ack(inv_id)) or 0)
                 if written - acked >= window:
                     await asyncio.sleep(0.002)
-            if not await self._write(inv_id, [{"t": "data", "d": payload} for payload in batch]):
+            entry = {"t": "data", **first}
+            entry.update({str(i): payload for i, payload in enumerate(batch)})
+            first = {}
+            if not await self._write(inv_id, [entry]):
                 inv.cancel("cancelled")  # the frontend gave up: stop now, even if its message is late
             written += len(batch)
         try:
@@ -324,10 +365,10 @@ class QueueWorker:
         except asyncio.CancelledError:
             if inv.cancel_reason is None:
                 raise
-            return  # the client is gone: nobody reads the output
+            return None  # the client is gone: nobody reads the output
         except FunctionServiceError as exc:
             terminal = self._error_fields(exc)
-        await self._write(inv_id, [terminal])
+        return [{**terminal, **first}]
 
     async def _start_when_free(self, inv: Invocation, inv_id: str) -> bool:
         """Start it; a queued invocation waits for a free concurrency slot (False: cancelled meanwhile)."""
@@ -341,7 +382,8 @@ class QueueWorker:
                     raise FunctionTimeoutError(f"function {inv.spec.name!r} timed out waiting for a free slot "
                                                f"(concurrency {inv.spec.concurrency})") from None
                 waited += 1
-                if waited % 25 == 0 and await self.redis.exists(self.keys.cancelled(inv_id)):
+                if inv_id in self._cancelled or (waited % 25 == 0
+                                                 and await self.redis.exists(self.keys.cancelled(inv_id))):
                     return False
                 await asyncio.sleep(0.02)
 
@@ -380,7 +422,9 @@ class QueueWorker:
                         continue
                     inv_id: str = msg["data"]
                     inv = self._running.get(inv_id)
-                    if inv is not None:
+                    if inv is None and inv_id in self._held:
+                        self._cancelled.add(inv_id)   # taken, not running yet: _execute checks this
+                    elif inv is not None:
                         reason = cast("str | None", await self.redis.get(self.keys.cancelled(inv_id))) or "cancelled"
                         inv.cancel(reason)
             except REDIS_DOWN:

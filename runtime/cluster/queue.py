@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any
 
-from redis.typing import EncodableT, FieldT
+from redis.typing import EncodableT
 
 from runtime.channel import OutputChannel
 from runtime.errors import FunctionServiceError, FunctionTimeoutError
@@ -28,6 +28,7 @@ from runtime.invocation import new_trace_id
 from runtime.manifest import FunctionSpec
 from runtime.surface import Mode, resolve_mode
 
+from .batch import Batcher
 from .settings import REDIS_DOWN, AnyRedis, ClusterUnavailableError, Keys, WorkerLostError
 
 __all__ = ("RemoteInvocation", "WorkQueue", "error_from_fields")
@@ -51,6 +52,7 @@ class WorkQueue:
     def __init__(self, redis: AnyRedis, keys: Keys, *, ttl: float, heartbeat: float) -> None:
         self.redis, self.keys, self.ttl, self.heartbeat = redis, keys, ttl, heartbeat
         self._cleanup: set[asyncio.Task[Any]] = set()
+        self.batch = Batcher(redis)    # the enqueues of one loop turn in one round trip
         self._doomed: list[str] = []   # keys of finished invocations, deleted together (one DEL per loop turn)
 
     async def submit(self, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int, max_write_size: int,
@@ -59,12 +61,12 @@ class WorkQueue:
         seconds = spec.timeout if timeout is None else min(timeout, spec.timeout)
         inv = RemoteInvocation(self, spec, event, mode=mode, buffer_events=buffer_events,
                                max_response_size=max_response_size, trace_id=trace_id, timeout=seconds)
-        entry: dict[FieldT, EncodableT] = {
-                 "id": inv.id, "function": spec.name, "event": json.dumps(event), "mode": inv.mode,
-                 "trace": inv.trace_id, "deadline": repr(time.time() + seconds), "buffer": str(buffer_events),
-                 "maxWrite": str(max_write_size), "maxResponse": str(max_response_size)}
+        entry: tuple[EncodableT, ...] = (
+            "id", inv.id, "function", spec.name, "event", json.dumps(event), "mode", inv.mode,
+            "trace", inv.trace_id, "deadline", repr(time.time() + seconds), "buffer", buffer_events,
+            "maxWrite", max_write_size, "maxResponse", max_response_size)
         try:
-            await self.redis.xadd(self.keys.queue(spec.name), entry)
+            await self.batch.call("XADD", self.keys.queue(spec.name), "*", *entry)
         except REDIS_DOWN as exc:
             raise ClusterUnavailableError(f"cannot queue {spec.name!r} for the cluster's workers: Redis is "
                                           f"unreachable ({exc}); retry later") from None

@@ -9,11 +9,11 @@ output had already begun is not run again: the client gets a "worker lost" error
 Cancellations arrive on a pub/sub channel and as a key, checked before starting and by every
 output write (one script): once the frontend dropped an invocation's keys, a late write cannot recreate them.
 
-Round trips are what a queued invocation costs (each is ~100 µs of redis-py on either side), so
-they are few: the cancel markers of every entry one read returned are checked in one pipeline;
-the worker's id rides on the first entry written (no entry of its own); a batch of stream writes
-is one output entry (fields `0`, `1`, ... in order); the terminal entry, XACK and XDEL go in one
-pipeline. A JSON invocation costs the worker about 2 round trips.
+Round trips are what a queued invocation costs (far more CPU on either side than Redis spends),
+so they are few and shared: every command goes through one Batcher (runtime/cluster/batch.py: the
+commands of one loop turn in one pipeline); the worker's id rides on the first entry written (no
+entry of its own); a batch of stream writes is one output entry (fields `0`, `1`, ... in order);
+the terminal entry, XACK and XDEL are issued together, in that order.
 """
 from __future__ import annotations
 
@@ -24,8 +24,7 @@ import time
 from typing import Any, cast, get_args
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
-from redis.typing import EncodableT, KeyT, StreamIdT
+from redis.typing import EncodableT, StreamIdT
 
 from runtime.errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError
 from runtime.executor import Executor
@@ -33,6 +32,7 @@ from runtime.invocation import Invocation
 from runtime.registry import Registry
 from runtime.surface import Mode
 
+from .batch import Batcher
 from .settings import REDIS_DOWN, AnyRedis, Backoff, Keys, WorkerLostError, slot_of
 
 __all__ = ("QueueWorker",)
@@ -52,6 +52,8 @@ end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 return 1
 """
+# Payloads per output entry at most: the script unpacks an entry's fields onto Lua's stack (8000 slots).
+_ENTRY_PAYLOADS = 1000
 
 
 class QueueWorker:
@@ -75,7 +77,7 @@ class QueueWorker:
         self._jobs: set[asyncio.Task[Any]] = set()
         self.completed = 0
         self.taking = True  # False once shutting down: it serves no function, what it runs goes on
-        self._append = redis.register_script(_APPEND)
+        self.batch = Batcher(redis)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -221,12 +223,9 @@ class QueueWorker:
 
     async def _cancel_marks(self, entries: list[tuple[str, dict[str, str]]]) -> list[bool]:
         """Which of these entries' invocations were cancelled while queued: one pipeline for a whole read."""
-        if not entries:
-            return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for entry_id, fields in entries:
-                pipe.exists(self.keys.cancelled(fields.get("id", entry_id)))
-            return [bool(n) for n in await pipe.execute()]
+        marks = await asyncio.gather(*(self.batch.call("EXISTS", self.keys.cancelled(fields.get("id", entry_id)))
+                                       for entry_id, fields in entries))
+        return [bool(n) for n in marks]
 
     def _take(self, key: str, entry_id: str, fields: dict[str, str], *, reclaimed: bool, cancelled: bool) -> None:
         """Run an entry in a slot the caller reserved (released by _done_with)."""
@@ -238,26 +237,17 @@ class QueueWorker:
         job.add_done_callback(self._jobs.discard)
 
     async def _done_with(self, inv_id: str, terminal: list[dict[str, str]] | None = None) -> None:
-        """Release the slot, write the invocation's `terminal` entry (if any) and ack + delete its queue
-        entry — one pipeline, in that order, so an entry is never acked before its answer is stored."""
+        """Release the slot, write the invocation's `terminal` entry (if any), ack and delete its queue
+        entry: issued together and sent in this order, so an entry is never acked before its answer is stored."""
         key, entry_id = self._held.pop(inv_id)
         self._cancelled.discard(inv_id)
         self._slots.release()
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                if terminal:
-                    keys, args = self._append_args(inv_id, terminal)
-                    # EVALSHA by hand: a Script in a pipeline costs a SCRIPT EXISTS first, every time.
-                    pipe.evalsha(self._append.sha, len(keys), *keys, *args)
-                pipe.xack(key, Keys.GROUP, entry_id)
-                pipe.xdel(key, entry_id)
-                results = await pipe.execute(raise_on_error=False)
-            if terminal and isinstance(results[0], NoScriptError):   # Redis restarted: load it, write again
-                await self._write(inv_id, terminal)
-            elif terminal and isinstance(results[0], Exception):
-                raise results[0]
-        except REDIS_DOWN:
-            pass  # stays pending; whoever reclaims it finds the finished output and just acks it
+        calls = [self.batch.call("EVAL", _APPEND, *self._append_args(inv_id, terminal))] if terminal else []
+        calls += [self.batch.call("XACK", key, Keys.GROUP, entry_id), self.batch.call("XDEL", key, entry_id)]
+        for reply in await asyncio.gather(*calls, return_exceptions=True):
+            # Redis down: it stays pending; whoever reclaims it finds the finished output and just acks it.
+            if isinstance(reply, Exception) and not isinstance(reply, REDIS_DOWN):
+                log.warning("worker %s: finishing invocation %s: %s", self.id, inv_id, reply)
 
     # -- running -----------------------------------------------------------------------------
     async def _run_entry(self, key: str, entry_id: str, fields: dict[str, str], reclaimed: bool,
@@ -305,19 +295,20 @@ class QueueWorker:
     def _error_fields(self, exc: FunctionServiceError) -> dict[str, str]:
         return {"t": "error", "code": str(exc.code), "status": str(exc.status), "message": exc.message}
 
-    def _append_args(self, inv_id: str, entries: list[dict[str, str]]) -> tuple[list[KeyT], list[EncodableT]]:
-        args: list[EncodableT] = [max(1, int(self.ttl))]
+    def _append_args(self, inv_id: str, entries: list[dict[str, str]]) -> list[EncodableT]:
+        """The _APPEND script's key count, KEYS and ARGV for these entries."""
+        args: list[EncodableT] = [2, self.keys.output(inv_id), self.keys.cancelled(inv_id), max(1, int(self.ttl))]
         for fields in entries:
             args.append(len(fields) * 2)
             for name, value in fields.items():
                 args += (name, value)
-        return [self.keys.output(inv_id), self.keys.cancelled(inv_id)], args
+        return args
 
     async def _write(self, inv_id: str, entries: list[dict[str, str]]) -> bool:
         """Append to the output stream and renew its TTL; False (nothing written) once the frontend
-        cancelled: it deleted the keys, and a late write would recreate them until they expire."""
-        keys, args = self._append_args(inv_id, entries)
-        return bool(await self._append(keys, args))
+        cancelled: it deleted the keys, and a late write would recreate them until they expire.
+        (EVAL, not EVALSHA: in a pipeline a missing script would fail with no retry; Redis caches it.)"""
+        return bool(await self.batch.call("EVAL", _APPEND, *self._append_args(inv_id, entries)))
 
     async def _execute(self, inv_id: str, fields: dict[str, str]) -> list[dict[str, str]] | None:
         """Run it, writing its stream as it goes; returns its terminal entry, which _done_with writes
@@ -354,10 +345,13 @@ class QueueWorker:
                 acked = int(await self.redis.get(self.keys.ack(inv_id)) or 0)
                 if written - acked >= window:
                     await asyncio.sleep(0.002)
-            entry = {"t": "data", **first}
-            entry.update({str(i): payload for i, payload in enumerate(batch)})
-            first = {}
-            if not await self._write(inv_id, [entry]):
+            entries = []
+            for start in range(0, len(batch), _ENTRY_PAYLOADS):
+                entry = {"t": "data", **first}
+                entry.update({str(i): p for i, p in enumerate(batch[start:start + _ENTRY_PAYLOADS])})
+                entries.append(entry)
+                first = {}
+            if not await self._write(inv_id, entries):
                 inv.cancel("cancelled")  # the frontend gave up: stop now, even if its message is late
             written += len(batch)
         try:

@@ -2,7 +2,8 @@
 
 An invocation is one entry on its function's queue stream (`{queue:NAME}`); a worker takes it
 with XREADGROUP and writes entries to the invocation's own output stream (`{inv:ID}:out`):
-`data` (a batch of stream writes: fields `0`, `1`, ...), then one terminal `result` or `error`; the
+`data` (a batch of stream writes: `d` their payloads end to end, `n` their lengths, comma-separated),
+then one terminal `result` or `error`; the
 first entry also names the worker (`w`).
 `RemoteInvocation` pumps that stream into a bounded OutputChannel and resolves `task` with the
 result, so the HTTP response reads it exactly as it reads a local Invocation.
@@ -190,10 +191,7 @@ class RemoteInvocation:
                     if "w" in fields:
                         self.worker = fields["w"]
                     if kind == "data":
-                        put = self.channel.put
-                        for payload in list(fields.values())[1 + ("w" in fields):]:
-                            await put(payload)
-                            self.events += 1
+                        await self._relay(fields["n"], fields["d"])
                     elif kind == "result":
                         self._finished = True
                         return fields.get("d") or None
@@ -206,6 +204,14 @@ class RemoteInvocation:
             self.channel.close()
             if self._finished:
                 self.queue.drop(keys.output(self.id), keys.ack(self.id))
+
+    async def _relay(self, lengths: str, payloads: str) -> None:
+        """Put a data entry's payloads (`payloads` end to end, `lengths` in characters) in the channel."""
+        put, at = self.channel.put, 0
+        for n in map(int, lengths.split(",")):
+            await put(payloads[at:at + n])
+            at += n
+            self.events += 1
 
     async def _check_worker(self) -> None:
         """A worker that vanished after output began is lost; before that, its entry is reclaimed."""

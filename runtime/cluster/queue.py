@@ -3,12 +3,11 @@
 An invocation is one entry on its function's queue stream (`{queue:NAME}`); a worker takes it
 with XREADGROUP and writes entries to the invocation's own output stream (`{inv:ID}:out`):
 `data` (a batch of stream writes: `d` their payloads end to end, `n` their lengths, comma-separated),
-then one terminal `result` or `error`; the
-first entry also names the worker (`w`).
+then one terminal `result` or `error`; the first entry also names the worker (`w`).
 `RemoteInvocation` pumps that stream into a bounded OutputChannel and resolves `task` with the
 result, so the HTTP response reads it exactly as it reads a local Invocation.
-Flow control: the pump records how many entries it has taken (`{inv:ID}:ack`); a worker never
-runs more than `buffer` entries ahead of it. Every per-invocation key has a TTL and is deleted
+Flow control: the pump records how many events it has taken (`{inv:ID}:ack`); a worker never
+runs more than two `buffer`s of events ahead of it. Every per-invocation key has a TTL and is deleted
 by the frontend at the end, many invocations' in one DEL.
 """
 from __future__ import annotations

@@ -171,9 +171,7 @@ class QueueWorker:
                                                     block=1000 if wait else None)
                 backoff.reset()
                 for key, entries in reply or []:
-                    for (entry_id, fields), cancelled in zip(entries, await self._cancel_marks(entries), strict=True):
-                        self._take(key, entry_id, fields, reclaimed=False, cancelled=cancelled)
-                        taken += 1
+                    taken += await self._take(key, entries, reclaimed=False)
             except aioredis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):   # NOGROUP: the queue was deleted (e.g. Redis restarted empty)
                     raise
@@ -203,12 +201,9 @@ class QueueWorker:
                         reply = await self.redis.xautoclaim(key, Keys.GROUP, self.id, int(self.claim_idle * 1000),
                                                             "0-0", count=free)
                         # Not one it runs itself: a stalled loop can let its own entries go idle.
-                        entries = [(entry_id, fields) for entry_id, fields in reply[1]
-                                   if fields and fields.get("id", entry_id) not in self._held]
-                        marks = await self._cancel_marks(entries)
-                        for (entry_id, fields), cancelled in zip(entries, marks, strict=True):
-                            self._take(key, entry_id, fields, reclaimed=True, cancelled=cancelled)
-                            taken += 1
+                        taken += await self._take(key, [(entry_id, fields) for entry_id, fields in reply[1]
+                                                        if fields and fields.get("id", entry_id) not in self._held],
+                                                  reclaimed=True)
                     finally:
                         self._release(free - taken)
                     for entry_id in (reply[2] if len(reply) > 2 else []):   # deleted while pending
@@ -219,20 +214,26 @@ class QueueWorker:
             except aioredis.ResponseError as exc:
                 log.debug("reclaim: %s", exc)
 
-    async def _cancel_marks(self, entries: list[tuple[str, dict[str, str]]]) -> list[bool]:
-        """Which of these entries' invocations were cancelled while queued: one pipeline for a whole read."""
-        marks = await asyncio.gather(*(self.batch.call("EXISTS", self.keys.cancelled(fields.get("id", entry_id)))
-                                       for entry_id, fields in entries))
-        return [bool(n) for n in marks]
-
-    def _take(self, key: str, entry_id: str, fields: dict[str, str], *, reclaimed: bool, cancelled: bool) -> None:
-        """Run an entry in a slot the caller reserved (released by _done_with)."""
-        inv_id = fields.get("id", entry_id)
-        self._held[inv_id] = (key, entry_id)
-        job = asyncio.create_task(self._run_entry(key, entry_id, fields, reclaimed, cancelled),
-                                  name=f"worker-run-{inv_id}")
-        self._jobs.add(job)
-        job.add_done_callback(self._jobs.discard)
+    async def _take(self, key: str, entries: list[tuple[str, dict[str, str]]], *, reclaimed: bool) -> int:
+        """Run these entries, one per slot the caller reserved (each released by _done_with); how many.
+        Their cancel markers are checked in one round trip, once they are held: a cancel message that
+        comes while the check is on its way is kept in `_cancelled`, so none falls in between."""
+        ids = [fields.get("id", entry_id) for entry_id, fields in entries]
+        for inv_id, (entry_id, _) in zip(ids, entries, strict=True):
+            self._held[inv_id] = (key, entry_id)
+        try:
+            marks = await asyncio.gather(*(self.batch.call("EXISTS", self.keys.cancelled(i)) for i in ids))
+        except BaseException:
+            for inv_id in ids:   # not taken after all: the caller releases their slots, reclaim takes them
+                self._held.pop(inv_id, None)
+                self._cancelled.discard(inv_id)
+            raise
+        for inv_id, (entry_id, fields), marked in zip(ids, entries, marks, strict=True):
+            job = asyncio.create_task(self._run_entry(key, entry_id, fields, reclaimed, bool(marked)),
+                                      name=f"worker-run-{inv_id}")
+            self._jobs.add(job)
+            job.add_done_callback(self._jobs.discard)
+        return len(entries)
 
     async def _done_with(self, inv_id: str, terminal: list[dict[str, str]] | None = None) -> None:
         """Release the slot, write the invocation's `terminal` entry (if any), ack and delete its queue
@@ -253,7 +254,7 @@ class QueueWorker:
         inv_id = fields.get("id", entry_id)
         terminal: list[dict[str, str]] | None = None
         try:
-            if not cancelled and await self._should_run(inv_id, fields, reclaimed):
+            if not cancelled and inv_id not in self._cancelled and await self._should_run(inv_id, fields, reclaimed):
                 terminal = await self._execute(inv_id, fields)
         except REDIS_DOWN as exc:
             # Leave the entry pending and stop touching it: once idle it is reclaimed (and re-run if

@@ -12,8 +12,9 @@ worker, then 2, each worker pinned to its own core with taskset semantics (sched
 frontend and redis-server on core 0 with the second worker. It reports jobs/s and each process's
 CPU per job, and the throughput the CPU figures give when every worker and the frontend + Redis
 each have a core of their own (what this 2-core box cannot show directly).
-Setups run in turn `--rounds` times and the round with the least CPU per item is kept (the one
-least disturbed by other load; its items/s are that round's). Round trips per item are Redis's
+Setups run in turn `--rounds` times. The table shows, per setup, the round with the least CPU per
+item (the one least disturbed by other load) and, for items/s, the median over rounds of the
+ratio to embedded measured in the same round. Round trips per item are Redis's
 read events (`INFO stats` total_reads_processed): one per client round trip, whatever it carried.
 Run: `.venv/bin/python -m bench.cluster [--rounds N] [--invocations N] [--events N] [--scaling] [--setups ...]`.
 """
@@ -25,10 +26,12 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +45,15 @@ QUIET = {**os.environ, "FNSTREAM_LOG": "WARNING"}
 _TICK = os.sysconf("SC_CLK_TCK")
 ROUND_TRIPS = "(round trips)"
 CODE_ROOTS = f"runtime.codeRoots=[{ROOT / 'functions'},{ROOT / 'bench' / 'functions'}]"
-BURN = {"name": "bench-burn", "handler": "bench_handlers.burn", "codePath": str(ROOT / "bench" / "functions"),
-        "timeout": 120, "concurrency": 1000}
+BURN: dict[str, Any] = {"name": "bench-burn", "handler": "bench_handlers.burn",
+                        "codePath": str(ROOT / "bench" / "functions"), "timeout": 120, "concurrency": 1000}
 
 
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _cpu(pid: int) -> float:
@@ -64,7 +68,7 @@ def _pinned(cores: set[int] | None) -> Any:
 class Setup:
     """The processes of one setup: embedded (one server) or frontend + N workers + redis-server."""
 
-    def __init__(self, workers: int | None, *, worker_cores: list[set[int] | None] | None = None,
+    def __init__(self, workers: int | None, *, worker_cores: Sequence[set[int] | None] | None = None,
                  server_cores: set[int] | None = None) -> None:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.redis: redis.Redis | None = None
@@ -235,9 +239,9 @@ def run_scaling(jobs: int, loops: int) -> list[dict[str, Any]]:
 
 def _projection(row: dict[str, Any], workers: int) -> float:
     """Jobs/s with each worker, and the frontend + Redis, on a core of its own: the busiest core bounds it."""
-    by = row["cpu_us_by"]
+    by: dict[str, float] = row["cpu_us_by"]
     worker = sum(v for k, v in by.items() if k.startswith("worker"))
-    return 1e6 / max(worker / workers, by.get("frontend", 0), by.get("redis", 0))
+    return 1e6 / max(worker / workers, by.get("frontend", 0.0), by.get("redis", 0.0))
 
 
 def _fmt(row: dict[str, Any]) -> str:
@@ -262,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print every row as JSON too")
     args = parser.parse_args(argv)
     results: dict[str, dict[str, dict[str, Any]]] = {}
+    rates: dict[tuple[str, str], list[float]] = {}   # (setup, scenario) -> items/s of every round
     for _ in range(args.rounds):
         for label in args.setups:
             workers = None if label == "embedded" else int(label)
@@ -270,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(name, row["scenario"], _fmt(row), flush=True)
                 if args.json:
                     print(json.dumps(row), flush=True)
+                rates.setdefault((name, row["scenario"]), []).append(row["per_s"])
                 kept = results.setdefault(name, {})
                 # Best round by CPU per item: the one least disturbed by the machine's other load.
                 if row["scenario"] not in kept or row["cpu_us"] < kept[row["scenario"]]["cpu_us"]:
@@ -283,7 +289,9 @@ def main(argv: list[str] | None = None) -> int:
             row = rows[key]
             cell = f"{row['per_s']:,.0f}/s"
             if base and name != "embedded":
-                cell += f" ({row['per_s'] / base[key]['per_s']:.2f}×)"
+                # items/s: the median over rounds of the ratio to embedded in the same round
+                ratios = [a / b for a, b in zip(rates[name, key], rates["embedded", key], strict=True)]
+                cell += f" (median {statistics.median(ratios):.2f}×)"
             cell += f"<br>{row['cpu_us']:.0f} µs CPU"
             if base and name != "embedded":
                 cell += f" ({base[key]['cpu_us'] / row['cpu_us']:.2f}×)"
@@ -301,13 +309,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} {key} CPU µs/item by process:",
                   ", ".join(f"{k} {v:.0f}" for k, v in row["cpu_us_by"].items()))
     if args.scaling:
-        rows = run_scaling(args.jobs, args.loops)
-        for n, row in enumerate(rows, 1):
+        burns = run_scaling(args.jobs, args.loops)
+        for n, row in enumerate(burns, 1):
             print(f"burn, {n} worker(s): {_fmt(row)}; CPU µs/job by process:",
                   ", ".join(f"{k} {v:.0f}" for k, v in row["cpu_us_by"].items()),
                   f"; projected with a core each: {_projection(row, n):,.1f} jobs/s", flush=True)
-        print(f"2 workers / 1 worker: measured {rows[1]['per_s'] / rows[0]['per_s']:.2f}×, "
-              f"projected {_projection(rows[1], 2) / _projection(rows[0], 1):.2f}×")
+        print(f"2 workers / 1 worker: measured {burns[1]['per_s'] / burns[0]['per_s']:.2f}×, "
+              f"projected {_projection(burns[1], 2) / _projection(burns[0], 1):.2f}×")
     return 0
 
 

@@ -6,7 +6,7 @@ Event: {"count": N, "first_delay_ms": d, "delay_ms": g, "hold_s": h}. Sleep d, w
 import asyncio
 import time
 
-__all__ = ("stream_async", "stream_thread", "echo", "echo_async", "fanout_producer")
+__all__ = ("stream_async", "stream_thread", "echo", "echo_async", "fanout_producer", "burn")
 
 
 def _params(event):
@@ -63,3 +63,11 @@ async def fanout_producer(event, context):
     await producer.asend("[DONE]")
     await producer.aclose()
     return None
+
+
+def burn(event, context):
+    """CPU-bound: `loops` iterations of pure Python (holds the GIL), for bench.cluster's scaling figure."""
+    total = 0
+    for i in range(int(event.get("loops", 200_000))):
+        total += i * i
+    return total

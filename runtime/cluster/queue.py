@@ -2,12 +2,13 @@
 
 An invocation is one entry on its function's queue stream (`{queue:NAME}`); a worker takes it
 with XREADGROUP and writes entries to the invocation's own output stream (`{inv:ID}:out`):
-`start` (which worker), `data` (one stream write each), then one terminal `result` or `error`.
+`data` (a batch of stream writes: `d` their payloads end to end, `n` their lengths, comma-separated),
+then one terminal `result` or `error`; the first entry also names the worker (`w`).
 `RemoteInvocation` pumps that stream into a bounded OutputChannel and resolves `task` with the
 result, so the HTTP response reads it exactly as it reads a local Invocation.
-Flow control: the pump records how many entries it has taken (`{inv:ID}:ack`); a worker never
-runs more than `buffer` entries ahead of it. Every per-invocation key has a TTL and is deleted
-by the frontend at the end.
+Flow control: the pump records how many events it has taken (`{inv:ID}:ack`); a worker never
+runs more than two `buffer`s of events ahead of it. Every per-invocation key has a TTL and is deleted
+by the frontend at the end, many invocations' in one DEL.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any
 
-from redis.typing import EncodableT, FieldT
+from redis.typing import EncodableT
 
 from runtime.channel import OutputChannel
 from runtime.errors import FunctionServiceError, FunctionTimeoutError
@@ -27,6 +28,7 @@ from runtime.invocation import new_trace_id
 from runtime.manifest import FunctionSpec
 from runtime.surface import Mode, resolve_mode
 
+from .batch import Batcher
 from .settings import REDIS_DOWN, AnyRedis, ClusterUnavailableError, Keys, WorkerLostError
 
 __all__ = ("RemoteInvocation", "WorkQueue", "error_from_fields")
@@ -50,6 +52,8 @@ class WorkQueue:
     def __init__(self, redis: AnyRedis, keys: Keys, *, ttl: float, heartbeat: float) -> None:
         self.redis, self.keys, self.ttl, self.heartbeat = redis, keys, ttl, heartbeat
         self._cleanup: set[asyncio.Task[Any]] = set()
+        self.batch = Batcher(redis)    # the enqueues of one loop turn in one round trip
+        self._doomed: list[str] = []   # keys of finished invocations, deleted together (one DEL per loop turn)
 
     async def submit(self, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int, max_write_size: int,
                      max_response_size: int, trace_id: str | None, timeout: float | None = None) -> RemoteInvocation:
@@ -57,12 +61,12 @@ class WorkQueue:
         seconds = spec.timeout if timeout is None else min(timeout, spec.timeout)
         inv = RemoteInvocation(self, spec, event, mode=mode, buffer_events=buffer_events,
                                max_response_size=max_response_size, trace_id=trace_id, timeout=seconds)
-        entry: dict[FieldT, EncodableT] = {
-                 "id": inv.id, "function": spec.name, "event": json.dumps(event), "mode": inv.mode,
-                 "trace": inv.trace_id, "deadline": repr(time.time() + seconds), "buffer": str(buffer_events),
-                 "maxWrite": str(max_write_size), "maxResponse": str(max_response_size)}
+        entry: tuple[EncodableT, ...] = (
+            "id", inv.id, "function", spec.name, "event", json.dumps(event), "mode", inv.mode,
+            "trace", inv.trace_id, "deadline", repr(time.time() + seconds), "buffer", buffer_events,
+            "maxWrite", max_write_size, "maxResponse", max_response_size)
         try:
-            await self.redis.xadd(self.keys.queue(spec.name), entry)
+            await self.batch.call("XADD", self.keys.queue(spec.name), "*", *entry)
         except REDIS_DOWN as exc:
             raise ClusterUnavailableError(f"cannot queue {spec.name!r} for the cluster's workers: Redis is "
                                           f"unreachable ({exc}); retry later") from None
@@ -80,6 +84,22 @@ class WorkQueue:
             await self.redis.publish(self.keys.cancel_channel, inv_id)
         except REDIS_DOWN as exc:
             log.warning("could not send the cancellation of %s (Redis unreachable: %s); its keys expire", inv_id, exc)
+
+    def drop(self, *keys: str) -> None:
+        """Delete these keys soon: every finished invocation of this loop turn in one DEL."""
+        if not self._doomed:
+            asyncio.get_running_loop().call_soon(self._flush_doomed)
+        self._doomed.extend(keys)
+
+    def _flush_doomed(self) -> None:
+        keys, self._doomed = self._doomed, []
+        self.background(self._delete(keys))
+
+    async def _delete(self, keys: list[str]) -> None:
+        try:
+            await self.redis.delete(*keys)
+        except REDIS_DOWN:
+            pass  # they expire
 
     def background(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -163,26 +183,34 @@ class RemoteInvocation:
                 if not reply:
                     await self._check_worker()
                     continue
-                entries = reply[0][1]
-                for entry_id, fields in entries:
+                events = self.events
+                for entry_id, fields in reply[0][1]:
                     last = entry_id
                     kind = fields.get("t")
-                    if kind == "start":
-                        self.worker = fields.get("worker")
-                    elif kind == "data":
-                        await self.channel.put(fields.get("d", ""))
-                        self.events += 1
+                    if "w" in fields:
+                        self.worker = fields["w"]
+                    if kind == "data":
+                        await self._relay(fields["n"], fields["d"])
                     elif kind == "result":
                         self._finished = True
                         return fields.get("d") or None
                     elif kind == "error":
                         self._finished = True
                         raise error_from_fields(fields)
-                await redis.set(keys.ack(self.id), str(self.events), ex=max(1, int(self.queue.ttl)))
+                if self.events != events:   # flow control: only data moves the worker's window
+                    await redis.set(keys.ack(self.id), str(self.events), ex=max(1, int(self.queue.ttl)))
         finally:
             self.channel.close()
             if self._finished:
-                self.queue.background(self._drop_keys())
+                self.queue.drop(keys.output(self.id), keys.ack(self.id))
+
+    async def _relay(self, lengths: str, payloads: str) -> None:
+        """Put a data entry's payloads (`payloads` end to end, `lengths` in characters) in the channel."""
+        put, at = self.channel.put, 0
+        for n in map(int, lengths.split(",")):
+            await put(payloads[at:at + n])
+            at += n
+            self.events += 1
 
     async def _check_worker(self) -> None:
         """A worker that vanished after output began is lost; before that, its entry is reclaimed."""
@@ -195,9 +223,3 @@ class RemoteInvocation:
             raise WorkerLostError(f"worker {self.worker} running {self.spec.name!r} was lost after "
                                   f"{self.events} events; the invocation was not retried")
 
-    async def _drop_keys(self) -> None:
-        keys = self.queue.keys
-        try:
-            await self.queue.redis.delete(keys.output(self.id), keys.ack(self.id))
-        except REDIS_DOWN:
-            pass  # they expire

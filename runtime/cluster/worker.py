@@ -8,6 +8,12 @@ holds; entries of a dead worker go idle and another worker takes them with XAUTO
 output had already begun is not run again: the client gets a "worker lost" error instead.
 Cancellations arrive on a pub/sub channel and as a key, checked before starting and by every
 output write (one script): once the frontend dropped an invocation's keys, a late write cannot recreate them.
+
+Round trips are what a queued invocation costs (far more CPU on either side than Redis spends),
+so they are few and shared: every command goes through one Batcher (runtime/cluster/batch.py: the
+commands of one loop turn in one pipeline); the worker's id rides on the first entry written (no
+entry of its own); a batch of stream writes is one output entry (`d` the payloads end to end, `n` their lengths);
+the terminal entry, XACK and XDEL are issued together, in that order.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ import time
 from typing import Any, cast, get_args
 
 import redis.asyncio as aioredis
-from redis.typing import EncodableT, KeyT, StreamIdT
+from redis.typing import EncodableT, StreamIdT
 
 from runtime.errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError
 from runtime.executor import Executor
@@ -26,6 +32,7 @@ from runtime.invocation import Invocation
 from runtime.registry import Registry
 from runtime.surface import Mode
 
+from .batch import Batcher
 from .settings import REDIS_DOWN, AnyRedis, Backoff, Keys, WorkerLostError, slot_of
 
 __all__ = ("QueueWorker",)
@@ -60,6 +67,7 @@ class QueueWorker:
         self._slots = asyncio.Semaphore(concurrency)
         self._running: dict[str, Invocation] = {}          # invocation id -> Invocation
         self._held: dict[str, tuple[str, str]] = {}        # invocation id -> (queue key, entry id)
+        self._cancelled: set[str] = set()                  # held, not yet running, cancel message seen
         self._grouped: set[str] = set()
         self._by_slot: dict[int, list[str]] = {}           # cluster slot -> queue keys read together
         self._readers: dict[int, asyncio.Task[Any]] = {}
@@ -67,7 +75,7 @@ class QueueWorker:
         self._jobs: set[asyncio.Task[Any]] = set()
         self.completed = 0
         self.taking = True  # False once shutting down: it serves no function, what it runs goes on
-        self._append = redis.register_script(_APPEND)
+        self.batch = Batcher(redis)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -163,9 +171,7 @@ class QueueWorker:
                                                     block=1000 if wait else None)
                 backoff.reset()
                 for key, entries in reply or []:
-                    for entry_id, fields in entries:
-                        self._take(key, entry_id, fields, reclaimed=False)
-                        taken += 1
+                    taken += await self._take(key, entries, reclaimed=False)
             except aioredis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):   # NOGROUP: the queue was deleted (e.g. Redis restarted empty)
                     raise
@@ -194,11 +200,10 @@ class QueueWorker:
                     try:
                         reply = await self.redis.xautoclaim(key, Keys.GROUP, self.id, int(self.claim_idle * 1000),
                                                             "0-0", count=free)
-                        for entry_id, fields in reply[1]:
-                            # Not one it runs itself: a stalled loop can let its own entries go idle.
-                            if fields and fields.get("id", entry_id) not in self._held:
-                                self._take(key, entry_id, fields, reclaimed=True)
-                                taken += 1
+                        # Not one it runs itself: a stalled loop can let its own entries go idle.
+                        taken += await self._take(key, [(entry_id, fields) for entry_id, fields in reply[1]
+                                                        if fields and fields.get("id", entry_id) not in self._held],
+                                                  reclaimed=True)
                     finally:
                         self._release(free - taken)
                     for entry_id in (reply[2] if len(reply) > 2 else []):   # deleted while pending
@@ -209,31 +214,48 @@ class QueueWorker:
             except aioredis.ResponseError as exc:
                 log.debug("reclaim: %s", exc)
 
-    def _take(self, key: str, entry_id: str, fields: dict[str, str], *, reclaimed: bool) -> None:
-        """Run an entry in a slot the caller reserved (released by _done_with)."""
-        inv_id = fields.get("id", entry_id)
-        self._held[inv_id] = (key, entry_id)
-        job = asyncio.create_task(self._run_entry(key, entry_id, fields, reclaimed), name=f"worker-run-{inv_id}")
-        self._jobs.add(job)
-        job.add_done_callback(self._jobs.discard)
-
-    async def _done_with(self, inv_id: str) -> None:
-        key, entry_id = self._held.pop(inv_id)
-        self._slots.release()
+    async def _take(self, key: str, entries: list[tuple[str, dict[str, str]]], *, reclaimed: bool) -> int:
+        """Run these entries, one per slot the caller reserved (each released by _done_with); how many.
+        Their cancel markers are checked in one round trip, once they are held: a cancel message that
+        comes while the check is on its way is kept in `_cancelled`, so none falls in between."""
+        ids = [fields.get("id", entry_id) for entry_id, fields in entries]
+        for inv_id, (entry_id, _) in zip(ids, entries, strict=True):
+            self._held[inv_id] = (key, entry_id)
         try:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.xack(key, Keys.GROUP, entry_id)
-                pipe.xdel(key, entry_id)
-                await pipe.execute()
-        except REDIS_DOWN:
-            pass  # stays pending; whoever reclaims it finds the finished output and just acks it
+            marks = await asyncio.gather(*(self.batch.call("EXISTS", self.keys.cancelled(i)) for i in ids))
+        except BaseException:
+            for inv_id in ids:   # not taken after all: the caller releases their slots, reclaim takes them
+                self._held.pop(inv_id, None)
+                self._cancelled.discard(inv_id)
+            raise
+        for inv_id, (entry_id, fields), marked in zip(ids, entries, marks, strict=True):
+            job = asyncio.create_task(self._run_entry(key, entry_id, fields, reclaimed, bool(marked)),
+                                      name=f"worker-run-{inv_id}")
+            self._jobs.add(job)
+            job.add_done_callback(self._jobs.discard)
+        return len(entries)
+
+    async def _done_with(self, inv_id: str, terminal: list[dict[str, str]] | None = None) -> None:
+        """Release the slot, write the invocation's `terminal` entry (if any), ack and delete its queue
+        entry: issued together and sent in this order, so an entry is never acked before its answer is stored."""
+        key, entry_id = self._held.pop(inv_id)
+        self._cancelled.discard(inv_id)
+        self._slots.release()
+        calls = [self.batch.call("EVAL", _APPEND, *self._append_args(inv_id, terminal))] if terminal else []
+        calls += [self.batch.call("XACK", key, Keys.GROUP, entry_id), self.batch.call("XDEL", key, entry_id)]
+        for reply in await asyncio.gather(*calls, return_exceptions=True):
+            # Redis down: it stays pending; whoever reclaims it finds the finished output and just acks it.
+            if isinstance(reply, Exception) and not isinstance(reply, REDIS_DOWN):
+                log.warning("worker %s: finishing invocation %s: %s", self.id, inv_id, reply)
 
     # -- running -----------------------------------------------------------------------------
-    async def _run_entry(self, key: str, entry_id: str, fields: dict[str, str], reclaimed: bool) -> None:
+    async def _run_entry(self, key: str, entry_id: str, fields: dict[str, str], reclaimed: bool,
+                         cancelled: bool) -> None:
         inv_id = fields.get("id", entry_id)
+        terminal: list[dict[str, str]] | None = None
         try:
-            if await self._should_run(inv_id, fields, reclaimed):
-                await self._execute(inv_id, fields)
+            if not cancelled and inv_id not in self._cancelled and await self._should_run(inv_id, fields, reclaimed):
+                terminal = await self._execute(inv_id, fields)
         except REDIS_DOWN as exc:
             # Leave the entry pending and stop touching it: once idle it is reclaimed (and re-run if
             # no output went out, else answered with "worker lost").
@@ -242,6 +264,7 @@ class QueueWorker:
             if inv is not None:
                 inv.cancel("lost the connection to Redis")
             self._held.pop(inv_id, None)
+            self._cancelled.discard(inv_id)
             self._slots.release()
             return
         except Exception:
@@ -249,13 +272,12 @@ class QueueWorker:
         finally:
             self._running.pop(inv_id, None)
             self.completed += 1
-        await self._done_with(inv_id)
+        await self._done_with(inv_id, terminal)
 
     async def _should_run(self, inv_id: str, fields: dict[str, str], reclaimed: bool) -> bool:
-        """False when there is nothing to run, only the entry to ack: cancelled while queued, or
-        (reclaimed) already answered, or answered here with "worker lost" since its output had begun."""
-        if await self.redis.exists(self.keys.cancelled(inv_id)):
-            return False
+        """False when there is nothing to run, only the entry to ack: (reclaimed) already answered,
+        or answered here with "worker lost" since its output had begun. (Cancelled while queued:
+        the caller checked the marker.)"""
         if reclaimed:
             last: Any = await self.redis.xrevrange(self.keys.output(inv_id), count=1)
             kind = last[0][1].get("t") if last else None
@@ -272,19 +294,26 @@ class QueueWorker:
     def _error_fields(self, exc: FunctionServiceError) -> dict[str, str]:
         return {"t": "error", "code": str(exc.code), "status": str(exc.status), "message": exc.message}
 
-    async def _write(self, inv_id: str, entries: list[dict[str, str]]) -> bool:
-        """Append to the output stream and renew its TTL; False (nothing written) once the frontend
-        cancelled: it deleted the keys, and a late write would recreate them until they expire."""
-        args: list[EncodableT] = [max(1, int(self.ttl))]
+    def _append_args(self, inv_id: str, entries: list[dict[str, str]]) -> list[EncodableT]:
+        """The _APPEND script's key count, KEYS and ARGV for these entries."""
+        args: list[EncodableT] = [2, self.keys.output(inv_id), self.keys.cancelled(inv_id), max(1, int(self.ttl))]
         for fields in entries:
             args.append(len(fields) * 2)
             for name, value in fields.items():
                 args += (name, value)
-        keys: list[KeyT] = [self.keys.output(inv_id), self.keys.cancelled(inv_id)]
-        return bool(await self._append(keys, args))
+        return args
 
-    async def _execute(self, inv_id: str, fields: dict[str, str]) -> None:
+    async def _write(self, inv_id: str, entries: list[dict[str, str]]) -> bool:
+        """Append to the output stream and renew its TTL; False (nothing written) once the frontend
+        cancelled: it deleted the keys, and a late write would recreate them until they expire.
+        (EVAL, not EVALSHA: in a pipeline a missing script would fail with no retry; Redis caches it.)"""
+        return bool(await self.batch.call("EVAL", _APPEND, *self._append_args(inv_id, entries)))
+
+    async def _execute(self, inv_id: str, fields: dict[str, str]) -> list[dict[str, str]] | None:
+        """Run it, writing its stream as it goes; returns its terminal entry, which _done_with writes
+        with the queue ack (None: nothing to write, the client is gone)."""
         name = fields.get("function", "")
+        first = {"w": self.id}   # which worker runs it: on the first entry written, wherever that is
         try:
             dep = self.registry.get(name)
             if time.time() > float(fields.get("deadline", "inf")):
@@ -298,12 +327,11 @@ class QueueWorker:
             inv.id = inv_id
             inv.deadline = min(inv.deadline, time.monotonic() + float(fields.get("deadline", "inf")) - time.time())
             if not await self._start_when_free(inv, inv_id):
-                return
+                return None
         except FunctionServiceError as exc:
-            await self._write(inv_id, [{"t": "start", "worker": self.id}, self._error_fields(exc)])
-            return
+            return [{**self._error_fields(exc), **first}]
         self._running[inv_id] = inv
-        if not await self._write(inv_id, [{"t": "start", "worker": self.id}]):
+        if inv_id in self._cancelled:   # its cancel message came while it was being set up
             inv.cancel("cancelled")
         written, acked = 0, 0
         while True:
@@ -316,7 +344,11 @@ class QueueWorker:
                 acked = int(await self.redis.get(self.keys.ack(inv_id)) or 0)
                 if written - acked >= window:
                     await asyncio.sleep(0.002)
-            if not await self._write(inv_id, [{"t": "data", "d": payload} for payload in batch]):
+            # One entry for the batch, its payloads in one field: a command argument costs the client
+            # far more than its bytes do, so a batch of any size is four of them.
+            entry = {"t": "data", **first, "n": ",".join([str(len(p)) for p in batch]), "d": "".join(batch)}
+            first = {}
+            if not await self._write(inv_id, [entry]):
                 inv.cancel("cancelled")  # the frontend gave up: stop now, even if its message is late
             written += len(batch)
         try:
@@ -324,10 +356,10 @@ class QueueWorker:
         except asyncio.CancelledError:
             if inv.cancel_reason is None:
                 raise
-            return  # the client is gone: nobody reads the output
+            return None  # the client is gone: nobody reads the output
         except FunctionServiceError as exc:
             terminal = self._error_fields(exc)
-        await self._write(inv_id, [terminal])
+        return [{**terminal, **first}]
 
     async def _start_when_free(self, inv: Invocation, inv_id: str) -> bool:
         """Start it; a queued invocation waits for a free concurrency slot (False: cancelled meanwhile)."""
@@ -341,7 +373,8 @@ class QueueWorker:
                     raise FunctionTimeoutError(f"function {inv.spec.name!r} timed out waiting for a free slot "
                                                f"(concurrency {inv.spec.concurrency})") from None
                 waited += 1
-                if waited % 25 == 0 and await self.redis.exists(self.keys.cancelled(inv_id)):
+                if inv_id in self._cancelled or (waited % 25 == 0
+                                                 and await self.redis.exists(self.keys.cancelled(inv_id))):
                     return False
                 await asyncio.sleep(0.02)
 
@@ -380,7 +413,9 @@ class QueueWorker:
                         continue
                     inv_id: str = msg["data"]
                     inv = self._running.get(inv_id)
-                    if inv is not None:
+                    if inv is None and inv_id in self._held:
+                        self._cancelled.add(inv_id)   # taken, not running yet: _execute checks this
+                    elif inv is not None:
                         reason = cast("str | None", await self.redis.get(self.keys.cancelled(inv_id))) or "cancelled"
                         inv.cancel(reason)
             except REDIS_DOWN:

@@ -1,0 +1,92 @@
+"""The Batcher over a real redis-server: the commands of one loop turn share one round trip, in
+order, and a failing command fails only its own caller."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+
+from runtime.cluster.batch import Batcher
+from runtime.cluster.settings import connect
+from tests.support.cluster import frontend_args, workers_serving
+
+
+def reads(client) -> int:
+    """Read events the server has served: one per client round trip."""
+    return int(client.info("stats")["total_reads_processed"])
+
+
+async def test_one_loop_turn_is_one_round_trip_in_order(redis_server):
+    sync = redis_server.client()
+    r = connect(redis_server.url)
+    try:
+        batch = Batcher(r)
+        await r.ping()                         # the pooled connection exists before counting
+        before = reads(sync)
+        replies = await asyncio.gather(*(batch.call("RPUSH", "batched", i) for i in range(50)),
+                                       batch.call("LRANGE", "batched", 0, -1))
+        batched = reads(sync) - before - 1         # less this INFO's own read
+        assert replies[:50] == list(range(1, 51))
+        assert replies[50] == [str(i) for i in range(50)]          # executed in the order issued
+        before = reads(sync)
+        for i in range(50):                        # the same, one loop turn each
+            await batch.call("RPUSH", "apart", i)
+        apart = reads(sync) - before - 1
+        assert batched <= 2 and apart >= 50, (batched, apart)   # 1, or 2 with a connection health check
+    finally:
+        await r.aclose()
+
+
+async def test_a_failing_command_fails_only_its_caller(redis_server):
+    r = connect(redis_server.url)
+    try:
+        batch = Batcher(r)
+        await r.set("plain", "x")
+        ok, bad, after = await asyncio.gather(batch.call("GET", "plain"), batch.call("LPUSH", "plain", "y"),
+                                              batch.call("INCR", "counter"), return_exceptions=True)
+        assert ok == "x" and after == 1
+        assert isinstance(bad, aioredis.ResponseError) and "WRONGTYPE" in str(bad)
+    finally:
+        await r.aclose()
+
+
+async def test_lost_connection_fails_every_caller_of_the_batch(redis_server):
+    r = connect(redis_server.url)
+    try:
+        batch = Batcher(r)
+        await r.ping()
+        redis_server.kill()
+        results = await asyncio.gather(batch.call("GET", "a"), batch.call("GET", "b"), return_exceptions=True)
+        assert all(isinstance(x, (aioredis.ConnectionError, OSError)) for x in results), results
+    finally:
+        await r.aclose()
+
+
+@pytest.mark.parametrize("accept", ["application/json", "text/event-stream"])
+async def test_a_queued_invocation_costs_few_round_trips(redis_server, start_server, start_worker, accept):
+    """One at a time (nothing to share a pipeline with): frontend XADD, XREAD of the answer, DEL;
+    worker XREADGROUP, EXISTS, EVAL + XACK + XDEL — 6 round trips, where there were 10 (a start
+    entry read on its own, an ack SET, the answer and the acks sent apart). The background loops'
+    round trips (heartbeats, worker watch, registry sync), measured while idle, are subtracted."""
+    a = start_server(*frontend_args(redis_server.url))
+    start_worker(redis_server.url)
+    sync = redis_server.client()
+    url = a.url + "/serverless/v1/functions/echo/invocations"
+    async with aiohttp.ClientSession() as s:
+        await workers_serving(s, a.url, "echo")
+        async with s.post(url, json={}, headers={"Accept": accept}) as resp:   # connections warm
+            assert resp.status == 200
+        idle0, t0 = reads(sync), time.monotonic()
+        await asyncio.sleep(1.0)
+        background = (reads(sync) - idle0 - 1) / (time.monotonic() - t0)
+        n = 50
+        before, t0 = reads(sync), time.monotonic()
+        for i in range(n):
+            async with s.post(url, json={"n": i}, headers={"Accept": accept}) as resp:
+                assert resp.status == 200 and str(i) in await resp.text()
+        await asyncio.sleep(0.1)    # the worker's ack and the frontend's DEL follow the answer
+        trips = (reads(sync) - before - 1 - background * (time.monotonic() - t0)) / n
+    assert trips <= 7.5, f"{trips:.1f} round trips per invocation ({background:.0f}/s in the background)"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import inspect
 import logging
 import time
@@ -66,7 +67,7 @@ class Executor:
     def run_sync(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
         # In a copy of the caller's context: log records of thread handlers keep the invocation's
         # tags, and its tenant scopes the handler's named streams.
-        return asyncio.get_running_loop().run_in_executor(self._pool, contextvars.copy_context().run, fn)
+        return self._pool.run_soon(asyncio.get_running_loop(), functools.partial(contextvars.copy_context().run, fn))
 
     def start(self, inv: Invocation, *, inline: bool = False) -> asyncio.Task[Any] | None:
         """Take a concurrency slot (429 when full) and run the invocation in its own task.
@@ -170,7 +171,8 @@ class Executor:
         started: list[bool] = [False]  # set by the thread as the handler starts
         overran: list[bool] = [False]
         try:
-            await dep.ensure_initialized(self.run_sync)
+            if not dep.ready:  # one coroutine less per call once initialized
+                await dep.ensure_initialized(self.run_sync)
             ctx = Context(dep.spec, inv)
             assert dep.code is not None  # in-process deployments have their code loaded
             handler = dep.code.handler
@@ -187,8 +189,9 @@ class Executor:
                     async for item in items:
                         await inv.add_item(item)
                 return None
-            gate = self._gate(dep)
-            await gate.acquire()  # cancellable: a deadline passing here ends the call before it starts
+            gate = dep.thread_gate or self._gate(dep)
+            if not gate.try_acquire():
+                await gate.acquire()  # cancellable: a deadline passing here ends the call before it starts
             thread_future = self.run_sync(lambda: self._call_in_thread(inv, ctx, started))
             thread_future.add_done_callback(lambda _f: gate.release(overran[0]))
             return await asyncio.shield(thread_future)

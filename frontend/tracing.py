@@ -25,7 +25,8 @@ TRACE_FLAGS = web.RequestKey("trace_flags", str)
 def trace_id_of(request: web.Request) -> str:
     """The request's trace id; also names it in log records made while the request runs."""
     headers = request.headers
-    parent = parse_traceparent(headers.get("traceparent"))
+    traceparent = headers.get("traceparent")
+    parent = parse_traceparent(traceparent) if traceparent else None
     if parent is not None:
         trace_id, flags = parent[0], parent[2]
     else:

@@ -47,6 +47,8 @@ class Executor:
         self._gates: list[ThreadGate] = []
         self._loop_started: set[str] = set()
         self.loop_monitor = LoopLagMonitor(self._running_on_loop)
+        # What an inline call runs: one coroutine, in the task that awaits it (made once, not per call).
+        self._run_inline: Callable[[Invocation], Awaitable[Any]] = functools.partial(self._run, inline=True)
 
     def _running_on_loop(self) -> list[str]:
         """Loop-run functions active now or started since the last call (for the loop-lag monitor)."""
@@ -118,9 +120,6 @@ class Executor:
             for inv in [i for i in self.active if i.deadline <= now]:
                 if inv.deployment.executor != "process":
                     inv.time_out(f"function {inv.spec.name!r} timed out after {inv.spec.timeout:g} s")
-
-    def _run_inline(self, inv: Invocation) -> Awaitable[Any]:
-        return self._run(inv, inline=True)  # one coroutine, in the task that awaits it
 
     async def _run_in_session(self, inv: Invocation) -> Any:
         """One turn of an X-Instance-Session: wait until the session has room, then run.

@@ -33,7 +33,8 @@ class DaemonThreadPool(Executor):
         self._max_workers = max_workers
         self._prefix = thread_name_prefix
         self._work: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)  # one release per thread waiting for work
+        self._idle = 0  # threads done with their call, waiting for more (under _lock; a plain count,
+        # not a threading.Semaphore: its Python-level Condition cost more than the rest of a hand-off)
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -60,7 +61,9 @@ class DaemonThreadPool(Executor):
             if self._closed:
                 raise RuntimeError("cannot schedule new calls after shutdown")
             self._work.put(work)
-            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max_workers:
+            if self._idle:
+                self._idle -= 1
+            elif len(self._threads) < self._max_workers:
                 thread = threading.Thread(target=self._serve, name=f"{self._prefix}_{len(self._threads)}",
                                           daemon=True)
                 thread.start()
@@ -70,7 +73,8 @@ class DaemonThreadPool(Executor):
         while (work := self._work.get()) is not None:
             work[0]()
             del work  # drop the call's references while idle
-            self._idle.release()
+            with self._lock:
+                self._idle += 1
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop taking calls; idle threads end. A thread still running its call is left to it."""

@@ -21,7 +21,7 @@ __all__ = ("DaemonThreadPool",)
 P = ParamSpec("P")
 T = TypeVar("T")
 
-_Work = tuple[Callable[[], None], Callable[[], None]]  # (run it, cancel it: shutdown while it waits)
+_Work = tuple[Callable[[], None], Callable[[], object]]  # (run it, cancel it: shutdown while it waits)
 
 
 class DaemonThreadPool(Executor):
@@ -117,7 +117,7 @@ def _run_to_loop(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], f
         _call_threadsafe(loop, _set_result, future, result)
 
 
-def _call_threadsafe(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+def _call_threadsafe(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: Any) -> None:
     try:
         loop.call_soon_threadsafe(fn, *args)
     except RuntimeError:  # the loop is closed: the process is going away and nobody waits

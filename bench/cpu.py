@@ -45,14 +45,12 @@ async def measure_instructions(target: Target, server: ServerProc, requests: int
     `requests` requests run (the server was started with collection off)."""
     await run_invokes(target, EVENT, concurrency, 600, requests=max(100, requests // 5))
     pid = str(server.proc.pid)
-    for f in out.parent.glob(f"{out.name}.*"):
-        f.unlink()
     subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)  # zero what is counted
     subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
     result = await run_invokes(target, EVENT, concurrency, 600, requests=requests)
     subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
     subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
-    dumps = sorted(out.parent.glob(f"{out.name}.*"), key=lambda f: f.stat().st_mtime)
+    dumps = sorted(out.parent.glob(f"{out.name}.*"), key=lambda f: int(f.suffix[1:]))  # .1, .2, ...: the last
     total = 0
     for line in dumps[-1].read_text(errors="replace").splitlines():
         if line.startswith("totals:"):

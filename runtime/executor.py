@@ -66,10 +66,10 @@ class Executor:
         """Handler threads still running (at shutdown: those the process will abandon)."""
         return sum(g.busy for g in self._gates)
 
-    def run_sync(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
+    def run_sync(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         # In a copy of the caller's context: log records of thread handlers keep the invocation's
         # tags, and its tenant scopes the handler's named streams.
-        return self._pool.run_soon(asyncio.get_running_loop(), functools.partial(contextvars.copy_context().run, fn))
+        return self._pool.run_soon(asyncio.get_running_loop(), contextvars.copy_context().run, fn, *args)
 
     def start(self, inv: Invocation, *, inline: bool = False) -> asyncio.Task[Any] | None:
         """Take a concurrency slot (429 when full) and run the invocation in its own task.
@@ -191,7 +191,7 @@ class Executor:
             gate = dep.thread_gate or self._gate(dep)
             if not gate.try_acquire():
                 await gate.acquire()  # cancellable: a deadline passing here ends the call before it starts
-            thread_future = self.run_sync(lambda: self._call_in_thread(inv, ctx, started))
+            thread_future = self.run_sync(self._call_in_thread, inv, ctx, started)
             thread_future.add_done_callback(lambda _f: gate.release(overran[0]))
             return await asyncio.shield(thread_future)
         except asyncio.CancelledError as exc:

@@ -21,7 +21,10 @@ __all__ = ("DaemonThreadPool",)
 P = ParamSpec("P")
 T = TypeVar("T")
 
-_Work = tuple[Callable[[], None], Callable[[], object]]  # (run it, cancel it: shutdown while it waits)
+# (function, its arguments, the future its outcome goes to, and that future's loop: None for a
+# concurrent Future). A plain tuple: no closure or partial per call.
+_Work = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any] | asyncio.Future[Any]",
+              "asyncio.AbstractEventLoop | None"]
 
 
 class DaemonThreadPool(Executor):
@@ -41,19 +44,18 @@ class DaemonThreadPool(Executor):
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         future: Future[T] = Future()
-        self._put((functools.partial(_run_to_future, future, fn, args, kwargs), future.cancel))
+        self._put((functools.partial(fn, **kwargs) if kwargs else fn, args, future, None))
         return future
 
-    def run_soon(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], T]) -> asyncio.Future[T]:
-        """`fn()` in a pool thread; its outcome lands in an asyncio future of `loop`.
+    def run_soon(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., T], /, *args: Any) -> asyncio.Future[T]:
+        """`fn(*args)` in a pool thread; its outcome lands in an asyncio future of `loop`.
 
-        What `loop.run_in_executor(pool, fn)` gives, at a fraction of its cost per call: no
+        What `loop.run_in_executor(pool, fn, *args)` gives, at a fraction of its cost per call: no
         concurrent Future (whose Condition alone costs more than the rest) chained to a second
         one, just one `call_soon_threadsafe` when the call returns.
         """
         future: asyncio.Future[T] = loop.create_future()
-        self._put((functools.partial(_run_to_loop, loop, future, fn),
-                   functools.partial(_call_threadsafe, loop, future.cancel)))
+        self._put((fn, args, future, loop))
         return future
 
     def _put(self, work: _Work) -> None:
@@ -71,8 +73,13 @@ class DaemonThreadPool(Executor):
 
     def _serve(self) -> None:
         while (work := self._work.get()) is not None:
-            work[0]()
-            del work  # drop the call's references while idle
+            fn, args, future, loop = work
+            del work
+            if loop is None:
+                _run_to_future(future, fn, args)  # type: ignore[arg-type]
+            else:
+                _run_to_loop(loop, future, fn, args)  # type: ignore[arg-type]
+            del fn, args, future, loop  # drop the call's references while idle
             with self._lock:
                 self._idle += 1
 
@@ -87,7 +94,11 @@ class DaemonThreadPool(Executor):
                     except queue.Empty:
                         break
                     if work is not None:
-                        work[1]()
+                        _fn, _args, future, loop = work
+                        if loop is None:
+                            future.cancel()
+                        else:
+                            _call_threadsafe(loop, future.cancel)
             for _ in self._threads:
                 self._work.put(None)
         if wait:
@@ -95,22 +106,22 @@ class DaemonThreadPool(Executor):
                 thread.join()
 
 
-def _run_to_future(future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...],
-                   kwargs: dict[str, Any]) -> None:
+def _run_to_future(future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     if future.set_running_or_notify_cancel():
         try:
-            result = fn(*args, **kwargs)
+            result = fn(*args)
         except BaseException as exc:  # delivered to the awaiting caller, as ThreadPoolExecutor does
             future.set_exception(exc)
         else:
             future.set_result(result)
 
 
-def _run_to_loop(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], fn: Callable[[], Any]) -> None:
+def _run_to_loop(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], fn: Callable[..., Any],
+                 args: tuple[Any, ...]) -> None:
     if future.cancelled():  # cancelled while it waited for a thread (a benign race: it may still run)
         return
     try:
-        result = fn()
+        result = fn(*args)
     except BaseException as exc:  # delivered to the awaiting caller, as run_in_executor does
         _call_threadsafe(loop, _set_exception, future, exc)
     else:

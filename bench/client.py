@@ -252,8 +252,10 @@ class InvokeResult:
     latencies: list[float] = field(default_factory=list)
 
 
-async def run_invokes(target: Target, event: dict, concurrency: int, seconds: float) -> InvokeResult:
-    """`concurrency` keep-alive workers send requests back to back for `seconds`."""
+async def run_invokes(target: Target, event: dict, concurrency: int, seconds: float,
+                      requests: int | None = None) -> InvokeResult:
+    """`concurrency` keep-alive workers send requests back to back for `seconds`, or until
+    `requests` have been answered when given (a fixed load, for CPU time per request)."""
     loop = asyncio.get_running_loop()
     body = json.dumps(event).encode()
     expected = json.loads(body)
@@ -263,13 +265,16 @@ async def run_invokes(target: Target, event: dict, concurrency: int, seconds: fl
               for _ in range(concurrency)]
     start = time.perf_counter()
     stop_at = start + seconds
+    budget = None if requests is None else [requests]  # requests not yet sent
 
     async def worker(proto: _KeepAliveProtocol) -> None:
         lat = result.latencies
         while True:
             t0 = time.perf_counter()
-            if t0 >= stop_at:
+            if (t0 >= stop_at) if budget is None else budget[0] <= 0:
                 return
+            if budget is not None:
+                budget[0] -= 1
             status, resp = await proto.request(req)
             lat.append(time.perf_counter() - t0)
             result.requests += 1

@@ -44,15 +44,16 @@ class ServerProc:
     """One target server process: its port, its log, its CPU seconds and RSS."""
 
     def __init__(self, kind: str, cmd: list[str], port: int, log_path: Path, cores: set[int] | None,
-                 env: dict | None = None, health: str | None = None) -> None:
+                 env: dict | None = None, health: str | None = None, cwd: Path = ROOT,
+                 ready_timeout: float = 30) -> None:
         self.kind, self.port, self.log_path = kind, port, log_path
         self._log = open(log_path, "w")  # noqa: SIM115 (closed by stop())
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=self._log,
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **(env or {})}, stdout=self._log,
                                      stderr=subprocess.STDOUT,
                                      preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
-        self._wait_ready(health)
+        self._wait_ready(health, ready_timeout)
 
-    def _wait_ready(self, health: str | None, timeout: float = 30) -> None:
+    def _wait_ready(self, health: str | None, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -107,10 +108,18 @@ def _command(kind: str, port: int) -> tuple[list[str], dict, str | None]:
     raise ValueError(kind)
 
 
-def start_target(kind: str, log_dir: Path, cores: set[int] | None) -> ServerProc:
+def start_target(kind: str, log_dir: Path, cores: set[int] | None, tree: Path = ROOT,
+                 label: str | None = None, wrapper: list[str] | None = None) -> ServerProc:
+    """Start a target server; `tree` runs it from another checkout (`python -m` imports from its cwd),
+    `wrapper` under a tool (e.g. valgrind: the process keeps the server's pid)."""
     port = free_port()
     cmd, env, health = _command(kind, port)
-    return ServerProc(kind, cmd, port, log_dir / f"{kind}.log", cores, env, health)
+    if tree != ROOT and kind.startswith("fnstream"):
+        cmd += ["-s", "jobs.store=memory"]  # the bench's jobs file belongs to this tree's server
+    if wrapper:
+        cmd = [*wrapper, *cmd]
+    return ServerProc(label or kind, cmd, port, log_dir / f"{label or kind}.log", cores, env, health, cwd=tree,
+                      ready_timeout=300 if wrapper else 30)
 
 
 _FN = "/serverless/v1/functions/{}/invocations"

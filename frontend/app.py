@@ -30,7 +30,6 @@ from .keys import BROKER, CONFIG, DISPATCHER, EXECUTOR, LIFECYCLE, REGISTRY, TRA
 from .metrics import install_metrics
 from .routes import admin, console, health, invoke, jobs, openai, runpod, sessions, streams
 from .server import FnstreamRunner, raise_fd_limit, start_site
-from .tracing import add_trace_headers
 
 __all__ = ("build_app", "build_registry", "serve", "SERVER_KWARGS")
 
@@ -89,7 +88,6 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app.add_routes(console.routes)
     app.add_routes(openapi.routes)  # described by the rows of api_table
     install_cors(app)
-    app.on_response_prepare.append(add_trace_headers)  # X-Trace-Id, X-Request-Id, traceparent
     install_metrics(app)
 
     async def _run_lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -23,6 +23,14 @@ async def read_body(request: web.Request) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise BodyTooLargeError(f"request body of {request.content_length} bytes exceeds "
                                 f"frontend.args.maxRequestBodySize ({limit} bytes)")
+    payload = request.content
+    if payload.is_eof() and payload.exception() is None:
+        # The whole body has already arrived (a small request, the usual case): take it as it is,
+        # without request.read()'s chunk loop. Every route reads its body here, once.
+        raw = payload.read_nowait()
+        if len(raw) > limit:  # decompressed (Content-Encoding), so larger than its Content-Length
+            raise BodyTooLargeError(f"request body exceeds frontend.args.maxRequestBodySize ({limit} bytes)")
+        return raw
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:

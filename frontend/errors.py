@@ -15,7 +15,7 @@ from aiohttp.typedefs import Handler
 from runtime.errors import FunctionServiceError
 
 from .keys import TRACE_ID
-from .tracing import trace_id_of
+from .tracing import add_trace_headers, trace_id_of
 
 __all__ = ("error_response", "error_middleware", "http_error_code", "is_openai_path", "is_runpod_path",
            "openai_error_body")
@@ -64,16 +64,21 @@ def error_response(request: web.Request, exc: FunctionServiceError) -> web.Respo
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error as JSON; and the trace headers on every answer (frontend/tracing.py)."""
     request[TRACE_ID] = trace_id_of(request)  # traceparent, X-Trace-Id or a new one
     try:
-        return await handler(request)
+        response = await handler(request)
     except FunctionServiceError as exc:
-        return error_response(request, exc)
+        response = error_response(request, exc)
     except web.HTTPException as exc:
         if exc.status < 400 or exc.empty_body:
+            add_trace_headers(request, exc)  # aiohttp answers with the exception itself
             raise
         reason = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
         if exc.status == 413:
             reason = f"request body too large: {exc.text}"
         err = FunctionServiceError(reason, code=http_error_code(exc.status), status=exc.status)
-        return error_response(request, err)
+        response = error_response(request, err)
+    if not response.prepared:  # a streamed answer got them as it was prepared (EventStream)
+        add_trace_headers(request, response)
+    return response

@@ -26,6 +26,7 @@ from aiohttp.web_request import BaseRequest
 from runtime.config import Config, FrontendLimits
 
 from .errors import http_error_code
+from .tracing import add_trace_headers
 
 __all__ = ("FnstreamRunner", "raise_fd_limit", "start_site")
 
@@ -101,6 +102,7 @@ class _LimitedHandler(RequestHandler):
         code = http_error_code(status)
         resp = web.json_response({"code": code, "message": message or "bad request"}, status=status,
                                  headers={"X-Inner-Code": str(code)})
+        add_trace_headers(request, resp)  # a request the error middleware saw has a trace id
         resp.force_close()
         return resp
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from .tracing import add_trace_headers
+
 if TYPE_CHECKING:
     from runtime.channel import OutputChannel
 
@@ -100,8 +102,7 @@ class EventStream:
 
     async def write(self, data: bytes) -> None:
         if not self.prepared:
-            await self.response.prepare(self.request)
-            self.prepared = True
+            await self._prepare()
         self.bytes_sent += len(data)
         await self.response.write(data)
 
@@ -111,7 +112,11 @@ class EventStream:
 
     async def finish(self) -> web.StreamResponse:
         if not self.prepared:
-            await self.response.prepare(self.request)
-            self.prepared = True
+            await self._prepare()
         await self.response.write_eof()
         return self.response
+
+    async def _prepare(self) -> None:
+        add_trace_headers(self.request, self.response)  # the headers go out now, before the route returns
+        await self.response.prepare(self.request)
+        self.prepared = True

@@ -1,9 +1,11 @@
 """Request ids on every answer: the trace id from `traceparent` (W3C) or `X-Trace-Id`, echoed back.
 
 `trace_id_of` picks the request's trace id (an incoming `traceparent` wins, then `X-Trace-Id`,
-else a new one). `add_trace_headers` runs on every response before its headers go out (JSON,
-SSE, errors, 401s alike) and sets `X-Trace-Id`, `X-Request-Id` (the same id: the openai and
-other SDKs read it as `request_id`) and a `traceparent` naming this server's span.
+else a new one). `add_trace_headers` sets `X-Trace-Id`, `X-Request-Id` (the same id: the openai
+and other SDKs read it as `request_id`) and a `traceparent` naming this server's span on every
+answer before its headers go out (JSON, SSE, errors, 401s alike): the error middleware calls it
+on what the app answers, `EventStream` before its first write, the listener on its 500s. Not an
+`on_response_prepare` signal: that costs a coroutine per request on top of the call itself.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ TRACE_FLAGS = web.RequestKey("trace_flags", str)
 def trace_id_of(request: web.Request) -> str:
     """The request's trace id; also names it in log records made while the request runs."""
     headers = request.headers
-    parent = parse_traceparent(headers.get("traceparent"))
+    traceparent = headers.get("traceparent")
+    parent = parse_traceparent(traceparent) if traceparent else None
     if parent is not None:
         trace_id, flags = parent[0], parent[2]
     else:
@@ -39,7 +42,7 @@ def trace_id_of(request: web.Request) -> str:
     return trace_id
 
 
-async def add_trace_headers(request: web.Request, response: web.StreamResponse) -> None:
+def add_trace_headers(request: web.BaseRequest, response: web.StreamResponse) -> None:
     try:
         trace_id = request[TRACE_ID]
     except KeyError:

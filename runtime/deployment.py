@@ -164,6 +164,11 @@ class Deployment:
         taken, self.pre_stop_started = not self.pre_stop_started, True
         return taken
 
+    @property
+    def ready(self) -> bool:
+        """The initializer ran (or there is none) and did not fail: `ensure_initialized` has nothing to do."""
+        return self._initialized and self._init_error is None
+
     async def ensure_initialized(self, run_sync: Callable[[Callable[[], Any]], asyncio.Future[Any]]) -> None:
         """Run the initializer once; if it failed, every invocation fails with 4201."""
         if not self._initialized:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import inspect
 import logging
 import time
@@ -46,6 +47,8 @@ class Executor:
         self._gates: list[ThreadGate] = []
         self._loop_started: set[str] = set()
         self.loop_monitor = LoopLagMonitor(self._running_on_loop)
+        # What an inline call runs: one coroutine, in the task that awaits it (made once, not per call).
+        self._run_inline: Callable[[Invocation], Awaitable[Any]] = functools.partial(self._run, inline=True)
 
     def _running_on_loop(self) -> list[str]:
         """Loop-run functions active now or started since the last call (for the loop-lag monitor)."""
@@ -63,10 +66,10 @@ class Executor:
         """Handler threads still running (at shutdown: those the process will abandon)."""
         return sum(g.busy for g in self._gates)
 
-    def run_sync(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
+    def run_sync(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         # In a copy of the caller's context: log records of thread handlers keep the invocation's
         # tags, and its tenant scopes the handler's named streams.
-        return asyncio.get_running_loop().run_in_executor(self._pool, contextvars.copy_context().run, fn)
+        return self._pool.run_soon(asyncio.get_running_loop(), contextvars.copy_context().run, fn, *args)
 
     def start(self, inv: Invocation, *, inline: bool = False) -> asyncio.Task[Any] | None:
         """Take a concurrency slot (429 when full) and run the invocation in its own task.
@@ -118,9 +121,6 @@ class Executor:
                 if inv.deployment.executor != "process":
                     inv.time_out(f"function {inv.spec.name!r} timed out after {inv.spec.timeout:g} s")
 
-    def _run_inline(self, inv: Invocation) -> Awaitable[Any]:
-        return self._run(inv, inline=True)  # one coroutine, in the task that awaits it
-
     async def _run_in_session(self, inv: Invocation) -> Any:
         """One turn of an X-Instance-Session: wait until the session has room, then run.
 
@@ -170,7 +170,8 @@ class Executor:
         started: list[bool] = [False]  # set by the thread as the handler starts
         overran: list[bool] = [False]
         try:
-            await dep.ensure_initialized(self.run_sync)
+            if not dep.ready:  # one coroutine less per call once initialized
+                await dep.ensure_initialized(self.run_sync)
             ctx = Context(dep.spec, inv)
             assert dep.code is not None  # in-process deployments have their code loaded
             handler = dep.code.handler
@@ -187,9 +188,10 @@ class Executor:
                     async for item in items:
                         await inv.add_item(item)
                 return None
-            gate = self._gate(dep)
-            await gate.acquire()  # cancellable: a deadline passing here ends the call before it starts
-            thread_future = self.run_sync(lambda: self._call_in_thread(inv, ctx, started))
+            gate = dep.thread_gate or self._gate(dep)
+            if not gate.try_acquire():
+                await gate.acquire()  # cancellable: a deadline passing here ends the call before it starts
+            thread_future = self.run_sync(self._call_in_thread, inv, ctx, started)
             thread_future.add_done_callback(lambda _f: gate.release(overran[0]))
             return await asyncio.shield(thread_future)
         except asyncio.CancelledError as exc:

@@ -67,6 +67,13 @@ class ThreadGate:
         self.overran_total = 0   # ever (shown in the function's status)
         self._waiters = Waiters()
 
+    def try_acquire(self) -> bool:
+        """Take a thread if one is free now (no coroutine for the usual case)."""
+        if self.busy >= self.limit or self._waiters:
+            return False
+        self.busy += 1
+        return True
+
     async def acquire(self) -> None:
         """Wait for a thread of this function (cancellable: the deadline watchdog cancels it)."""
         await self._waiters.wait_while(lambda: self.busy >= self.limit)

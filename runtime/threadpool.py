@@ -8,6 +8,8 @@ demand up to `max_workers` and an idle one is reused first, as in ThreadPoolExec
 """
 from __future__ import annotations
 
+import asyncio
+import functools
 import queue
 import threading
 from collections.abc import Callable
@@ -19,7 +21,10 @@ __all__ = ("DaemonThreadPool",)
 P = ParamSpec("P")
 T = TypeVar("T")
 
-_Work = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+# (function, its arguments, the future its outcome goes to, and that future's loop: None for a
+# concurrent Future). A plain tuple: no closure or partial per call.
+_Work = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any] | asyncio.Future[Any]",
+              "asyncio.AbstractEventLoop | None"]
 
 
 class DaemonThreadPool(Executor):
@@ -31,37 +36,52 @@ class DaemonThreadPool(Executor):
         self._max_workers = max_workers
         self._prefix = thread_name_prefix
         self._work: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)  # one release per thread waiting for work
+        self._idle = 0  # threads done with their call, waiting for more (under _lock; a plain count,
+        # not a threading.Semaphore: its Python-level Condition cost more than the rest of a hand-off)
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         future: Future[T] = Future()
+        self._put((functools.partial(fn, **kwargs) if kwargs else fn, args, future, None))
+        return future
+
+    def run_soon(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., T], /, *args: Any) -> asyncio.Future[T]:
+        """`fn(*args)` in a pool thread; its outcome lands in an asyncio future of `loop`.
+
+        What `loop.run_in_executor(pool, fn, *args)` gives, at a fraction of its cost per call: no
+        concurrent Future (whose Condition alone costs more than the rest) chained to a second
+        one, just one `call_soon_threadsafe` when the call returns.
+        """
+        future: asyncio.Future[T] = loop.create_future()
+        self._put((fn, args, future, loop))
+        return future
+
+    def _put(self, work: _Work) -> None:
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new calls after shutdown")
-            self._work.put((future, fn, args, kwargs))
-            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max_workers:
+            self._work.put(work)
+            if self._idle:
+                self._idle -= 1
+            elif len(self._threads) < self._max_workers:
                 thread = threading.Thread(target=self._serve, name=f"{self._prefix}_{len(self._threads)}",
                                           daemon=True)
                 thread.start()
                 self._threads.append(thread)
-        return future
 
     def _serve(self) -> None:
         while (work := self._work.get()) is not None:
-            future, fn, args, kwargs = work
+            fn, args, future, loop = work
             del work
-            if future.set_running_or_notify_cancel():
-                try:
-                    result = fn(*args, **kwargs)
-                except BaseException as exc:  # delivered to the awaiting caller, as ThreadPoolExecutor does
-                    future.set_exception(exc)
-                else:
-                    future.set_result(result)
-            del future, fn, args, kwargs  # drop the call's references while idle
-            self._idle.release()
+            if loop is None:
+                _run_to_future(future, fn, args)  # type: ignore[arg-type]
+            else:
+                _run_to_loop(loop, future, fn, args)  # type: ignore[arg-type]
+            del fn, args, future, loop  # drop the call's references while idle
+            with self._lock:
+                self._idle += 1
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop taking calls; idle threads end. A thread still running its call is left to it."""
@@ -74,9 +94,56 @@ class DaemonThreadPool(Executor):
                     except queue.Empty:
                         break
                     if work is not None:
-                        work[0].cancel()
+                        _fn, _args, future, loop = work
+                        if loop is None:
+                            future.cancel()
+                        else:
+                            _call_threadsafe(loop, future.cancel)
             for _ in self._threads:
                 self._work.put(None)
         if wait:
             for thread in self._threads:
                 thread.join()
+
+
+def _run_to_future(future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    if future.set_running_or_notify_cancel():
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # delivered to the awaiting caller, as ThreadPoolExecutor does
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+
+def _run_to_loop(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], fn: Callable[..., Any],
+                 args: tuple[Any, ...]) -> None:
+    if future.cancelled():  # cancelled while it waited for a thread (a benign race: it may still run)
+        return
+    try:
+        result = fn(*args)
+    except BaseException as exc:  # delivered to the awaiting caller, as run_in_executor does
+        _call_threadsafe(loop, _set_exception, future, exc)
+    else:
+        _call_threadsafe(loop, _set_result, future, result)
+
+
+def _call_threadsafe(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop is closed: the process is going away and nobody waits
+        pass
+
+
+def _set_result(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        if isinstance(exc, StopIteration):  # an asyncio future refuses it (TypeError) and would never end
+            error = RuntimeError(f"the call raised {exc!r}")
+            error.__cause__ = exc
+            exc = error
+        future.set_exception(exc)

@@ -63,12 +63,15 @@ def negotiate_mode(accept: str | None, enable_event: bool) -> Mode:
 
 async def _invoke(request: web.Request, ref: str) -> web.StreamResponse:
     """Invoke the function `ref` names with the request's body and answer as its Accept header asks."""
+    app = request.app  # a property chain: looked up once
     principal = principal_of(request)
-    function = request.app[DISPATCHER].find(principal, ref)  # 404/403 before the body is read
+    function = app[DISPATCHER].find(principal, ref)  # 404/403 before the body is read
     event = await read_json_body(request)
-    if request.headers.get("X-Invoke-Type", "").strip().lower() == "async":  # [jobs] openYuanrong async
+    headers = request.headers
+    invoke_type = headers.get("X-Invoke-Type")
+    if invoke_type and invoke_type.strip().lower() == "async":  # [jobs] openYuanrong async
         return await submit_async(request, principal, function, event)
-    mode = negotiate_mode(request.headers.get("Accept"), request.app[CONFIG].frontend.args.enableEvent)
+    mode = negotiate_mode(headers.get("Accept"), app[CONFIG].frontend.args.enableEvent)
     return await _run(request, principal, function, event, mode, _session_of(request))
 
 

@@ -382,6 +382,7 @@ class WorkerPool:
         self._loaded = threading.Event()
         self._wake = threading.Event()
         self.cold_starts = 0
+        self.sessions_moved = 0  # sessions whose worker died, continued on another (their state lost)
 
     @property
     def name(self) -> str:
@@ -503,6 +504,7 @@ class WorkerPool:
                     return None  # the session waits for its own worker
                 return self._take(pinned, session)
             session.restarted = True  # its worker died (or is going): continue on another, and say so
+            self.sessions_moved += 1
             pinned.sessions.pop(session.id, None)
             if pinned.exclusive is session:
                 pinned.exclusive = None
@@ -735,6 +737,7 @@ class WorkerPool:
             return {"minInstances": self.min_instances, "maxInstances": self.max_instances,
                     "instanceConcurrency": self.slots, "scaleDownIdleSeconds": self.idle_seconds,
                     "waiting": len(self._waiters), "restarts": self.restarts, "coldStarts": self.cold_starts,
+                    "sessionsMoved": self.sessions_moved,
                     "error": self.broken, "instances": len(self.workers),
                     "workers": [w.describe() for w in self.workers]}
 

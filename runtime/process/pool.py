@@ -262,7 +262,10 @@ class WorkerProcess:
         elif msg["t"] == "ready":
             self.pool._on_ready(self, msg.get("init_error"))
         elif msg["t"] == "log":
-            logging.getLogger(str(msg["name"])).log(int(msg["level"]), "[worker %d] %s", self.pid, msg["msg"])
+            # As the worker made it, tagged with its invocation and pid (runtime/logs.py formats both ways).
+            logging.getLogger(str(msg["name"])).log(int(msg["level"]), "%s", msg["msg"], extra={
+                "worker": self.pid, "trace_id": msg.get("trace_id", ""),
+                "function": msg.get("function") or self.pool.name, "invocation_id": msg.get("invocation_id", "")})
         elif msg["t"] == "stopped":
             if msg.get("error"):
                 log.error("function %s: worker %d: %s", self.pool.name, self.pid, msg["error"])

@@ -157,9 +157,11 @@ class Session:
 
     def describe(self) -> dict[str, Any]:
         pid = getattr(self.worker, "pid", None)
+        idle = time.monotonic() - self.last_used
         return {"sessionID": self.id, "sessionTTL": self.ttl, "concurrency": self.concurrency,
                 "running": len(self.running), "turns": self.turns, "pid": pid,
-                "idleSeconds": round(time.monotonic() - self.last_used, 3)}
+                "idleSeconds": round(idle, 3), "ageSeconds": round(max(0.0, time.time() - self.created), 3),
+                "expiresInSeconds": None if self.running else round(max(0.0, self.ttl - idle), 3)}
 
 
 class SessionTable:

@@ -83,9 +83,10 @@ class _Histogram:
 
 
 class _PerFunction:
-    __slots__ = ("bytes", "duration", "events", "first_event", "heartbeats")
+    __slots__ = ("bytes", "codes", "duration", "events", "first_event", "heartbeats")
 
     def __init__(self) -> None:
+        self.codes: dict[str, int] = {}  # how its invocations ended: error code (or 'disconnected') -> count
         self.duration = _Histogram(DURATION_BUCKETS)
         self.first_event = _Histogram(FIRST_EVENT_BUCKETS)
         self.events = 0
@@ -109,16 +110,15 @@ class InvocationStats:
     """Counters the route layer bumps once per invocation (event loop only)."""
 
     def __init__(self) -> None:
-        self.invocations: dict[tuple[str, str, str], int] = {}  # (tenant, function, code) -> count
         self.functions: dict[TenantFunction, _PerFunction] = {}
 
     def record(self, spec: FunctionSpec, code: int | str, duration: float, stream: Any, events: int) -> None:
         function = (spec.tenant, spec.name)
-        key = (spec.tenant, spec.name, str(code))
-        self.invocations[key] = self.invocations.get(key, 0) + 1
         per = self.functions.get(function)
         if per is None:
             per = self.functions[function] = _PerFunction()
+        code = str(code)
+        per.codes[code] = per.codes.get(code, 0) + 1
         per.duration.observe(duration)
         if stream is not None:
             per.events += events
@@ -254,7 +254,8 @@ class _Snapshot(Collector):
                                     "(ok, error, timeout, throttled, disconnected) and error code (0 = ok)",
                                     labels=["tenant", "function", "outcome", "code"])
         by_outcome: dict[str, dict[TenantFunction, int]] = {"timeout": {}, "throttled": {}, DISCONNECTED: {}}
-        for (tenant, function, code), count in sorted(self.stats.invocations.items()):
+        counts = ((key, code, n) for key, per in self.stats.functions.items() for code, n in per.codes.items())
+        for (tenant, function), code, count in sorted(counts):
             if not self._mine(tenant):
                 continue
             outcome = outcome_of(0 if code == "0" else (DISCONNECTED if code == DISCONNECTED else _int(code)))

@@ -70,6 +70,8 @@ class SessionInfo(BaseModel):
     turns: int
     pid: int | None = Field(description="the worker it is pinned to (executor: process), else None")
     idleSeconds: float
+    ageSeconds: float = Field(description="since the session was opened")
+    expiresInSeconds: float | None = Field(description="until it ends if unused (None while a turn runs)")
 
 
 class SessionInterrupted(BaseModel):

@@ -170,7 +170,8 @@ document(
     Op("GET", "/v1/models/{model}", "openai", "One model", ok=Model, errors=(404,), role="user"),
     # -- operators and browsers
     Op("GET", "/metrics", "operations", "Prometheus metrics (text exposition format)",
-       description="Developer role, or no token with metrics.public: true.",
+       description="Developer role (only its own tenant's samples; admin: every tenant's), or no token with "
+                   "metrics.public: true (every tenant's).",
        ok={"text": "text/plain; version=0.0.4"}),
     Op("GET", "/openapi.json", "operations", "This document (OpenAPI 3.1)", ok={"json": {"description": "OpenAPI 3.1"}},
        public=True),

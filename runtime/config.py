@@ -174,7 +174,8 @@ class MetricsConfig(_Strict):
     """`GET /metrics` (frontend/metrics.py)."""
 
     enabled: bool = Field(True, description="count invocations and serve /metrics")
-    public: bool = Field(False, description="serve /metrics without a token even when auth is on")
+    public: bool = Field(False, description="serve /metrics without a token even when auth is on: every "
+                                            "tenant's function and stream names to anyone who can reach it")
 
 
 class LoggingConfig(_Strict):

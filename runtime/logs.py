@@ -2,7 +2,9 @@
 
 Every record made while an invocation (or an HTTP request) runs carries its trace id, function
 and invocation id, taken from a context variable: asyncio tasks copy it, and the executor runs
-thread handlers inside a copy of it, so handler logs are tagged too.
+thread handlers inside a copy of it, so handler logs are tagged too. A process worker
+(runtime/process/worker.py) sets the same variable around each invocation it runs and sends its
+records to the server with those fields and its pid (`worker`), which are logged here as they are.
 """
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import json
 import logging
 from typing import Literal
 
-__all__ = ("set_log_context", "LogContextFilter", "JsonFormatter", "configure_logging", "TEXT_FORMAT")
+__all__ = ("set_log_context", "log_context", "LogContextFilter", "JsonFormatter", "TextFormatter",
+           "configure_logging", "TEXT_FORMAT")
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -24,6 +27,11 @@ _CONTEXT: contextvars.ContextVar[tuple[str, str, str]] = contextvars.ContextVar(
 def set_log_context(trace_id: str, function: str = "", invocation_id: str = "") -> None:
     """Tag the log records of the current task (and tasks it starts) from now on."""
     _CONTEXT.set((trace_id, function, invocation_id))
+
+
+def log_context() -> tuple[str, str, str]:
+    """(trace id, function, invocation id) of the current task or thread; "" where unknown."""
+    return _CONTEXT.get()
 
 
 class LogContextFilter(logging.Filter):
@@ -51,7 +59,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for key in ("trace_id", "function", "invocation_id"):
+        for key in ("trace_id", "function", "invocation_id", "worker"):
             value = getattr(record, key, "")
             if value:
                 entry[key] = value
@@ -60,11 +68,29 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT; a process worker's record says which worker: `[worker <pid>] message`."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        worker = getattr(record, "worker", None)
+        if worker is None:
+            return super().formatMessage(record)
+        message = record.message
+        record.message = f"[worker {worker}] {message}"
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = message
+
+
 def configure_logging(fmt: Literal["text", "json"], level: str | int = "INFO") -> None:
     """Replace the root handlers with one stderr handler in `fmt`."""
     handler = logging.StreamHandler()
     handler.addFilter(LogContextFilter())
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

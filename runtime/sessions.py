@@ -147,9 +147,11 @@ class Session:
 
     def describe(self) -> dict[str, Any]:
         pid = getattr(self.worker, "pid", None)
+        idle = time.monotonic() - self.last_used
         return {"sessionID": self.id, "sessionTTL": self.ttl, "concurrency": self.concurrency,
                 "running": len(self.running), "turns": self.turns, "pid": pid,
-                "idleSeconds": round(time.monotonic() - self.last_used, 3)}
+                "idleSeconds": round(idle, 3), "ageSeconds": round(max(0.0, time.time() - self.created), 3),
+                "expiresInSeconds": None if self.running else round(max(0.0, self.ttl - idle), 3)}
 
 
 class SessionTable:
@@ -159,6 +161,11 @@ class SessionTable:
         self.limit = limit
         self._sessions: dict[str, Session] = {}
         self._swept = 0.0
+        # Totals for /metrics (frontend/metrics.py), kept across a redeploy (`adopt`).
+        self.opened = 0
+        self.expired = 0    # ended by their TTL
+        self.deleted = 0    # ended by `DELETE .../sessions/{id}`
+        self.refused = 0    # not opened: the table was full (429)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -168,13 +175,14 @@ class SessionTable:
         self.sweep()
         session = self._sessions.get(request.id)
         if session is not None and session.expired(time.monotonic()):
-            del self._sessions[request.id]
-            session.end()
+            self._expire(request.id)
             session = None
         if session is None:
             if len(self._sessions) >= self.limit:
+                self.refused += 1
                 raise ConcurrencyLimitError(f"too many live sessions ({self.limit}); end some or retry later")
             session = self._sessions[request.id] = Session(request)
+            self.opened += 1
         session.ttl = request.ttl
         session.last_used = time.monotonic()
         return session
@@ -183,8 +191,7 @@ class SessionTable:
         self.sweep()
         session = self._sessions.get(session_id)
         if session is not None and session.expired(time.monotonic()):
-            del self._sessions[session_id]
-            session.end()
+            self._expire(session_id)
             session = None
         if session is None:
             raise FunctionNotFoundError(f"session {session_id!r} not found", code=200404)
@@ -193,8 +200,13 @@ class SessionTable:
     def end(self, session_id: str) -> Session:
         session = self.get(session_id)
         del self._sessions[session_id]
+        self.deleted += 1
         session.end()
         return session
+
+    def _expire(self, session_id: str) -> None:
+        self._sessions.pop(session_id).end()
+        self.expired += 1
 
     def sweep(self, force: bool = False) -> None:
         """End sessions unused for longer than their TTL (at most once a second unless forced)."""
@@ -203,7 +215,7 @@ class SessionTable:
             return
         self._swept = now
         for sid in [sid for sid, s in self._sessions.items() if s.expired(now)]:
-            self._sessions.pop(sid).end()
+            self._expire(sid)
 
     def adopt(self, old: SessionTable) -> None:
         """A redeploy: the sessions go on, on the new code's instances, each told it restarted."""
@@ -214,6 +226,8 @@ class SessionTable:
                 session.restarted = session.restarted or had_worker
                 self._sessions[sid] = session
         old._sessions = {}
+        self.opened, self.expired = self.opened + old.opened, self.expired + old.expired
+        self.deleted, self.refused = self.deleted + old.deleted, self.refused + old.refused
 
     def describe(self) -> list[dict[str, Any]]:
         self.sweep()

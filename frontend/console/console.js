@@ -71,7 +71,7 @@ const PANELS = {
   streams: { refresh: refreshStreams, every: 1000 },
   metrics: { refresh: refreshMetrics, every: 1000 },
   jobs: { refresh: refreshJobs, every: 2000 },
-  sessions: { refresh: () => refreshPending("sessions"), every: 0 },
+  sessions: { refresh: refreshSessions, every: 1000 },
   apidocs: { refresh: refreshDocs, every: 0 },
 };
 
@@ -402,7 +402,10 @@ function parseMetrics(text) {
     const match = /^([a-zA-Z_:][\w:]*)(\{.*\})?\s+(\S+)/.exec(line);
     if (!match) continue;
     const value = Number(match[3]);
-    if (!Number.isNaN(value)) sums[match[1]] = (sums[match[1]] || 0) + value;
+    if (Number.isNaN(value)) continue;
+    sums[match[1]] = (sums[match[1]] || 0) + value;
+    const status = /status="([^"]*)"/.exec(match[2] || "");  // fnstream_jobs{...,status="queued"}
+    if (status) sums[match[1] + ":" + status[1]] = (sums[match[1] + ":" + status[1]] || 0) + value;
   }
   return sums;
 }
@@ -414,6 +417,10 @@ const SHOWN = [
   ["fnstream_client_disconnects_total", "client disconnects"], ["fnstream_heartbeats_total", "heartbeats"],
   ["fnstream_streams", "named streams"], ["fnstream_stream_produced_total", "stream elements produced"],
   ["fnstream_stream_subscribers", "stream subscribers"], ["fnstream_cluster_workers_alive", "cluster workers"],
+  ["fnstream_jobs:queued", "jobs queued"], ["fnstream_jobs:running", "jobs running"],
+  ["fnstream_jobs:completed", "jobs completed"], ["fnstream_jobs:failed", "jobs failed"],
+  ["fnstream_jobs:cancelled", "jobs cancelled"], ["fnstream_jobs:timed_out", "jobs timed out"],
+  ["fnstream_sessions", "instance sessions open"],
 ];
 
 async function refreshMetrics() {
@@ -489,13 +496,48 @@ async function refreshJobs() {
   }));
 }
 
-// -- sessions (another branch) ------------------------------------------------------------------
-async function refreshPending(kind) {
-  const r = await api("GET", "openapi.json");
+// -- instance sessions ------------------------------------------------------------------------
+// The admin list already carries each function's live sessions (status.sessions): one call, the
+// token's tenant only (an admin token sees every tenant's, but may only end its own tenant's).
+async function refreshSessions() {
+  const r = await api("GET", "admin/v1/functions");
+  $("sessions-error").textContent = r.ok ? "" : errorText(r.data);
   if (!r.ok) return;
-  const words = ["/sessions"];
-  const paths = Object.keys(r.data.paths || {}).filter((p) => words.some((w) => p.includes(w)));
-  if (paths.length) $(kind + "-state").textContent = "Routes on this server: " + paths.join(", ");
+  const rows = [];
+  for (const f of r.data.functions) {
+    for (const s of (f.status && f.status.sessions) || []) rows.push(sessionRow(f.name, s));
+  }
+  $("sessions-table").tBodies[0].replaceChildren(...rows);
+  $("sessions-state").textContent = rows.length ? "" :
+    'No live sessions. A call with the header X-Instance-Session: {"sessionID": "..."} opens one.';
+}
+
+function sessionRow(fn, s) {
+  const tr = document.createElement("tr");
+  tr.dataset.fn = fn;
+  tr.dataset.session = s.sessionID;
+  tr.dataset.running = String(s.running);
+  const expires = s.expiresInSeconds === null ? "(running)" : s.expiresInSeconds.toFixed(1);
+  tr.append(cell(fn), cell(s.sessionID), cell(s.turns, "num"), cell(s.running, "num"),
+            cell(s.ageSeconds.toFixed(1), "num"), cell(s.sessionTTL, "num"), cell(expires, "num"),
+            cell(s.pid === null ? "(in-process)" : "pid " + s.pid));
+  const actions = document.createElement("td");
+  for (const [label, method, suffix] of [["interrupt", "POST", "/interrupt"], ["delete", "DELETE", ""]]) {
+    const b = document.createElement("button");
+    b.textContent = label;
+    b.addEventListener("click", () => sessionAction(fn, s.sessionID, method, suffix));
+    actions.append(b);
+  }
+  tr.append(actions);
+  return tr;
+}
+
+async function sessionAction(fn, sid, method, suffix) {
+  const path = "serverless/v1/functions/" + encodeURIComponent(fn) + "/sessions/" + encodeURIComponent(sid) + suffix;
+  const r = await api(method, path);
+  $("sessions-result").textContent = method + " " + path + "\n" + r.status + " "
+    + (r.ok ? JSON.stringify(r.data) : errorText(r.data));
+  refreshSessions();
 }
 
 // -- API docs ---------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ def _session_of(request: web.Request) -> SessionRequest | None:
 @counted  # frontend/metrics.py: one count per invocation, by function and outcome
 async def _run(request: web.Request, principal: Principal | None, function: FunctionRef, event: Any,
                mode: Mode, session: SessionRequest | None) -> web.StreamResponse:
-    request[FUNCTION] = function.spec.name
+    request[FUNCTION] = function.spec
     options = InvokeOptions(mode=mode, trace_id=request.get(TRACE_ID), inline=True, session=session)
     inv = await request.app[DISPATCHER].dispatch(principal, function, event, options)
     request[INVOCATION] = inv

@@ -68,7 +68,7 @@ async def _serve(request: web.Request, route: str, function_name: str | None = N
     dispatcher = request.app[DISPATCHER]
     principal = principal_of(request)
     function = dispatcher.find(principal, function_name or _function_names(request)[route])
-    request[FUNCTION] = function.spec.name
+    request[FUNCTION] = function.spec
     served = function.spec.served_models()
     if function.spec.models and model not in served:
         return _model_not_found(model)

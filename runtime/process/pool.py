@@ -262,7 +262,10 @@ class WorkerProcess:
         elif msg["t"] == "ready":
             self.pool._on_ready(self, msg.get("init_error"))
         elif msg["t"] == "log":
-            logging.getLogger(str(msg["name"])).log(int(msg["level"]), "[worker %d] %s", self.pid, msg["msg"])
+            # As the worker made it, tagged with its invocation and pid (runtime/logs.py formats both ways).
+            logging.getLogger(str(msg["name"])).log(int(msg["level"]), "%s", msg["msg"], extra={
+                "worker": self.pid, "trace_id": msg.get("trace_id", ""),
+                "function": msg.get("function") or self.pool.name, "invocation_id": msg.get("invocation_id", "")})
         elif msg["t"] == "stopped":
             if msg.get("error"):
                 log.error("function %s: worker %d: %s", self.pool.name, self.pid, msg["error"])
@@ -382,6 +385,7 @@ class WorkerPool:
         self._loaded = threading.Event()
         self._wake = threading.Event()
         self.cold_starts = 0
+        self.sessions_moved = 0  # sessions whose worker died, continued on another (their state lost)
 
     @property
     def name(self) -> str:
@@ -503,6 +507,7 @@ class WorkerPool:
                     return None  # the session waits for its own worker
                 return self._take(pinned, session)
             session.restarted = True  # its worker died (or is going): continue on another, and say so
+            self.sessions_moved += 1
             pinned.sessions.pop(session.id, None)
             if pinned.exclusive is session:
                 pinned.exclusive = None
@@ -735,6 +740,7 @@ class WorkerPool:
             return {"minInstances": self.min_instances, "maxInstances": self.max_instances,
                     "instanceConcurrency": self.slots, "scaleDownIdleSeconds": self.idle_seconds,
                     "waiting": len(self._waiters), "restarts": self.restarts, "coldStarts": self.cold_starts,
+                    "sessionsMoved": self.sessions_moved,
                     "error": self.broken, "instances": len(self.workers),
                     "workers": [w.describe() for w in self.workers]}
 

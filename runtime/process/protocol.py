@@ -139,7 +139,10 @@ class Log(TypedDict):
     t: Literal["log"]
     name: str
     level: int
-    msg: str
+    msg: str            # formatted in the worker (a traceback included)
+    trace_id: str       # of the invocation that logged ("" outside one)
+    function: str
+    invocation_id: str
 
 
 class Stopped(TypedDict):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import ctypes
 import faulthandler
 import inspect
@@ -45,6 +46,7 @@ from ..errors import (
 )
 from ..invocation import WRITTEN, Written, drain_generator, encode_json, encode_payload, encode_write
 from ..loader import LoadedCode, load_code
+from ..logs import log_context, set_log_context
 from ..manifest import FunctionSpec
 from ..pre_stop import pre_stop_timeout
 from ..streams import bind_broker
@@ -171,7 +173,8 @@ class WorkerStream:
 
 
 class _FrameLogHandler(logging.Handler):
-    """Forwards the worker's log records to the frontend's logging."""
+    """Forwards the worker's log records to the frontend's logging, with the trace id, function and
+    invocation id of the invocation that logged (runtime/logs.py: set around each invocation)."""
 
     def __init__(self, worker: Worker) -> None:
         super().__init__(logging.INFO)
@@ -179,7 +182,10 @@ class _FrameLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self._worker.post({"t": "log", "name": record.name, "level": record.levelno, "msg": self.format(record)})
+            trace_id, function, invocation_id = log_context()
+            self._worker.post({"t": "log", "name": record.name, "level": record.levelno, "msg": self.format(record),
+                               "trace_id": trace_id, "function": function or self._worker.spec.name,
+                               "invocation_id": invocation_id})
         except Exception:  # logging must never fail the handler
             self.handleError(record)
 
@@ -443,13 +449,14 @@ class Worker:
             self._invs[inv.id] = inv
             inv.cancel_reason = self._early_cancels.pop(inv.id, None)
         if self._threads is None:
-            inv.task = self.loop.create_task(self._run_async(inv))
+            inv.task = self.loop.create_task(self._run_async(inv))  # a task: its own copy of the log context
         else:
-            self._threads.submit(self._run_in_thread, inv)
+            self._threads.submit(contextvars.copy_context().run, self._run_in_thread, inv)
 
     async def _run_async(self, inv: _Invocation) -> None:
         assert self._code is not None
         handler = self._code.handler
+        set_log_context(inv.trace_id, self.spec.name, inv.id)
         try:
             if inv.cancel_reason is not None:
                 raise _Cancelled(inv.cancel_reason)
@@ -480,6 +487,7 @@ class Worker:
         handler = self._code.handler
         result: Any = None
         error: BaseException | None = None
+        set_log_context(inv.trace_id, self.spec.name, inv.id)  # in this invocation's copy of the context
         try:
             try:
                 with self._cond:

@@ -1,6 +1,6 @@
 """The web console in a real headless Chromium (Debian's `chromium`, driven by playwright; no
 browser is ever downloaded): panels, live streaming with arrival times, Stop, subscriptions,
-and a page on another origin (frontend.cors) streaming through fetch and EventSource."""
+instance sessions, and a page on another origin (frontend.cors) streaming through fetch and EventSource."""
 import json
 import shutil
 import threading
@@ -42,6 +42,16 @@ def _get(url: str) -> dict:
 
 def _inflight(server, name: str) -> int:
     return _get(f"{server.url}/admin/v1/functions/{name}")["function"]["status"]["inflight"]
+
+
+def _open_session(server, function: str, session_id: str, event: dict, stream: bool = False) -> str:
+    """One turn of an X-Instance-Session (TTL 300 s); the answer's body."""
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if stream else "application/json",
+               "X-Instance-Session": json.dumps({"sessionID": session_id, "sessionTTL": 300})}
+    req = urllib.request.Request(f"{server.url}/serverless/v1/functions/{function}/invocations",
+                                 data=json.dumps(event).encode(), headers=headers)
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return r.read().decode()
 
 
 def test_console_panels_stream_live_stop_and_subscribe(browser, server, tmp_path):
@@ -129,9 +139,33 @@ def test_console_panels_stream_live_stop_and_subscribe(browser, server, tmp_path
     page.click("#tabs button[data-panel=jobs]")
     page.wait_for_selector(f"#jobs-table tr[data-id='{job_id}'][data-status=COMPLETED]")  # the 2 s refresh
     page.screenshot(path=str(tmp_path / "console-jobs.png"), full_page=True)
+    page.click("#tabs button[data-panel=metrics]")  # the job just finished is counted at a glance
+    page.wait_for_selector("#metrics-table tr[data-metric='fnstream_jobs:completed']")
+    assert page.text_content("#metrics-table tr[data-metric='fnstream_jobs:completed'] td.num") == "1"
+
+    # Sessions: opened by invocations with X-Instance-Session, listed; interrupt stops a running
+    # turn (its stream ends with the error event); delete ends a session.
+    _open_session(server, "hello", "console-s1", {})
+    turn: dict[str, str] = {}
+    long_turn = threading.Thread(target=lambda: turn.update(body=_open_session(
+        server, "ticker", "console-s2", {"count": 1000, "delay_ms": 100}, stream=True)), daemon=True)
+    long_turn.start()
     page.click("#tabs button[data-panel=sessions]")
-    page.wait_for_timeout(200)
+    page.wait_for_selector("#sessions-table tr[data-session=console-s1]")
+    page.wait_for_selector("#sessions-table tr[data-session=console-s2][data-running='1']")
+    cells = page.eval_on_selector_all("#sessions-table tr[data-session=console-s1] td",
+                                      "tds => tds.map(td => td.textContent)")
+    assert cells[:4] == ["hello", "console-s1", "1", "0"] and cells[5] == "300", cells
+    assert cells[7] == "(in-process)", cells
     page.screenshot(path=str(tmp_path / "console-sessions.png"), full_page=True)
+    page.click("#sessions-table tr[data-session=console-s2] button:text('interrupt')")
+    long_turn.join(15)
+    assert not long_turn.is_alive() and "was interrupted" in turn["body"] and "[DONE]" in turn["body"], turn
+    page.wait_for_function("() => document.getElementById('sessions-result').textContent.includes('\"interrupted\":1')")
+    page.click("#sessions-table tr[data-session=console-s1] button:text('delete')")
+    page.wait_for_selector("#sessions-table tr[data-session=console-s1]", state="detached")
+    listed = _get(f"{server.url}/admin/v1/functions/hello")["function"]["status"]["sessions"]
+    assert listed == []
     page.click("#tabs button[data-panel=apidocs]")
     page.wait_for_selector("details.op[data-path='/serverless/v1/functions/{ref}/invocations']")
     page.click("details.op[data-path='/serverless/v1/functions/{ref}/invocations'] summary")

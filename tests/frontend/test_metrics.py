@@ -1,6 +1,7 @@
 """GET /metrics: Prometheus text (parsed with prometheus_client's own parser) of invocations,
 streams and pools; auth; off switch."""
 import asyncio
+import json
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,13 +23,20 @@ def _value(samples, name, **labels) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+def _fn(samples, name, function, tenant="default", **labels) -> float:
+    """A per-function sample (every one carries its tenant)."""
+    return _value(samples, name, tenant=tenant, function=function, **labels)
+
+
 @pytest.fixture
 async def metered(make_client, deploy_dir):
     async def factory(**overrides):
         deploy = deploy_dir(fn("record", "observed_fns.record"), fn("fails", "observed_fns.fails"),
                             fn("slow", "observed_fns.slow", timeout=0.3),
                             fn("one", "observed_fns.slow", concurrency=1),
-                            fn("ticker", "testfns.sync_ticker"))
+                            fn("ticker", "testfns.sync_ticker"),
+                            fn("job-echo", "job_fns.echo"), fn("job-raises", "job_fns.raises"),
+                            fn("job-sleeper", "job_fns.sleeper", concurrency=1))
         return await make_client(config=test_config(deploy, **overrides))
     return factory
 
@@ -51,26 +59,26 @@ async def test_invocations_by_function_and_outcome(metered):
     await asyncio.sleep(0.2)
     assert (await client.post(url("one"), json={})).status == 429
     during = await _scrape(client)
-    assert _value(during, "fnstream_inflight", function="one") == 1
+    assert _fn(during, "fnstream_inflight", "one") == 1
     assert (await hold).status == 200
     resp = await client.post(url("ticker"), json={"count": 3, "delay": 0.01}, headers={"Accept": "text/event-stream"})
     events = await read_events(resp)
     s = await _scrape(client)
-    assert _value(s, "fnstream_invocations_total", function="record", outcome="ok", code="0") == 3
-    assert _value(s, "fnstream_invocations_total", function="fails", outcome="error", code="4001") == 1
-    assert _value(s, "fnstream_invocations_total", function="slow", outcome="timeout", code="4010") == 1
-    assert _value(s, "fnstream_invocations_total", function="one", outcome="throttled", code="200429") == 1
-    assert _value(s, "fnstream_timeouts_total", function="slow") == 1
-    assert _value(s, "fnstream_throttled_total", function="one") == 1
-    assert _value(s, "fnstream_invocation_duration_seconds_count", function="record") == 3
-    assert _value(s, "fnstream_invocation_duration_seconds_bucket", function="slow", le="0.1") == 0
-    assert _value(s, "fnstream_invocation_duration_seconds_bucket", function="slow", le="+Inf") == 1
-    assert _value(s, "fnstream_stream_events_total", function="ticker") == 3
-    assert _value(s, "fnstream_stream_bytes_total", function="ticker") == sum(
+    assert _fn(s, "fnstream_invocations_total", "record", outcome="ok", code="0") == 3
+    assert _fn(s, "fnstream_invocations_total", "fails", outcome="error", code="4001") == 1
+    assert _fn(s, "fnstream_invocations_total", "slow", outcome="timeout", code="4010") == 1
+    assert _fn(s, "fnstream_invocations_total", "one", outcome="throttled", code="200429") == 1
+    assert _fn(s, "fnstream_timeouts_total", "slow") == 1
+    assert _fn(s, "fnstream_throttled_total", "one") == 1
+    assert _fn(s, "fnstream_invocation_duration_seconds_count", "record") == 3
+    assert _fn(s, "fnstream_invocation_duration_seconds_bucket", "slow", le="0.1") == 0
+    assert _fn(s, "fnstream_invocation_duration_seconds_bucket", "slow", le="+Inf") == 1
+    assert _fn(s, "fnstream_stream_events_total", "ticker") == 3
+    assert _fn(s, "fnstream_stream_bytes_total", "ticker") == sum(
         len(f"id: {i}\ndata: {e['data']}\n\n") for i, (_, e) in enumerate(events, 1) if e["data"] != "[DONE]") \
         + len("data: [DONE]\n\n")
-    assert _value(s, "fnstream_time_to_first_event_seconds_count", function="ticker") == 1
-    assert _value(s, "fnstream_inflight", function="one") == 0
+    assert _fn(s, "fnstream_time_to_first_event_seconds_count", "ticker") == 1
+    assert _fn(s, "fnstream_inflight", "one") == 0
 
 
 async def test_disconnects_and_heartbeats(metered):
@@ -84,12 +92,12 @@ async def test_disconnects_and_heartbeats(metered):
     resp.close()
     for _ in range(100):
         s = await _scrape(client)
-        if _value(s, "fnstream_client_disconnects_total", function="one"):
+        if _fn(s, "fnstream_client_disconnects_total", "one"):
             break
         await asyncio.sleep(0.05)
-    assert _value(s, "fnstream_client_disconnects_total", function="one") == 1
-    assert _value(s, "fnstream_invocations_total", function="one", outcome="disconnected", code="disconnected") == 1
-    assert _value(s, "fnstream_heartbeats_total", function="slow") >= 2
+    assert _fn(s, "fnstream_client_disconnects_total", "one") == 1
+    assert _fn(s, "fnstream_invocations_total", "one", outcome="disconnected", code="disconnected") == 1
+    assert _fn(s, "fnstream_heartbeats_total", "slow") >= 2
 
 
 async def test_named_stream_metrics_are_read_from_the_broker(metered):
@@ -104,7 +112,7 @@ async def test_named_stream_metrics_are_read_from_the_broker(metered):
     assert _value(s, "fnstream_stream_dropped_total", tenant="default", stream="m1") == 0
     assert ("fnstream_stream_retained_bytes", (("stream", "m1"), ("tenant", "default"))) in s
     assert ("fnstream_stream_subscribers", (("stream", "m1"), ("tenant", "default"))) in s
-    assert _value(s, "fnstream_streams") >= 1
+    assert _value(s, "fnstream_streams", tenant="default") >= 1
 
 
 async def test_metrics_need_the_developer_role_unless_public(metered):
@@ -132,7 +140,113 @@ async def test_worker_pool_metrics(make_client):
     assert (await client.post("/admin/v1/functions", json=manifest)).status == 201
     assert (await client.post("/serverless/v1/functions/proc-pid/invocations", json={})).status == 200
     s = await _scrape(client)
-    assert _value(s, "fnstream_pool_instances", function="proc-pid") == 2
-    assert _value(s, "fnstream_pool_busy", function="proc-pid") == 0
-    assert ("fnstream_pool_restarts_total", (("function", "proc-pid"),)) in s
-    assert _value(s, "fnstream_invocations_total", function="proc-pid", outcome="ok", code="0") == 1
+    assert _fn(s, "fnstream_pool_instances", "proc-pid") == 2
+    assert _fn(s, "fnstream_pool_busy", "proc-pid") == 0
+    assert 1 <= _fn(s, "fnstream_pool_slots", "proc-pid") <= 2  # of the ready workers, instanceConcurrency 1
+    assert _fn(s, "fnstream_pool_busy_slots", "proc-pid") == 0
+    assert _fn(s, "fnstream_pool_waiting", "proc-pid") == 0
+    assert ("fnstream_pool_cold_starts_total", (("function", "proc-pid"), ("tenant", "default"))) in s
+    assert ("fnstream_sessions_moved_total", (("function", "proc-pid"), ("tenant", "default"))) in s
+    assert ("fnstream_pool_restarts_total", (("function", "proc-pid"), ("tenant", "default"))) in s
+    assert _fn(s, "fnstream_invocations_total", "proc-pid", outcome="ok", code="0") == 1
+
+
+TENANT_TOKENS = [{"token": "dev-acme", "tenant": "acme", "role": "developer"},
+                 {"token": "dev-bravo", "tenant": "bravo", "role": "developer"},
+                 {"token": "root", "tenant": "ops", "role": "admin"}]
+
+
+async def test_a_developer_scrapes_only_its_own_tenant(make_client, deploy_dir):
+    deploy = deploy_dir(fn("acme-fn", "observed_fns.record", tenant="acme"),
+                        fn("bravo-secret-fn", "observed_fns.record", tenant="bravo"))
+    overrides = {"auth.tokens": TENANT_TOKENS}
+    client = await make_client(config=test_config(deploy, **overrides))
+    for token, name in (("dev-acme", "acme-fn"), ("dev-bravo", "bravo-secret-fn")):
+        auth = {"Authorization": f"Bearer {token}"}
+        assert (await client.post(f"/serverless/v1/functions/{name}/invocations", json={}, headers=auth)).status == 200
+        assert (await client.post(f"/serverless/v1/streams/{name}-stream", json=["x"], headers=auth)).status == 200
+
+    resp = await client.get("/metrics", headers={"Authorization": "Bearer dev-acme"})
+    text = await resp.text()
+    assert resp.status == 200 and "bravo" not in text  # neither bravo's names nor its tenant
+    s = _samples(text)
+    assert _fn(s, "fnstream_invocations_total", "acme-fn", tenant="acme", outcome="ok", code="0") == 1
+    assert _fn(s, "fnstream_inflight", "acme-fn", tenant="acme") == 0
+    assert _value(s, "fnstream_stream_produced_total", tenant="acme", stream="acme-fn-stream") == 1
+    assert _value(s, "fnstream_streams", tenant="acme") == 1
+    assert {dict(labels).get("tenant", "acme") for _, labels in s} == {"acme"}  # node-wide series have none
+
+    for everyone in (await _scrape(client, Authorization="Bearer root"),
+                     await _scrape(await make_client(config=test_config(deploy, **overrides, **{"metrics.public":
+                                                                                                 True})))):
+        assert ("fnstream_inflight", (("function", "bravo-secret-fn"), ("tenant", "bravo"))) in everyone
+        assert ("fnstream_inflight", (("function", "acme-fn"), ("tenant", "acme"))) in everyone
+    s = await _scrape(client, Authorization="Bearer root")
+    assert _value(s, "fnstream_stream_produced_total", tenant="bravo", stream="bravo-secret-fn-stream") == 1
+    assert _fn(s, "fnstream_invocations_total", "bravo-secret-fn", tenant="bravo", outcome="ok", code="0") == 1
+
+
+async def _job_status(client, function: str, job_id: str, final: bool = True) -> str:
+    for _ in range(500):
+        status = (await (await client.get(f"/v2/{function}/status/{job_id}")).json())["status"]
+        if not final or status not in ("IN_QUEUE", "IN_PROGRESS"):
+            return status
+        await asyncio.sleep(0.02)
+    return status
+
+
+async def test_job_metrics_by_status_and_finished_totals(metered):
+    client = await metered()
+    run = "/v2/{}/run".format
+    held = (await (await client.post(run("job-sleeper"), json={"input": {"seconds": 30}})).json())["id"]
+    queued = (await (await client.post(run("job-sleeper"), json={"input": {"seconds": 0}})).json())["id"]
+    for _ in range(500):
+        if (await (await client.get(f"/v2/job-sleeper/status/{held}")).json())["status"] == "IN_PROGRESS":
+            break
+        await asyncio.sleep(0.02)
+    s = await _scrape(client)
+    assert _fn(s, "fnstream_jobs", "job-sleeper", status="running") == 1
+    assert _fn(s, "fnstream_jobs", "job-sleeper", status="queued") == 1
+    assert _fn(s, "fnstream_jobs", "job-sleeper", status="completed") == 0
+    for job_id in (queued, held):
+        assert (await (await client.post(f"/v2/job-sleeper/cancel/{job_id}")).json())["status"] == "CANCELLED"
+    for function in ("job-echo", "job-raises"):
+        job_id = (await (await client.post(run(function), json={"input": {}})).json())["id"]
+        assert await _job_status(client, function, job_id) in ("COMPLETED", "FAILED")
+    s = await _scrape(client)
+    assert _fn(s, "fnstream_jobs", "job-sleeper", status="cancelled") == 2
+    assert _fn(s, "fnstream_jobs", "job-sleeper", status="running") == 0
+    assert _fn(s, "fnstream_jobs_finished_total", "job-sleeper", status="cancelled") == 2
+    assert _fn(s, "fnstream_jobs_finished_total", "job-echo", status="completed") == 1
+    assert _fn(s, "fnstream_jobs_finished_total", "job-raises", status="failed") == 1
+    assert _fn(s, "fnstream_jobs", "job-echo", status="completed") == 1
+    assert _fn(s, "fnstream_job_duration_seconds_count", "job-echo") == 1
+    assert _fn(s, "fnstream_job_delay_seconds_count", "job-echo") == 1
+    assert _fn(s, "fnstream_job_delay_seconds_count", "job-sleeper") == 1  # the queued one never started
+    assert _fn(s, "fnstream_job_duration_seconds_count", "job-sleeper") == 1
+
+
+async def test_session_metrics_open_deleted_expired(metered):
+    client = await metered()
+    url = "/serverless/v1/functions/record/invocations"
+
+    async def turn(sid: str, ttl: float = 600) -> None:
+        header = json.dumps({"sessionID": sid, "sessionTTL": ttl})
+        assert (await client.post(url, json={}, headers={"X-Instance-Session": header})).status == 200
+
+    await turn("kept")
+    await turn("kept")
+    await turn("deleted")
+    await turn("brief", ttl=0.05)
+    s = await _scrape(client)
+    assert _fn(s, "fnstream_sessions_opened_total", "record") == 3
+    assert (await client.delete("/serverless/v1/functions/record/sessions/deleted")).status == 200
+    for _ in range(100):  # the table is swept at most once a second
+        s = await _scrape(client)
+        if _fn(s, "fnstream_sessions_ended_total", "record", reason="expired"):
+            break
+        await asyncio.sleep(0.05)
+    assert _fn(s, "fnstream_sessions_ended_total", "record", reason="expired") == 1
+    assert _fn(s, "fnstream_sessions_ended_total", "record", reason="deleted") == 1
+    assert _fn(s, "fnstream_sessions", "record") == 1
+    assert _fn(s, "fnstream_sessions_refused_total", "record") == 0

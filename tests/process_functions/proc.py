@@ -133,3 +133,30 @@ def last_words(event, context):
     for i in range(int(event.get("n", 3))):
         stream.write(f"word {i}")
     os._exit(9)
+
+
+def logs(event, context):
+    """Logs through the context's logger, a plain module logger, and with a traceback (def handler)."""
+    import logging
+
+    context.getLogger().info("process handler says hello")
+    logging.getLogger("user.code").warning("a plain logger in worker %d", os.getpid())
+    try:
+        raise ZeroDivisionError("division by zero")
+    except ZeroDivisionError:
+        logging.getLogger("user.code").exception("caught it")
+    return {"pid": os.getpid()}
+
+
+async def alogs(event, context):
+    """The async handler's logs."""
+    import logging
+
+    await asyncio.sleep(0)
+    logging.getLogger("user.async").info("async handler says hello")
+    return {"pid": os.getpid()}
+
+
+def logs_and_fails(event, context):
+    """The worker itself logs the traceback of a handler that raises."""
+    raise RuntimeError("the process handler failed")

@@ -33,6 +33,7 @@ async def test_trace_reaches_the_worker_and_metrics_show_the_cluster(redis_serve
     samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
                for f in text_string_to_metric_families(text) for x in f.samples}
     assert samples[("fnstream_cluster_workers_alive", ())] >= 1
-    assert samples[("fnstream_cluster_queue_depth", (("function", "traced"),))] == 0
+    assert samples[("fnstream_cluster_queue_depth", (("function", "traced"), ("tenant", "default")))] == 0
     assert samples[("fnstream_cluster_redis_reachable", ())] == 1
-    assert samples[("fnstream_invocations_total", (("code", "0"), ("function", "traced"), ("outcome", "ok")))] == 1
+    assert samples[("fnstream_invocations_total", (("code", "0"), ("function", "traced"), ("outcome", "ok"),
+                                                     ("tenant", "default")))] == 1

@@ -16,6 +16,7 @@ from runtime.deployment import Deployment, FunctionRef, RemoteFunction, check_re
 from runtime.errors import FunctionNotFoundError
 from runtime.executor import Executor
 from runtime.lifecycle import Lifecycle, wait_for_stop_signal
+from runtime.principal import Principal, may_manage
 from runtime.registry import Registry
 from runtime.streams import BrokerSettings, bind_broker, unbind_broker
 from runtime.surface import Mode
@@ -138,13 +139,19 @@ class ClusterNode:
     def serving(self, name: str) -> bool:
         return any(name in w.get("functions", ()) for w in self.workers.values())
 
-    def status(self) -> dict[str, Any]:
+    def status(self, principal: Principal | None = None) -> dict[str, Any]:
+        """This node, Redis and the workers, as `principal` may see them: a token that is not `admin`
+        sees only its own tenant's function names (runtime/principal.py may_manage; None: auth off)."""
+        def shown(name: str) -> bool:
+            spec = self.sync.specs.get(name) or self.sync.unavailable.get(name, (None, ""))[0]
+            return may_manage(principal, spec.tenant if spec is not None else "")  # unknown: admin only
+
+        workers = [{"id": k, **v, "functions": [f for f in v.get("functions", ()) if shown(f)]}
+                   for k, v in sorted(self.workers.items())]
         return {"node": self.id, "role": self.role, "redis": describe_url(self.url),
                 "redisReachable": self.redis_reachable, "registrySynced": self.sync.connected,
-                "workers": [{"id": k, **v} for k, v in sorted(self.workers.items())],
-                "functions": sorted(self.sync.specs),
-                "unavailable": {n: reason for n, (_s, reason) in sorted(self.sync.unavailable.items())}}
-
+                "workers": workers, "functions": [n for n in sorted(self.sync.specs) if shown(n)],
+                "unavailable": {n: reason for n, (_s, reason) in sorted(self.sync.unavailable.items()) if shown(n)}}
 
 async def serve_worker(config: Config) -> int:
     """`fnstream worker`: run a worker-only node until SIGINT/SIGTERM, then shut down as `serve` does:

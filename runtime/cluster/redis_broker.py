@@ -38,6 +38,7 @@ from runtime.streams.errors import (
     SubscriptionEndedError,
 )
 from runtime.streams.names import MAX_QUALIFIED_NAME_LENGTH, validate_stream_name
+from runtime.streams.tenancy import shown
 
 from .settings import REDIS_DOWN, AnyRedis, ClusterUnavailableError
 
@@ -120,12 +121,12 @@ class RedisSubscription(AbstractSubscription):
         except FunctionServiceError:
             raise  # cut, deleted, closed (some are ConnectionErrors, hence OSErrors: not "Redis down")
         except REDIS_DOWN as exc:  # any Redis call of the read (xread, counters, meta)
-            raise ClusterUnavailableError(f"stream {self.name!r}: Redis unreachable ({exc}); "
+            raise ClusterUnavailableError(f"stream {shown(self.name)!r}: Redis unreachable ({exc}); "
                                           f"resume after id {self.last_id}") from None
 
     async def _next_batch(self, max_items: int | None, timeout: float | None) -> list[Element]:
         if self._closed:
-            raise SubscriptionEndedError(f"subscription to {self.name!r} is closed", last_id=self.last_id)
+            raise SubscriptionEndedError(f"subscription to {shown(self.name)!r} is closed", last_id=self.last_id)
         count = min(self.capacity, max_items) if max_items and max_items > 0 else self.capacity
         deadline = None if timeout is None else time.monotonic() + timeout
         keys = self._broker.keys(self.name)
@@ -136,13 +137,13 @@ class RedisSubscription(AbstractSubscription):
                 reply: Any = await self._broker.redis.xread({keys[0]: f"0-{self.last_id}"}, count=count,
                                                        block=max(1, int(wait * 1000)))
             except REDIS_DOWN as exc:
-                raise ClusterUnavailableError(f"stream {self.name!r}: Redis unreachable ({exc}); "
+                raise ClusterUnavailableError(f"stream {shown(self.name)!r}: Redis unreachable ({exc}); "
                                               f"resume after id {self.last_id}") from None
             if reply:
                 entries = reply[0][1]
                 if _seq(entries[0][0]) > self.last_id + 1:
                     raise SubscriptionCutError(
-                        f"stream {self.name!r}: this subscriber fell more than the stream's bound behind and "
+                        f"stream {shown(self.name)!r}: this subscriber fell more than the stream's bound behind and "
                         f"was cut; resume after id {self.last_id} (Last-Event-ID: {self.last_id})",
                         last_id=self.last_id)
                 batch = [Element(fields[b"d"], _seq(eid)) for eid, fields in entries]
@@ -153,7 +154,7 @@ class RedisSubscription(AbstractSubscription):
                 return batch
             meta: Any = await self._broker.redis.hmget(keys[1], "seq", "terminator")
             if meta[0] is None:
-                raise StreamDeletedError(f"stream {self.name!r} was deleted", last_id=self.last_id)
+                raise StreamDeletedError(f"stream {shown(self.name)!r} was deleted", last_id=self.last_id)
             await self._broker.touch(self.name)
             self._terminator = _text(meta[1])
             if deadline is not None and time.monotonic() >= deadline:
@@ -247,7 +248,8 @@ class RedisBroker(AbstractBroker):
             start = last
         else:
             if from_id < 0 or from_id > last:
-                raise InvalidStreamIdError(f"stream {name!r}: id {from_id} is out of range; ids so far are 1..{last}")
+                raise InvalidStreamIdError(f"stream {shown(name)!r}: id {from_id} is out of range; "
+                                           f"ids so far are 1..{last}")
             first = await self._call(self.redis.xrange(keys[0], count=1))
             first_kept = _seq(first[0][0]) if first else last + 1
             if from_id + 1 < first_kept:
@@ -259,8 +261,8 @@ class RedisBroker(AbstractBroker):
 
     async def configure(self, name: str, options: StreamOptions) -> None:
         if options.policy == "block":
-            raise BadRequestError(f"stream {name!r}: slow-subscriber policy 'block' is not offered in cluster mode "
-                                  "(a producer cannot see subscribers on other nodes); use 'cut'")
+            raise BadRequestError(f"stream {shown(name)!r}: slow-subscriber policy 'block' is not offered in "
+                                  "cluster mode (a producer cannot see subscribers on other nodes); use 'cut'")
         keys = await self._ensure(name)
         current = int(await self._call(self.redis.hget(keys[1], "retain_num")) or 0)
         fields: dict[FieldT, EncodableT] = {"retain_num": max(current, options.retain_num)}
@@ -282,7 +284,7 @@ class RedisBroker(AbstractBroker):
         raw = await self._call(self.redis.hgetall(keys[1]))
         meta = {k.decode(): v.decode("utf-8", "replace") for k, v in raw.items()}
         if not meta:
-            raise StreamNotFoundError(f"stream {name!r} does not exist")
+            raise StreamNotFoundError(f"stream {shown(name)!r} does not exist")
         length = await self._call(self.redis.xlen(keys[0]))
         first = await self._call(self.redis.xrange(keys[0], count=1))
         return StreamStats(
@@ -307,7 +309,7 @@ class RedisBroker(AbstractBroker):
         removed = await self._call(self.redis.delete(*keys))
         await self._call(self.redis.srem(self.index, name))
         if not removed:
-            raise StreamNotFoundError(f"stream {name!r} does not exist")
+            raise StreamNotFoundError(f"stream {shown(name)!r} does not exist")
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -7,8 +7,8 @@ blocking XREAD from its own position, so fan-out, order and `Last-Event-ID` resu
 Redis itself. Memory is bounded by the publish script's trim (the `retainNum` newest, else at
 most `subscriberBuffer` elements and `subscriberBufferBytes` bytes), and each read returns at most
 that many elements and bytes (one larger element alone): a subscriber that falls further behind
-than the bound finds a gap and is cut with the id to resume after, as under the memory broker's 'cut' policy ('block' is refused: a producer cannot
-see how far behind subscribers on other nodes are).
+than the bound finds a gap and is cut with the id to resume after, as under the memory broker's
+'cut' policy ('block' is refused: a producer cannot see how far behind subscribers on other nodes are).
 The meta hash keeps the counters the memory broker reports, updated by the same scripts that
 append (produced, dropped, retained_bytes) and read (delivered).
 Keys are hash-tagged by stream name: `{stream:NAME}:s` (entries) and `{stream:NAME}:meta`; both

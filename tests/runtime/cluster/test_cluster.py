@@ -355,3 +355,49 @@ async def test_entry_cancelled_before_a_worker_took_it_is_acked_and_frees_its_sl
         assert r.xpending("fnstream:{queue:relay}", "workers")["pending"] == 0
         async with s.post(a.url + "/serverless/v1/functions/relay/invocations", json={"count": 1}) as resp:
             assert resp.status == 200 and (await resp.json())["count"] == 1   # the only slot is free again
+
+
+async def test_a_queued_invocations_channel_is_bounded_in_stream_buffer_bytes(redis_server, make_client):
+    """frontend.args.streamBufferBytes bounds a RemoteInvocation's channel as it bounds a local one's
+    (runtime/channel.py): a client that stops reading holds 2 writes of 200 kB, not 100 events."""
+    from frontend.cluster import CLUSTER
+    from tests.support.servers import HANDLERS, fn, make_config
+    cfg = make_config(**{"cluster.redisUrl": redis_server.url, "cluster.workerHeartbeatSeconds": 0.2,
+                         "runtime.codeRoots": [str(FUNCTIONS), str(HANDLERS)],
+                         "frontend.args.streamBufferBytes": 500_000})
+    client = await make_client(cfg)
+    r = await client.post("/admin/v1/functions", json=fn("many", "hostile_fns.many_writes", timeout=60,
+                                                           concurrency=1))
+    assert r.status == 201, await r.text()
+
+    async def serving():
+        return "many" in [f for w in (await (await client.get("/cluster/v1/status")).json())["workers"]
+                          for f in w["functions"]]
+    await wait_until(serving, "the node's worker to serve many")
+    queue = client.app[CLUSTER].queue
+    queued = []
+    original = queue.submit
+
+    async def spy(*args, **kwargs):
+        inv = await original(*args, **kwargs)
+        queued.append(inv)
+        return inv
+    queue.submit = spy  # type: ignore[method-assign]
+    event, sse = {"count": 40, "size": 200_000}, {"Accept": "text/event-stream"}
+    url = "/serverless/v1/functions/many/invocations"
+    local = await client.post(url, json=event, headers=sse)      # takes the one local slot
+    remote = await client.post(url, json=event, headers=sse)     # queued for the node's worker
+    assert len(queued) == 1
+    inv = queued[0]
+
+    async def relaying():  # readiness: the worker took it and its first writes reached the channel
+        return inv.channel.queued_bytes > 0
+    await wait_until(relaying, "the queued invocation's first writes")
+    high = 0
+    for _ in range(30):  # the client reads nothing for a while: the pump must wait, not buffer
+        high = max(high, inv.channel.queued_bytes)
+        await asyncio.sleep(0.02)
+    assert 0 < high <= 500_000                                    # 2 writes, never 100 events (20 MB)
+    for resp in (remote, local):
+        events = [e["data"] async for e in iter_sse(resp)]
+        assert [e[:4] for e in events[:-1]] == [f"{i:04d}" for i in range(40)] and events[-1] == "[DONE]"

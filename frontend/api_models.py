@@ -92,7 +92,7 @@ class FunctionInfo(BaseModel):
     """A deployed function: every field of its manifest (FunctionSpec), its URN and its status."""
 
     model_config = ConfigDict(extra="allow",
-                              json_schema_extra={"allOf": [{"$ref": "#/components/schemas/FunctionSpec"}]})
+                              json_schema_extra={"allOf": [{"$ref": "#/components/schemas/FunctionFields"}]})
     name: str
     urn: str
     status: FunctionStatus

@@ -158,8 +158,9 @@ document(
                Param("terminator", "query", "the stream's terminator element"),
                Param("X-Timeout-Ms", "header", "policy block: how long to wait for room"))),
     Op("GET", "/serverless/v1/streams", "streams", "List named streams with their statistics", ok=StreamList,
-       params=(Param("stream", "query", "only this stream"),)),
-    Op("DELETE", "/serverless/v1/streams/{name}", "streams", "Delete a named stream", ok=StreamDeleted),
+       params=(Param("stream", "query", "only this stream"),), errors=(400, 404)),
+    Op("DELETE", "/serverless/v1/streams/{name}", "streams", "Delete a named stream", ok=StreamDeleted,
+       errors=(400, 404)),
     # -- OpenAI-compatible
     Op("POST", "/v1/chat/completions", "openai", "OpenAI chat completions (stream: true for SSE chunks)",
        body=ChatCompletionRequest, ok=SSE | {"json": {"description": "a chat.completion object"}},

@@ -12,6 +12,7 @@ from aiohttp.typedefs import Handler
 
 from runtime.cluster import ClusterNode
 
+from .auth import principal_of
 from .keys import BROKER, DISPATCHER, EXECUTOR, LIFECYCLE, REGISTRY
 
 __all__ = ("CLUSTER", "attach_cluster", "cluster_middleware", "routes")
@@ -37,7 +38,7 @@ async def cluster_status(request: web.Request) -> web.Response:
     node = request.app.get(CLUSTER)
     if node is None:
         return web.json_response({"cluster": False})
-    return web.json_response({"cluster": True, **node.status()})
+    return web.json_response({"cluster": True, **node.status(principal_of(request))})  # own tenant's only
 
 
 def attach_cluster(app: web.Application) -> None:

@@ -22,6 +22,12 @@ __all__ = ("Op", "Param", "SSE", "document", "OPERATIONS", "registered_routes", 
 routes = web.RouteTableDef()
 
 SSE: dict[str, Any] = {"sse": True}
+# The schema of a text/event-stream answer is that of each event (as OpenAPI 3.2's itemSchema; a
+# stream of events is not one string): `data` always, `event` and `id` when the route sends them.
+_SSE_EVENT: dict[str, Any] = {
+    "type": "object", "description": "one Server-Sent Event", "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"},
+                   "retry": {"type": "integer"}}}
 _REF = "#/components/schemas/{model}"
 _PATH_PARAM = re.compile(r"\{([^}:]+)(?::[^}]*)?\}")
 
@@ -93,8 +99,12 @@ class _Schemas:
     def components(self) -> dict[str, Any]:
         from runtime.manifest import FunctionSpec
 
-        self.models.setdefault("FunctionSpec", FunctionSpec)  # FunctionInfo extends it (allOf)
-        return _components(tuple(sorted(self.models.items())))
+        self.models.setdefault("FunctionSpec", FunctionSpec)
+        found = dict(_components(tuple(sorted(self.models.items()))))
+        # FunctionInfo (an answer) extends the manifest's fields (allOf), which a manifest may not
+        # add to (additionalProperties: false); an answer adds `urn` and `status`: an open copy.
+        found["FunctionFields"] = {k: v for k, v in found["FunctionSpec"].items() if k != "additionalProperties"}
+        return found
 
 
 @functools.lru_cache(maxsize=8)
@@ -134,7 +144,7 @@ def _success(op: Op, schemas: _Schemas) -> tuple[str, dict[str, Any]]:
     content: dict[str, Any] = {}
     if isinstance(ok, dict):
         if ok.get("sse"):
-            content["text/event-stream"] = {"schema": {"type": "string", "description": "Server-Sent Events"}}
+            content["text/event-stream"] = {"schema": _SSE_EVENT}
         if "json" in ok:
             content["application/json"] = {"schema": _schema(ok["json"], schemas)}
         if "text" in ok:

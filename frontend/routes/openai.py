@@ -22,7 +22,13 @@ from aiohttp import web
 
 from runtime.deployment import FunctionRef
 from runtime.dispatch import InvokeOptions
-from runtime.errors import BadRequestError, FunctionNotFoundError, FunctionServiceError, ResponseTooLargeError
+from runtime.errors import (
+    BadRequestError,
+    ForbiddenError,
+    FunctionNotFoundError,
+    FunctionServiceError,
+    ResponseTooLargeError,
+)
 from runtime.surface import InvocationSurface
 
 from ..auth import principal_of
@@ -165,13 +171,15 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 def _served_models(request: web.Request) -> dict[str, FunctionRef]:
-    """Model -> the mapped function serving it: deployed here or, in cluster mode, known to the cluster."""
+    """Model -> the mapped function serving it: deployed here or, in cluster mode, known to the cluster.
+    Only the models the token may run: its own tenant's functions (every one when auth is off)."""
     models: dict[str, FunctionRef] = {}
     dispatcher = request.app[DISPATCHER]
+    principal = principal_of(request)
     for name in dict.fromkeys(_function_names(request).values()):
         try:
-            dep = dispatcher.find(None, name)  # the model list is not tenant-scoped (as before)
-        except FunctionNotFoundError:
+            dep = dispatcher.find(principal, name)
+        except (FunctionNotFoundError, ForbiddenError):  # another tenant's models are not listed
             continue
         for model in dep.spec.served_models():  # models, aliases; the function's name when models is empty
             models.setdefault(model, dep)

@@ -274,7 +274,8 @@ async def subscribe(request: web.Request) -> web.StreamResponse:
     return await _subscribe(request, _param(request, "X-Stream-Name", "stream"))
 
 
-@routes.get("/serverless/v1/streams/{name:.+}")
+# `[\s\S]+`, not `.+`: a name with a newline (%0A) is a bad name (400), not an unknown route (404).
+@routes.get(r"/serverless/v1/streams/{name:[\s\S]+}")
 async def subscribe_by_path(request: web.Request) -> web.StreamResponse:
     return await _subscribe(request, request.match_info["name"])
 
@@ -363,7 +364,7 @@ def _stats(tenant: str, stats: StreamStats) -> dict[str, Any]:
     return {**stats.to_dict(), "name": unqualify(tenant, stats.name)}
 
 
-@routes.post("/serverless/v1/streams/{name:.+}")
+@routes.post(r"/serverless/v1/streams/{name:[\s\S]+}")
 async def publish(request: web.Request) -> web.Response:
     name = validate_stream_name(request.match_info["name"])
     tenant = stream_tenant(request)
@@ -391,7 +392,7 @@ async def list_streams(request: web.Request) -> web.Response:
     return web.json_response({"streams": mine})
 
 
-@routes.delete("/serverless/v1/streams/{name:.+}")
+@routes.delete(r"/serverless/v1/streams/{name:[\s\S]+}")
 async def delete_stream(request: web.Request) -> web.Response:
     name = validate_stream_name(request.match_info["name"])
     await request.app[BROKER].delete(qualify(stream_tenant(request), name))

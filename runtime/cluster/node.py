@@ -16,6 +16,7 @@ from runtime.deployment import Deployment, FunctionRef, RemoteFunction, check_re
 from runtime.errors import FunctionNotFoundError
 from runtime.executor import Executor
 from runtime.lifecycle import Lifecycle, wait_for_stop_signal
+from runtime.principal import Principal, may_manage
 from runtime.registry import Registry
 from runtime.streams import BrokerSettings, bind_broker, unbind_broker
 from runtime.surface import Mode
@@ -100,7 +101,7 @@ class ClusterNode:
 
     async def submit(self, function: FunctionRef, event: Any, *, mode: Mode, buffer_events: int,
                      max_write_size: int, max_response_size: int, trace_id: str | None,
-                     timeout: float | None = None) -> RemoteInvocation:
+                     timeout: float | None = None, buffer_bytes: int | None = None) -> RemoteInvocation:
         """Queue it for the workers; 503 when Redis is down or no live worker serves the function."""
         dep = function
         if not self.serving(dep.spec.name):
@@ -110,7 +111,7 @@ class ClusterNode:
                                           "retry later")
         return await self.queue.submit(dep.spec, event, mode=mode, buffer_events=buffer_events,
                                        max_write_size=max_write_size, max_response_size=max_response_size,
-                                       trace_id=trace_id, timeout=timeout)
+                                       trace_id=trace_id, timeout=timeout, buffer_bytes=buffer_bytes)
 
     async def require(self) -> None:
         """503 unless Redis answers (for admin changes, which must reach every node)."""
@@ -138,13 +139,19 @@ class ClusterNode:
     def serving(self, name: str) -> bool:
         return any(name in w.get("functions", ()) for w in self.workers.values())
 
-    def status(self) -> dict[str, Any]:
+    def status(self, principal: Principal | None = None) -> dict[str, Any]:
+        """This node, Redis and the workers, as `principal` may see them: a token that is not `admin`
+        sees only its own tenant's function names (runtime/principal.py may_manage; None: auth off)."""
+        def shown(name: str) -> bool:
+            spec = self.sync.specs.get(name) or self.sync.unavailable.get(name, (None, ""))[0]
+            return may_manage(principal, spec.tenant if spec is not None else "")  # unknown: admin only
+
+        workers = [{"id": k, **v, "functions": [f for f in v.get("functions", ()) if shown(f)]}
+                   for k, v in sorted(self.workers.items())]
         return {"node": self.id, "role": self.role, "redis": describe_url(self.url),
                 "redisReachable": self.redis_reachable, "registrySynced": self.sync.connected,
-                "workers": [{"id": k, **v} for k, v in sorted(self.workers.items())],
-                "functions": sorted(self.sync.specs),
-                "unavailable": {n: reason for n, (_s, reason) in sorted(self.sync.unavailable.items())}}
-
+                "workers": workers, "functions": [n for n in sorted(self.sync.specs) if shown(n)],
+                "unavailable": {n: reason for n, (_s, reason) in sorted(self.sync.unavailable.items()) if shown(n)}}
 
 async def serve_worker(config: Config) -> int:
     """`fnstream worker`: run a worker-only node until SIGINT/SIGTERM, then shut down as `serve` does:

@@ -56,15 +56,20 @@ class WorkQueue:
         self._doomed: list[str] = []   # keys of finished invocations, deleted together (one DEL per loop turn)
 
     async def submit(self, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int, max_write_size: int,
-                     max_response_size: int, trace_id: str | None, timeout: float | None = None) -> RemoteInvocation:
-        """Queue one invocation; `timeout` shortens the function's own (a job's executionTimeout)."""
+                     max_response_size: int, trace_id: str | None, timeout: float | None = None,
+                     buffer_bytes: int | None = None) -> RemoteInvocation:
+        """Queue one invocation; `timeout` shortens the function's own (a job's executionTimeout);
+        `buffer_events` / `buffer_bytes` bound its output channel here as a local one's."""
         seconds = spec.timeout if timeout is None else min(timeout, spec.timeout)
         inv = RemoteInvocation(self, spec, event, mode=mode, buffer_events=buffer_events,
-                               max_response_size=max_response_size, trace_id=trace_id, timeout=seconds)
+                               max_response_size=max_response_size, trace_id=trace_id, timeout=seconds,
+                               buffer_bytes=buffer_bytes)
         entry: tuple[EncodableT, ...] = (
             "id", inv.id, "function", spec.name, "event", json.dumps(event), "mode", inv.mode,
             "trace", inv.trace_id, "deadline", repr(time.time() + seconds), "buffer", buffer_events,
             "maxWrite", max_write_size, "maxResponse", max_response_size)
+        if buffer_bytes is not None:
+            entry += ("bufferBytes", buffer_bytes)  # the worker's own Invocation is bounded alike
         try:
             await self.batch.call("XADD", self.keys.queue(spec.name), "*", *entry)
         except REDIS_DOWN as exc:
@@ -113,7 +118,8 @@ class RemoteInvocation:
     FunctionServiceError), `cancel()`. The worker already encoded the answer (generator items folded in)."""
 
     def __init__(self, queue: WorkQueue, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int,
-                 max_response_size: int, trace_id: str | None, timeout: float | None = None) -> None:
+                 max_response_size: int, trace_id: str | None, timeout: float | None = None,
+                 buffer_bytes: int | None = None) -> None:
         self.queue = queue
         self.id = uuid.uuid4().hex
         self.trace_id = trace_id or new_trace_id()
@@ -125,7 +131,8 @@ class RemoteInvocation:
         self.deadline = self.started + (spec.timeout if timeout is None else timeout)
         self.buffer_events = buffer_events
         self.max_response_size = max_response_size
-        self.channel: OutputChannel[str] = OutputChannel(self.loop, buffer_events)
+        # The local Invocation's bound (runtime/channel.py): events and bytes, one larger write alone.
+        self.channel: OutputChannel[str] = OutputChannel(self.loop, buffer_events, buffer_bytes)
         self.task: asyncio.Task[str | None] | None = None
         self.worker: str | None = None
         self.events = 0

@@ -4,10 +4,11 @@ Element ids are the memory broker's 1, 2, 3... and the Redis entry id of element
 (a Lua script takes the next number and appends atomically, so ids stay in order across
 producers); the SSE `id:` a client resumes from is that same number. Each subscriber reads with
 blocking XREAD from its own position, so fan-out, order and `Last-Event-ID` resume come from
-Redis itself. Memory is bounded by XADD MAXLEN (the larger of `retainNum` and the subscriber
-buffer): a subscriber that falls further behind than that finds a gap and is cut with the id to
-resume after, as under the memory broker's 'cut' policy ('block' is refused: a producer cannot
-see how far behind subscribers on other nodes are).
+Redis itself. Memory is bounded by the publish script's trim (the `retainNum` newest, else at
+most `subscriberBuffer` elements and `subscriberBufferBytes` bytes), and each read returns at most
+that many elements and bytes (one larger element alone): a subscriber that falls further behind
+than the bound finds a gap and is cut with the id to resume after, as under the memory broker's
+'cut' policy ('block' is refused: a producer cannot see how far behind subscribers on other nodes are).
 The meta hash keeps the counters the memory broker reports, updated by the same scripts that
 append (produced, dropped, retained_bytes) and read (delivered).
 Keys are hash-tagged by stream name: `{stream:NAME}:s` (entries) and `{stream:NAME}:meta`; both
@@ -38,34 +39,54 @@ from runtime.streams.errors import (
     SubscriptionEndedError,
 )
 from runtime.streams.names import MAX_QUALIFIED_NAME_LENGTH, validate_stream_name
+from runtime.streams.tenancy import shown
 
 from .settings import REDIS_DOWN, AnyRedis, ClusterUnavailableError
 
 __all__ = ("RedisBroker", "RedisSubscription")
 
-# KEYS: entries, meta; ARGV: maxlen, idle ms (0: keep for ever), then the elements. Returns the
-# first id given.
-# Trims to maxlen itself so it can take the trimmed elements' bytes off retained_bytes; an
-# element published with no subscriber and no retention asked for counts as dropped.
+# KEYS: entries, meta; ARGV: maxlen, idle ms (0: keep for ever), window bytes, then the elements.
+# Returns the first id given.
+# Trims itself so it can take the trimmed elements' bytes off retained_bytes: beyond the
+# `retain_num` newest, it keeps at most `maxlen` elements and `window bytes` bytes (at least the
+# newest one), the bound a slow subscriber may fall behind before it is cut (subscriberBuffer,
+# subscriberBufferBytes). An element published with no subscriber and no retention asked for
+# counts as dropped.
 _PUBLISH = """
-local n = #ARGV - 2
+local n = #ARGV - 3
 local first = redis.call('HINCRBY', KEYS[2], 'seq', n) - (n - 1)
 local bytes = 0
-for i = 3, #ARGV do
-  redis.call('XADD', KEYS[1], '0-' .. (first + i - 3), 'd', ARGV[i])
+for i = 4, #ARGV do
+  redis.call('XADD', KEYS[1], '0-' .. (first + i - 4), 'd', ARGV[i])
   bytes = bytes + #ARGV[i]
 end
-local over = redis.call('XLEN', KEYS[1]) - tonumber(ARGV[1])
-if over > 0 then
-  for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', over)) do
+local len = redis.call('XLEN', KEYS[1])
+local kept = tonumber(redis.call('HGET', KEYS[2], 'retained_bytes') or '0') + bytes
+local retain = tonumber(redis.call('HGET', KEYS[2], 'retain_num') or '0')
+local maxlen, window = tonumber(ARGV[1]), tonumber(ARGV[3])
+local function over()
+  return len > maxlen or (len > retain and len > 1 and kept > window)
+end
+local dropped, cursor = 0, '-'
+while over() do
+  local oldest = redis.call('XRANGE', KEYS[1], cursor, '+', 'COUNT', 64)
+  if #oldest == 0 then break end
+  for _, entry in ipairs(oldest) do
+    if not over() then break end
+    kept = kept - #entry[2][2]
     bytes = bytes - #entry[2][2]
+    len = len - 1
+    dropped = dropped + 1
+    cursor = '(' .. entry[1]
   end
-  redis.call('XTRIM', KEYS[1], 'MAXLEN', ARGV[1])
+end
+if dropped > 0 then
+  redis.call('XTRIM', KEYS[1], 'MAXLEN', len)
 end
 redis.call('HINCRBY', KEYS[2], 'retained_bytes', bytes)
 redis.call('HINCRBY', KEYS[2], 'produced', n)
 local consumers = tonumber(redis.call('HGET', KEYS[2], 'consumers') or '0')
-if consumers <= 0 and tonumber(redis.call('HGET', KEYS[2], 'retain_num') or '0') == 0 then
+if consumers <= 0 and retain == 0 then
   redis.call('HINCRBY', KEYS[2], 'dropped', n)
 end
 if tonumber(ARGV[2]) > 0 then
@@ -96,6 +117,16 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode("utf-8", "replace") if value else None
 
 
+def _within(max_bytes: int, batch: list[Element]) -> list[Element]:
+    """The first elements of `batch` that fit in `max_bytes` (at least one); the rest are read again next time."""
+    total = 0
+    for i, element in enumerate(batch):
+        total += len(element.data)
+        if total > max_bytes and i > 0:
+            return batch[:i]
+    return batch
+
+
 class RedisSubscription(AbstractSubscription):
     """A position in one Redis stream; reads never hold more than `capacity` elements."""
 
@@ -106,6 +137,7 @@ class RedisSubscription(AbstractSubscription):
         self.last_id = start_id
         self.acked_id = start_id
         self.capacity = capacity
+        self.max_bytes = broker.settings.subscriber_buffer_bytes  # one larger element still passes alone
         self.lost = lost
         self._terminator = terminator
         self._closed = False
@@ -120,12 +152,12 @@ class RedisSubscription(AbstractSubscription):
         except FunctionServiceError:
             raise  # cut, deleted, closed (some are ConnectionErrors, hence OSErrors: not "Redis down")
         except REDIS_DOWN as exc:  # any Redis call of the read (xread, counters, meta)
-            raise ClusterUnavailableError(f"stream {self.name!r}: Redis unreachable ({exc}); "
+            raise ClusterUnavailableError(f"stream {shown(self.name)!r}: Redis unreachable ({exc}); "
                                           f"resume after id {self.last_id}") from None
 
     async def _next_batch(self, max_items: int | None, timeout: float | None) -> list[Element]:
         if self._closed:
-            raise SubscriptionEndedError(f"subscription to {self.name!r} is closed", last_id=self.last_id)
+            raise SubscriptionEndedError(f"subscription to {shown(self.name)!r} is closed", last_id=self.last_id)
         count = min(self.capacity, max_items) if max_items and max_items > 0 else self.capacity
         deadline = None if timeout is None else time.monotonic() + timeout
         keys = self._broker.keys(self.name)
@@ -136,16 +168,16 @@ class RedisSubscription(AbstractSubscription):
                 reply: Any = await self._broker.redis.xread({keys[0]: f"0-{self.last_id}"}, count=count,
                                                        block=max(1, int(wait * 1000)))
             except REDIS_DOWN as exc:
-                raise ClusterUnavailableError(f"stream {self.name!r}: Redis unreachable ({exc}); "
+                raise ClusterUnavailableError(f"stream {shown(self.name)!r}: Redis unreachable ({exc}); "
                                               f"resume after id {self.last_id}") from None
             if reply:
                 entries = reply[0][1]
                 if _seq(entries[0][0]) > self.last_id + 1:
                     raise SubscriptionCutError(
-                        f"stream {self.name!r}: this subscriber fell more than the stream's bound behind and "
+                        f"stream {shown(self.name)!r}: this subscriber fell more than the stream's bound behind and "
                         f"was cut; resume after id {self.last_id} (Last-Event-ID: {self.last_id})",
                         last_id=self.last_id)
-                batch = [Element(fields[b"d"], _seq(eid)) for eid, fields in entries]
+                batch = _within(self.max_bytes, [Element(fields[b"d"], _seq(eid)) for eid, fields in entries])
                 # Count them as delivered; a producer may also have agreed a terminator after we subscribed.
                 terminator = await self._broker.count(self.name, "delivered", len(batch))
                 self._terminator = self._terminator or terminator
@@ -153,7 +185,7 @@ class RedisSubscription(AbstractSubscription):
                 return batch
             meta: Any = await self._broker.redis.hmget(keys[1], "seq", "terminator")
             if meta[0] is None:
-                raise StreamDeletedError(f"stream {self.name!r} was deleted", last_id=self.last_id)
+                raise StreamDeletedError(f"stream {shown(self.name)!r} was deleted", last_id=self.last_id)
             await self._broker.touch(self.name)
             self._terminator = _text(meta[1])
             if deadline is not None and time.monotonic() >= deadline:
@@ -234,7 +266,7 @@ class RedisBroker(AbstractBroker):
             return []
         keys = await self._ensure(name)
         maxlen = await self._maxlen(keys[1])
-        args: list[bytes | int] = [maxlen, self._idle_ms, *elements]
+        args: list[bytes | int] = [maxlen, self._idle_ms, self.settings.subscriber_buffer_bytes, *elements]
         first = int(await self._call(self._publish(keys=list(keys), args=args)))
         return list(range(first, first + len(elements)))
 
@@ -247,7 +279,8 @@ class RedisBroker(AbstractBroker):
             start = last
         else:
             if from_id < 0 or from_id > last:
-                raise InvalidStreamIdError(f"stream {name!r}: id {from_id} is out of range; ids so far are 1..{last}")
+                raise InvalidStreamIdError(f"stream {shown(name)!r}: id {from_id} is out of range; "
+                                           f"ids so far are 1..{last}")
             first = await self._call(self.redis.xrange(keys[0], count=1))
             first_kept = _seq(first[0][0]) if first else last + 1
             if from_id + 1 < first_kept:
@@ -259,8 +292,8 @@ class RedisBroker(AbstractBroker):
 
     async def configure(self, name: str, options: StreamOptions) -> None:
         if options.policy == "block":
-            raise BadRequestError(f"stream {name!r}: slow-subscriber policy 'block' is not offered in cluster mode "
-                                  "(a producer cannot see subscribers on other nodes); use 'cut'")
+            raise BadRequestError(f"stream {shown(name)!r}: slow-subscriber policy 'block' is not offered in "
+                                  "cluster mode (a producer cannot see subscribers on other nodes); use 'cut'")
         keys = await self._ensure(name)
         current = int(await self._call(self.redis.hget(keys[1], "retain_num")) or 0)
         fields: dict[FieldT, EncodableT] = {"retain_num": max(current, options.retain_num)}
@@ -282,7 +315,7 @@ class RedisBroker(AbstractBroker):
         raw = await self._call(self.redis.hgetall(keys[1]))
         meta = {k.decode(): v.decode("utf-8", "replace") for k, v in raw.items()}
         if not meta:
-            raise StreamNotFoundError(f"stream {name!r} does not exist")
+            raise StreamNotFoundError(f"stream {shown(name)!r} does not exist")
         length = await self._call(self.redis.xlen(keys[0]))
         first = await self._call(self.redis.xrange(keys[0], count=1))
         return StreamStats(
@@ -307,7 +340,7 @@ class RedisBroker(AbstractBroker):
         removed = await self._call(self.redis.delete(*keys))
         await self._call(self.redis.srem(self.index, name))
         if not removed:
-            raise StreamNotFoundError(f"stream {name!r} does not exist")
+            raise StreamNotFoundError(f"stream {shown(name)!r} does not exist")
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -323,7 +323,8 @@ class QueueWorker:
                              loop=asyncio.get_running_loop(), buffer_events=int(fields.get("buffer", 100)),
                              max_write_size=int(fields.get("maxWrite", 4 * 1024 * 1024)),
                              max_response_size=int(fields.get("maxResponse", 6 * 1024 * 1024)),
-                             trace_id=fields.get("trace"))
+                             trace_id=fields.get("trace"),
+                             buffer_bytes=int(fields["bufferBytes"]) if "bufferBytes" in fields else None)
             inv.id = inv_id
             inv.deadline = min(inv.deadline, time.monotonic() + float(fields.get("deadline", "inf")) - time.time())
             if not await self._start_when_free(inv, inv_id):

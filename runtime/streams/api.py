@@ -134,8 +134,9 @@ class Producer:
     """Sends elements into one named stream; buffers up to `delay_flush_time` ms / `page_size` bytes."""
 
     def __init__(self, broker: AbstractBroker, loop: asyncio.AbstractEventLoop, name: str,
-                 config: ProducerConfig) -> None:
-        self.name = name
+                 config: ProducerConfig, *, key: str | None = None) -> None:
+        self.name = name              # the caller's name for the stream
+        self._key = key or name       # the broker's (tenant-qualified) name
         self.config = config
         self._broker = broker
         self._loop = loop
@@ -183,7 +184,7 @@ class Producer:
             batch, self._pending, self._pending_bytes = self._pending, [], 0
             if batch:
                 timeout = None if timeout_ms is None else timeout_ms / 1000
-                await self._broker.publish(self.name, batch, timeout=timeout)
+                await self._broker.publish(self._key, batch, timeout=timeout)
 
     async def aflush(self) -> None:
         self._check()
@@ -197,7 +198,7 @@ class Producer:
             await self._flush(None)
         finally:
             self._closed = True
-            await self._broker.detach_producer(self.name)
+            await self._broker.detach_producer(self._key)
         self._check_error_after_close()
 
     def _check_error_after_close(self) -> None:
@@ -231,10 +232,10 @@ class Consumer:
     """Receives the elements of one named stream, in order."""
 
     def __init__(self, subscription: AbstractSubscription, loop: asyncio.AbstractEventLoop,
-                 config: SubscriptionConfig) -> None:
+                 config: SubscriptionConfig, *, name: str | None = None) -> None:
         self._sub = subscription
         self._loop = loop
-        self.name = subscription.name
+        self.name = subscription.name if name is None else name  # the caller's name, never the broker's
         self.config = config
         self.lost: tuple[int, int] | None = subscription.lost
 
@@ -301,26 +302,26 @@ def _scoped(broker: AbstractBroker, stream_name: str) -> str:
 
 async def acreate_stream_producer(stream_name: str, config: ProducerConfig | None = None) -> Producer:
     broker, _loop = current_broker()
-    return await _create_producer(_scoped(broker, stream_name), config)
+    return await _create_producer(stream_name, _scoped(broker, stream_name), config)
 
 
-async def _create_producer(name: str, config: ProducerConfig | None) -> Producer:
+async def _create_producer(name: str, key: str, config: ProducerConfig | None) -> Producer:
     broker, loop = current_broker()
     config = config or ProducerConfig()
-    await broker.attach_producer(name, config.options())
-    return Producer(broker, loop, name, config)
+    await broker.attach_producer(key, config.options())
+    return Producer(broker, loop, name, config, key=key)
 
 
 async def acreate_stream_consumer(stream_name: str, config: SubscriptionConfig | None = None) -> Consumer:
     broker, _loop = current_broker()
-    return await _create_consumer(_scoped(broker, stream_name), config)
+    return await _create_consumer(stream_name, _scoped(broker, stream_name), config)
 
 
-async def _create_consumer(name: str, config: SubscriptionConfig | None) -> Consumer:
+async def _create_consumer(name: str, key: str, config: SubscriptionConfig | None) -> Consumer:
     broker, loop = current_broker()
     config = config or SubscriptionConfig()
-    sub = await broker.subscribe(name, from_id=config.from_id, buffer=config.buffer)
-    return Consumer(sub, loop, config)
+    sub = await broker.subscribe(key, from_id=config.from_id, buffer=config.buffer)
+    return Consumer(sub, loop, config, name=name)
 
 
 async def adelete_stream(stream_name: str) -> None:
@@ -348,14 +349,14 @@ async def _count(name: str, what: str) -> int:
 # The blocking forms qualify the name here, in the handler's thread, where its tenant is known.
 def create_stream_producer(stream_name: str, config: ProducerConfig | None = None) -> Producer:
     broker, loop = current_broker()
-    name = _scoped(broker, stream_name)
-    return _run_sync(loop, lambda: _create_producer(name, config), "acreate_stream_producer")
+    key = _scoped(broker, stream_name)
+    return _run_sync(loop, lambda: _create_producer(stream_name, key, config), "acreate_stream_producer")
 
 
 def create_stream_consumer(stream_name: str, config: SubscriptionConfig | None = None) -> Consumer:
     broker, loop = current_broker()
-    name = _scoped(broker, stream_name)
-    return _run_sync(loop, lambda: _create_consumer(name, config), "acreate_stream_consumer")
+    key = _scoped(broker, stream_name)
+    return _run_sync(loop, lambda: _create_consumer(stream_name, key, config), "acreate_stream_consumer")
 
 
 def delete_stream(stream_name: str) -> None:

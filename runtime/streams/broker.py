@@ -95,7 +95,7 @@ class BrokerSettings:
     """Broker-wide limits and defaults (from the `streams:` config section)."""
 
     subscriber_buffer: int = 1000
-    subscriber_buffer_bytes: int = 4 * 1024 * 1024  # memory broker: bytes buffered per subscription
+    subscriber_buffer_bytes: int = 4 * 1024 * 1024  # bytes a subscription may hold or fall behind (both brokers)
     policy: Policy = "cut"
     block_timeout: float = 5.0
     defaults: StreamOptions = StreamOptions()

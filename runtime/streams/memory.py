@@ -21,6 +21,7 @@ from .errors import (
     SubscriptionEndedError,
 )
 from .names import MAX_QUALIFIED_NAME_LENGTH, validate_stream_name
+from .tenancy import shown
 
 __all__ = ("MemoryBroker", "MemorySubscription")
 
@@ -97,7 +98,7 @@ class MemorySubscription(AbstractSubscription):
                 if isinstance(err, SubscriptionCutError):
                     # The message names the resume point, known only once the buffer is drained.
                     err = SubscriptionCutError(
-                        f"stream {self.name!r}: this subscriber fell {self.capacity} elements "
+                        f"stream {shown(self.name)!r}: this subscriber fell {self.capacity} elements "
                         f"(or {self.max_bytes} bytes) behind and was cut; resume after id {self.last_id} "
                         f"(Last-Event-ID: {self.last_id})",
                         last_id=self.last_id)
@@ -130,7 +131,7 @@ class MemorySubscription(AbstractSubscription):
         self.acked_id = max(self.acked_id, ele_id)
 
     async def close(self) -> None:
-        self._finish(SubscriptionEndedError(f"subscription to {self.name!r} is closed", last_id=self.last_id))
+        self._finish(SubscriptionEndedError(f"subscription to {shown(self.name)!r} is closed", last_id=self.last_id))
         self._replay.clear()
         self._buffer.clear()
         self.buffered_bytes = 0
@@ -235,7 +236,7 @@ class _Stream:
             if not await slow._wait_for_space(max(0.0, deadline - time.monotonic())):
                 done = f"; ids {published[0]}..{published[-1]} were published" if published else ""
                 raise StreamBlockedError(
-                    f"stream {self.name!r}: a subscriber has not read its {slow.capacity} buffered elements; "
+                    f"stream {shown(self.name)!r}: a subscriber has not read its {slow.capacity} buffered elements; "
                     f"the producer waited {timeout:g} s and gave up "
                     f"(policy 'block'){done}", published=published)
 
@@ -258,7 +259,7 @@ class _Stream:
     # -- subscribe -----------------------------------------------------------------------------
     def subscribe(self, from_id: int | None, capacity: int) -> MemorySubscription:
         if len(self.subscriptions) >= self.settings.max_subscribers:
-            raise StreamLimitError(f"stream {self.name!r} already has {len(self.subscriptions)} subscribers "
+            raise StreamLimitError(f"stream {shown(self.name)!r} already has {len(self.subscriptions)} subscribers "
                                    f"(streams.maxSubscribersPerStream)")
         now = time.monotonic()
         self._evict(now)
@@ -268,7 +269,7 @@ class _Stream:
             start = replay[0].id - 1 if replay else self.last_id
         else:
             if from_id < 0 or from_id > self.last_id:
-                raise InvalidStreamIdError(f"stream {self.name!r}: id {from_id} is out of range; "
+                raise InvalidStreamIdError(f"stream {shown(self.name)!r}: id {from_id} is out of range; "
                                            f"ids so far are 1..{self.last_id}")
             first_kept = self._retained[0][0].id if self._retained else self.last_id + 1
             if from_id + 1 < first_kept:
@@ -304,7 +305,7 @@ class MemoryBroker(AbstractBroker):
     def _get(self, name: str) -> _Stream:
         stream = self._streams.get(validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH))
         if stream is None:
-            raise StreamNotFoundError(f"stream {name!r} does not exist")
+            raise StreamNotFoundError(f"stream {shown(name)!r} does not exist")
         return stream
 
     def _get_or_create(self, name: str) -> _Stream:
@@ -313,7 +314,7 @@ class MemoryBroker(AbstractBroker):
             if len(self._streams) >= self.settings.max_streams:
                 self._reclaim_idle()
             if len(self._streams) >= self.settings.max_streams:
-                raise StreamLimitError(f"cannot create stream {name!r}: {len(self._streams)} streams exist "
+                raise StreamLimitError(f"cannot create stream {shown(name)!r}: {len(self._streams)} streams exist "
                                        f"(streams.maxStreams); delete some first")
             stream = self._streams[name] = _Stream(name, self.settings)
         return stream
@@ -364,7 +365,7 @@ class MemoryBroker(AbstractBroker):
         stream = self._get(name)
         del self._streams[name]
         for sub in list(stream.subscriptions):
-            sub._finish(StreamDeletedError(f"stream {name!r} was deleted", last_id=sub.last_id))
+            sub._finish(StreamDeletedError(f"stream {shown(name)!r} was deleted", last_id=sub.last_id))
         stream.subscriptions.clear()
 
     async def close(self) -> None:

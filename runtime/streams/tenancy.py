@@ -15,7 +15,7 @@ import contextvars
 
 from .names import validate_stream_name
 
-__all__ = ("DEFAULT_TENANT", "current_tenant", "qualify", "unqualify", "tenant_of", "scoped_tenant")
+__all__ = ("DEFAULT_TENANT", "current_tenant", "qualify", "unqualify", "tenant_of", "scoped_tenant", "shown")
 
 DEFAULT_TENANT = "default"
 SEPARATOR = "/"
@@ -44,3 +44,10 @@ def unqualify(tenant: str, qualified: str) -> str | None:
     if not sep or owner != tenant:
         return None
     return name
+
+
+def shown(qualified: str) -> str:
+    """The name its caller knows a broker name by (`<tenant>/<name>` → `<name>`): what messages,
+    `Producer.name` and `Consumer.name` say, so no caller ever sees the tenant-qualified form."""
+    _owner, sep, name = qualified.partition(SEPARATOR)
+    return name if sep else qualified

@@ -317,6 +317,9 @@ async def test_names_with_reserved_characters_via_the_path(make_client):
     ("POST", f"{STREAMS}/s?retain_num=many", {"json": ["ok"]}, 400),
     ("POST", f"{STREAMS}/s?policy=drop", {"json": ["ok"]}, 400),
     ("POST", f"{STREAMS}/bad%20name", {"json": ["ok"]}, 400),
+    ("POST", f"{STREAMS}/new%0Aline", {"json": ["ok"]}, 400),                  # a bad name, not an unknown route
+    ("GET", f"{STREAMS}/new%0Aline", {}, 400),
+    ("DELETE", f"{STREAMS}/new%0Aline", {}, 400),
     ("DELETE", f"{STREAMS}/unknown", {}, 404),
     ("GET", f"{STREAMS}?stream=unknown", {}, 404),
 ])

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from frontend.client import iter_sse
-from tests.support.servers import make_config
+from tests.support.servers import fn, make_config, test_config
 
 TOKENS = [{"token": "dev-default", "tenant": "default", "role": "developer"},
           {"token": "user-default", "tenant": "default", "role": "user"},
@@ -146,3 +146,37 @@ async def test_handler_streams_are_the_functions_tenant(tclient, executor):
     assert resp.status == 200
     assert [e["data"] async for e in iter_sse(sub)][-1] == "[DONE]"
     await tclient.delete(f"{FUNCS}/acme-producer", headers=bearer("dev-acme"))
+
+
+def _unqualified(text: str) -> bool:
+    """No tenant-qualified broker name (`acme/orders`) in what a user is shown."""
+    return "acme/" not in text and "orders" in text
+
+
+async def test_rest_answers_and_events_show_only_the_callers_stream_name(tclient):
+    acme = bearer("dev-acme")
+    assert (await tclient.post(f"{STREAMS}/orders?retain_num=5", json=["a"], headers=acme)).status == 200
+    for method, path in (("GET", f"{STREAMS}/orders?from_id=99"), ("GET", f"{STREAMS}?stream=orders-x"),
+                         ("DELETE", f"{STREAMS}/orders-x")):
+        resp = await tclient.request(method, path, headers=acme)
+        assert resp.status in (400, 404), (path, await resp.text())
+        assert _unqualified(await resp.text()), await resp.text()
+    live = await tclient.get(f"{STREAMS}/orders", headers=acme)  # subscribed: live only
+    assert (await tclient.delete(f"{STREAMS}/orders", headers=acme)).status == 200
+    events = [e async for e in iter_sse(live)]
+    assert events[-1]["event"] == "error" and _unqualified(events[-1]["data"]), events
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+async def test_the_handler_api_shows_only_the_functions_own_stream_name(make_client, executor):
+    client = await make_client(test_config(**{"auth.tokens": TOKENS}))
+    spec = fn("namer", "stream_names.shown_names", executor=executor)
+    resp = await client.post(FUNCS, data=yaml.safe_dump(spec), headers=bearer("dev-acme"))
+    assert resp.status == 201, await resp.text()
+    resp = await client.post("/serverless/v1/functions/namer/invocations", json={"stream": "orders"},
+                             headers=bearer("user-acme"))
+    seen = await resp.json()
+    assert resp.status == 200, seen
+    assert seen["producer"] == seen["consumer"] == "orders"
+    assert set(seen) == {"producer", "consumer", "bad_id", "deleted", "closed"}, seen
+    assert all(_unqualified(seen[k]) for k in ("bad_id", "deleted", "closed")), seen

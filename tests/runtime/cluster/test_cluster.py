@@ -355,3 +355,48 @@ async def test_entry_cancelled_before_a_worker_took_it_is_acked_and_frees_its_sl
         assert r.xpending("fnstream:{queue:relay}", "workers")["pending"] == 0
         async with s.post(a.url + "/serverless/v1/functions/relay/invocations", json={"count": 1}) as resp:
             assert resp.status == 200 and (await resp.json())["count"] == 1   # the only slot is free again
+
+
+async def test_a_queued_invocations_channel_is_bounded_in_stream_buffer_bytes(redis_server, make_client):
+    """frontend.args.streamBufferBytes bounds a RemoteInvocation's channel as it bounds a local one's
+    (runtime/channel.py): the relay holds at most 2 writes of 200 kB, not the 100 an XREAD brings (20 MB)."""
+    from frontend.cluster import CLUSTER
+    from tests.support.servers import HANDLERS, fn, make_config
+    cfg = make_config(**{"cluster.redisUrl": redis_server.url, "cluster.workerHeartbeatSeconds": 0.2,
+                         "runtime.codeRoots": [str(FUNCTIONS), str(HANDLERS)],
+                         "frontend.args.streamBufferBytes": 500_000})
+    client = await make_client(cfg)
+    r = await client.post("/admin/v1/functions", json=fn("many", "hostile_fns.many_writes", timeout=60,
+                                                           concurrency=1))
+    assert r.status == 201, await r.text()
+
+    async def serving():
+        return "many" in [f for w in (await (await client.get("/cluster/v1/status")).json())["workers"]
+                          for f in w["functions"]]
+    await wait_until(serving, "the node's worker to serve many")
+    queue = client.app[CLUSTER].queue
+    queued, high = [], [0]
+    original = queue.submit
+
+    async def spy(*args, **kwargs):
+        inv = await original(*args, **kwargs)   # its pump has not run yet: watch every put
+        queued.append(inv)
+        put = inv.channel.put
+
+        async def watched(item):
+            await put(item)
+            high[0] = max(high[0], len(inv.channel))
+        inv.channel.put = watched  # type: ignore[method-assign]
+        return inv
+    queue.submit = spy  # type: ignore[method-assign]
+    event, sse = {"count": 100, "size": 200_000}, {"Accept": "text/event-stream"}
+    url = "/serverless/v1/functions/many/invocations"
+    local = await client.post(url, json=event, headers=sse)      # takes the one local slot
+    remote = await client.post(url, json=event, headers=sse)     # queued for the node's worker
+    assert len(queued) == 1
+    events = [e["data"] async for e in iter_sse(local)]          # frees the slot: the worker starts it
+    assert [e[:4] for e in events[:-1]] == [f"{i:04d}" for i in range(100)] and events[-1] == "[DONE]"
+    events = [e["data"] async for e in iter_sse(remote)]
+    assert [e[:4] for e in events[:-1]] == [f"{i:04d}" for i in range(100)] and events[-1] == "[DONE]"
+    # Each XREAD brings up to 100 entries at once: without a byte bound the channel takes them all.
+    assert 1 <= high[0] <= 2                                     # 2 writes of 200 kB in 500 kB, not 100

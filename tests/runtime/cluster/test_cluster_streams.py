@@ -114,6 +114,32 @@ async def test_slow_subscriber_is_bounded_and_cut_with_resume_id(broker, redis_s
     assert [e.id for e in await late.next_batch(timeout=1)] == [46, 47, 48, 49, 50]
 
 
+async def test_reads_and_the_kept_window_are_bounded_in_subscriber_bytes(redis_server):
+    """streams.subscriberBufferBytes in Redis: a read returns at most that many bytes (a larger element
+    alone), and beyond retain_num the stream keeps at most that many bytes for slow subscribers."""
+    b = RedisBroker(connect(redis_server.url, decode=False), "fnstream",
+                    BrokerSettings(subscriber_buffer=1000, subscriber_buffer_bytes=50))
+    try:
+        await b.configure("kept", StreamOptions(retain_num=100))
+        sizes = [10, 10, 10, 10, 80, 10, 10]
+        await b.publish("kept", [b"x" * n for n in sizes])
+        sub = await b.subscribe("kept", from_id=0)
+        batches = []
+        while sum(map(len, batches)) < len(sizes):
+            batch = await sub.next_batch(timeout=1)
+            assert batch and (sum(len(e.data) for e in batch) <= 50 or len(batch) == 1), batch
+            batches.append(batch)
+        assert [len(e.data) for batch in batches for e in batch] == sizes and len(batches) == 3
+        await b.publish("window", [b"y" * 10] * 20)        # no retention: only the window is kept
+        kept = redis_server.client().xrange("fnstream:{stream:window}:s")
+        assert [int(i.split("-")[1]) for i, _ in kept] == [16, 17, 18, 19, 20]
+        assert (await b.stats("window")).retained_bytes == 50
+        await b.publish("window", [b"z" * 70])             # larger than the window: kept alone
+        assert redis_server.client().xlen("fnstream:{stream:window}:s") == 1
+    finally:
+        await b.close()
+
+
 async def test_stats_count_delivered_dropped_and_retained_bytes(broker, redis_server):
     await broker.publish("counted", [b"ab", b"cde"])          # no subscriber, no retention asked: dropped
     st = await broker.stats("counted")

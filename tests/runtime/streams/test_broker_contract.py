@@ -206,6 +206,35 @@ async def test_a_slow_subscriber_is_bounded_then_cut_with_its_resume_id(make_bro
     assert [e.id for e in replayed] == list(range(next_id, 101))
 
 
+def sized(n: int, start: int = 1) -> list[bytes]:
+    """`n` elements of exactly 10 bytes each."""
+    return [f"el{i:08d}".encode() for i in range(start, start + n)]
+
+
+async def test_a_slow_subscriber_is_bounded_in_bytes_then_cut_with_its_resume_id(make_broker: MakeBroker) -> None:
+    """streams.subscriberBufferBytes: 50 bytes are 5 elements of 10, whatever subscriberBuffer allows."""
+    broker = await make_broker(subscriber_buffer=1000, subscriber_buffer_bytes=50, policy="cut")
+    slow = await broker.subscribe("s")
+    fast = await broker.subscribe("s")
+    for chunk in range(20):  # the fast reader keeps up, the slow one never reads
+        await broker.publish("s", sized(5, start=chunk * 5 + 1))
+        assert [e.id for e in await drain(fast, 5)] == list(range(chunk * 5 + 1, chunk * 5 + 6))
+    received: list[Element] = []
+    with pytest.raises(SubscriptionCutError) as cut:
+        while True:
+            batch = await slow.next_batch(timeout=2)
+            assert batch, "a subscriber that fell behind its bound must be cut, not left waiting"
+            received.extend(batch)
+    assert sum(len(e.data) for e in received) <= 50                 # it never held more than its bound
+    assert [e.id for e in received] == list(range(1, len(received) + 1))  # a prefix, no gap
+    resume = received[-1].id if received else 0
+    assert cut.value.last_id == resume
+    again = await broker.subscribe("s", from_id=resume)             # resuming: the loss is reported
+    replayed = await rest(again)
+    assert again.lost is not None and again.lost[0] == resume + 1
+    assert [e.id for e in replayed] == list(range(again.lost[1] + 1, 101))
+
+
 async def test_delete_ends_subscriptions_and_an_unknown_stream_is_404(make_broker: MakeBroker) -> None:
     broker = await make_broker()
     sub = await broker.subscribe("gone")

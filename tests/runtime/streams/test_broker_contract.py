@@ -178,46 +178,33 @@ async def test_a_resume_id_out_of_range_is_refused(make_broker: MakeBroker, bad:
     assert info.value.status == 400
 
 
-async def test_a_slow_subscriber_is_bounded_then_cut_with_its_resume_id(make_broker: MakeBroker) -> None:
-    broker = await make_broker(subscriber_buffer=5, policy="cut")
-    slow = await broker.subscribe("s")
-    fast = await broker.subscribe("s")
-    for chunk in range(20):  # the fast reader keeps up, the slow one never reads
-        await broker.publish("s", elements(5, start=chunk * 5 + 1))
-        assert [e.id for e in await drain(fast, 5)] == list(range(chunk * 5 + 1, chunk * 5 + 6))
-    received: list[int] = []
-    with pytest.raises(SubscriptionCutError) as cut:
-        while True:
-            batch = await slow.next_batch(timeout=2)
-            assert batch, "a subscriber that fell behind its bound must be cut, not left waiting"
-            received.extend(e.id for e in batch)
-    assert len(received) <= 5                                   # it never held more than its bound
-    assert received == list(range(1, len(received) + 1))        # what it got is a prefix, no gap
-    resume = received[-1] if received else 0
-    assert cut.value.last_id == resume
-    assert cut.value.to_dict()["resume_from_id"] == resume
-    assert f"resume after id {resume}" in cut.value.message
-    # Resuming from the id the cut named: the loss is reported, the rest arrives without a gap.
-    again = await broker.subscribe("s", from_id=resume)
-    replayed = await rest(again)
-    next_id = again.lost[1] + 1 if again.lost else resume + 1
-    if again.lost:
-        assert again.lost[0] == resume + 1
-    assert [e.id for e in replayed] == list(range(next_id, 101))
-
-
 def sized(n: int, start: int = 1) -> list[bytes]:
     """`n` elements of exactly 10 bytes each."""
     return [f"el{i:08d}".encode() for i in range(start, start + n)]
 
 
-async def test_a_slow_subscriber_is_bounded_in_bytes_then_cut_with_its_resume_id(make_broker: MakeBroker) -> None:
-    """streams.subscriberBufferBytes: 50 bytes are 5 elements of 10, whatever subscriberBuffer allows."""
-    broker = await make_broker(subscriber_buffer=1000, subscriber_buffer_bytes=50, policy="cut")
+def _at_most_5_events(received: list[Element]) -> bool:
+    return len(received) <= 5
+
+
+def _at_most_50_bytes(received: list[Element]) -> bool:
+    return sum(len(e.data) for e in received) <= 50
+
+
+@pytest.mark.parametrize(("bound", "make", "held"), [
+    # streams.subscriberBuffer: 5 events
+    ({"subscriber_buffer": 5}, elements, _at_most_5_events),
+    # streams.subscriberBufferBytes: 50 bytes are 5 elements of 10, whatever subscriberBuffer allows
+    ({"subscriber_buffer": 1000, "subscriber_buffer_bytes": 50}, sized, _at_most_50_bytes),
+], ids=["events", "bytes"])
+async def test_a_slow_subscriber_is_bounded_then_cut_with_its_resume_id(
+        make_broker: MakeBroker, bound: dict[str, int], make: Callable[..., list[bytes]],
+        held: Callable[[list[Element]], bool]) -> None:
+    broker = await make_broker(**bound, policy="cut")
     slow = await broker.subscribe("s")
     fast = await broker.subscribe("s")
     for chunk in range(20):  # the fast reader keeps up, the slow one never reads
-        await broker.publish("s", sized(5, start=chunk * 5 + 1))
+        await broker.publish("s", make(5, start=chunk * 5 + 1))
         assert [e.id for e in await drain(fast, 5)] == list(range(chunk * 5 + 1, chunk * 5 + 6))
     received: list[Element] = []
     with pytest.raises(SubscriptionCutError) as cut:
@@ -225,11 +212,14 @@ async def test_a_slow_subscriber_is_bounded_in_bytes_then_cut_with_its_resume_id
             batch = await slow.next_batch(timeout=2)
             assert batch, "a subscriber that fell behind its bound must be cut, not left waiting"
             received.extend(batch)
-    assert sum(len(e.data) for e in received) <= 50                 # it never held more than its bound
-    assert [e.id for e in received] == list(range(1, len(received) + 1))  # a prefix, no gap
+    assert held(received)                                                 # it never held more than its bound
+    assert [e.id for e in received] == list(range(1, len(received) + 1))  # what it got is a prefix, no gap
     resume = received[-1].id if received else 0
     assert cut.value.last_id == resume
-    again = await broker.subscribe("s", from_id=resume)             # resuming: the loss is reported
+    assert cut.value.to_dict()["resume_from_id"] == resume
+    assert f"resume after id {resume}" in cut.value.message
+    # Resuming from the id the cut named: the loss is reported, the rest arrives without a gap.
+    again = await broker.subscribe("s", from_id=resume)
     replayed = await rest(again)
     assert again.lost is not None and again.lost[0] == resume + 1
     assert [e.id for e in replayed] == list(range(again.lost[1] + 1, 101))

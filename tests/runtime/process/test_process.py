@@ -207,8 +207,14 @@ async def test_timeout_kills_and_replaces_the_worker(pclient):
     resp = await invoke(pclient, "p-sleep", {"seconds": 30})
     body = await resp.json()
     assert resp.status == 504 and body["code"] == 4010 and "timed out" in body["message"]
+
+    async def replaced():  # the replacement's start-up must not count against the next call's 1 s
+        workers = (await pool_status(pclient, "p-sleep"))["workers"]
+        ready = workers and all(w["state"] == "idle" and w["pid"] != old_pid for w in workers)
+        return [w["pid"] for w in workers] if ready else None
+    (new_pid,) = await wait_until(replaced, "a replacement worker")
     after = await call_ok(pclient, "p-sleep", {"seconds": 0})
-    assert after["pid"] != old_pid
+    assert after["pid"] == new_pid != old_pid
     assert (await pool_status(pclient, "p-sleep"))["restarts"] == 1
 
 

@@ -7,10 +7,14 @@ it through; any other node reads it from here (`fetch`), so `/status`, `/stream`
 answer on every frontend. Cancels travel on the `{prefix}:jobs:cancel` channel to the node
 running the job. Writes go out in call order on one background task.
 
-A node that dies leaves its unfinished jobs behind: each node keeps the ids of the jobs it owns
-in `{prefix}:{jobs-node:ID}:jobs` and renews `{prefix}:{jobs-node:ID}:alive` (a lease of
-`jobs.takeoverSeconds`). When a lease lapses, the first node to notice claims the whole set in
-one script (`claim_orphans`; both keys share a hash tag) and applies the restart rules to them.
+A node that dies leaves its unfinished jobs behind: each node (listed in `{prefix}:jobs:nodes`)
+keeps the ids of the jobs it owns in `{prefix}:{jobs-node:ID}:jobs` and renews
+`{prefix}:{jobs-node:ID}:alive` (a lease of `jobs.takeoverSeconds`). Every job names its owner
+in `{prefix}:{job:ID}:owner`, and its state and output are written only by a script that checks
+that owner (a fence). When a lease lapses, a live node takes each job in one script that moves the
+owner to itself (so exactly one node gets it, and a node that was only slow finds its later
+writes refused), adopts it (the restart rules), and only then drops it from the dead node's set:
+a claimer that fails half-way leaves the rest to the next one.
 """
 from __future__ import annotations
 
@@ -47,13 +51,42 @@ end
 return {}
 """
 
-# Take a dead node's unfinished jobs: nothing while its lease lives, else its job ids, removed at once
-# (so one node takes them, whichever asks first).
-_CLAIM = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {} end
-local ids = redis.call('SMEMBERS', KEYS[2])
-redis.call('DEL', KEYS[2])
-return ids
+# A job's state, written by its owner only. KEYS: state, owner, out; ARGV: node, data, ttl (0 while
+# unfinished). 0 when another node owns the job now.
+_SAVE = """
+local owner = redis.call('GET', KEYS[2])
+if owner and owner ~= ARGV[1] then return 0 end
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', ttl)
+  redis.call('EXPIRE', KEYS[3], ttl)
+  redis.call('SET', KEYS[2], ARGV[1], 'EX', ttl)
+else
+  redis.call('SET', KEYS[1], ARGV[2])
+  redis.call('SET', KEYS[2], ARGV[1])
+end
+return 1
+"""
+
+# Output items, appended by the job's owner only. KEYS: owner, out; ARGV: node, items...
+_ADD = """
+local owner = redis.call('GET', KEYS[1])
+if owner and owner ~= ARGV[1] then return 0 end
+for i = 2, #ARGV, 1000 do  -- unpack in chunks: Lua's stack takes a few thousand values at once
+  redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+return 1
+"""
+
+# Take one job of a dead node. KEYS: owner, state; ARGV: dead node, this node. The job's state when
+# it was still the dead node's (now this node's), else nil: another node took it, or it is gone.
+_TAKE = """
+local owner = redis.call('GET', KEYS[1])
+if owner and owner ~= ARGV[1] then return false end
+local state = redis.call('GET', KEYS[2])
+if not state then return false end
+redis.call('SET', KEYS[1], ARGV[2])
+return state
 """
 
 
@@ -73,6 +106,7 @@ class RedisJobStore(SharedStore):
         self._writer: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
         self._leaser: asyncio.Task[None] | None = None
+        self._leased = asyncio.Event()  # the writer waits for it: no other node sees this one's jobs unowned
 
     def _state(self, job_id: str) -> str:
         return f"{self.prefix}:{{job:{job_id}}}:state"
@@ -83,18 +117,24 @@ class RedisJobStore(SharedStore):
     def _cursor(self, job_id: str) -> str:
         return f"{self.prefix}:{{job:{job_id}}}:cursor"
 
+    def _owner(self, job_id: str) -> str:
+        return f"{self.prefix}:{{job:{job_id}}}:owner"
+
     def _owned(self, node: str) -> str:
         return f"{self.prefix}:{{jobs-node:{node}}}:jobs"
 
     def _alive(self, node: str) -> str:
         return f"{self.prefix}:{{jobs-node:{node}}}:alive"
 
+    @property
+    def _nodes(self) -> str:
+        return f"{self.prefix}:jobs:nodes"
+
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
-        await self.renew_lease()  # before the first save, so no other node ever sees this one's jobs unowned
+        self._leaser = loop.create_task(self._keep_lease(), name="jobs-redis-lease")
         self._writer = loop.create_task(self._write_loop(), name="jobs-redis-writer")
         self._listener = loop.create_task(self._listen(), name="jobs-redis-cancels")
-        self._leaser = loop.create_task(self._keep_lease(), name="jobs-redis-lease")
 
     async def close(self) -> None:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -115,6 +155,7 @@ class RedisJobStore(SharedStore):
         await self.redis.aclose()
 
     async def _write_loop(self) -> None:
+        await self._leased.wait()
         while True:
             op, future = await self._writes.get()
             try:
@@ -150,27 +191,27 @@ class RedisJobStore(SharedStore):
     # -- JobStore ----------------------------------------------------------------------------
     def save(self, job: Job) -> asyncio.Future[None]:
         data = _dumps(job.row())
-        state, out, owned = self._state(job.id), self._out(job.id), self._owned(self.node)
-        ttl = self.retention if job.final else None
+        job_id, owned = job.id, self._owned(self.node)
+        ttl = self.retention if job.final else 0
 
         async def op() -> None:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.set(state, data, ex=ttl)
-                if ttl is not None:
-                    pipe.expire(out, ttl)
-                    pipe.srem(owned, job.id)
-                else:
-                    pipe.sadd(owned, job.id)
-                await pipe.execute()
+            if not await self.redis.eval(_SAVE, 3, self._state(job_id), self._owner(job_id), self._out(job_id),
+                                         self.node, data, ttl):
+                self._refused(job_id)
+                return
+            if ttl:
+                await self.redis.srem(owned, job_id)
+            else:
+                await self.redis.sadd(owned, job_id)
 
         return self._queue(op)
 
     def add_outputs(self, job_id: str, first_seq: int, items: list[Any]) -> asyncio.Future[None]:
         values = [_dumps(i) for i in items]
-        out = self._out(job_id)
 
         async def op() -> None:
-            await self.redis.rpush(out, *values)
+            if not await self.redis.eval(_ADD, 2, self._owner(job_id), self._out(job_id), self.node, *values):
+                self._refused(job_id)
 
         return self._queue(op)
 
@@ -183,7 +224,7 @@ class RedisJobStore(SharedStore):
         return self._queue(op)
 
     def delete(self, job_ids: list[str]) -> asyncio.Future[None]:
-        keys = [k for i in job_ids for k in (self._state(i), self._out(i), self._cursor(i))]
+        keys = [k for i in job_ids for k in (self._state(i), self._out(i), self._cursor(i), self._owner(i))]
         owned = self._owned(self.node)
 
         async def op() -> None:
@@ -216,37 +257,54 @@ class RedisJobStore(SharedStore):
 
 
     # -- a dead node's jobs ------------------------------------------------------------------
+    def _refused(self, job_id: str) -> None:
+        log.warning("jobs: job %s was taken over by another node while this one could not renew its lease "
+                    "(a stall or a Redis outage longer than jobs.takeoverSeconds); this node's writes to it "
+                    "are refused", job_id)
+
     async def renew_lease(self) -> None:
-        await self.redis.set(self._alive(self.node), "1", px=max(100, int(self.lease * 1000)))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(self._alive(self.node), "1", px=max(100, int(self.lease * 1000)))
+            pipe.sadd(self._nodes, self.node)
+            await pipe.execute()
+        self._leased.set()
 
     async def _keep_lease(self) -> None:
         while True:
-            await asyncio.sleep(self.lease / 3)
             try:
                 await self.renew_lease()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away: the lease may lapse, and another node take the jobs
                 log.warning("jobs: could not renew this node's lease: %s", exc)
+            await asyncio.sleep(self.lease / 3)
 
-    async def claim_orphans(self) -> list[Job]:
-        """The unfinished jobs of nodes whose lease lapsed, now this node's (each taken by one node)."""
-        head, tail = self._owned("*").split("*")
-        claimed: list[Job] = []
-        async for key in self.redis.scan_iter(match=self._owned("*"), count=1000):
-            name = key.decode() if isinstance(key, bytes) else str(key)
-            node = name[len(head):-len(tail)]
-            if node == self.node:
+    async def claim_orphans(self, adopt: Callable[[Job], None]) -> int:
+        """Take the unfinished jobs of nodes whose lease lapsed, one job at a time: `adopt` each
+        (the runner's restart rules; its save makes the job this node's), then drop it from the dead
+        node's set. How many were taken."""
+        taken = 0
+        for raw in await self.redis.smembers(self._nodes):
+            node = raw.decode() if isinstance(raw, bytes) else str(raw)
+            if node == self.node or await self.redis.exists(self._alive(node)):
                 continue
-            ids = await self.redis.eval(_CLAIM, 2, self._alive(node), name)
-            for raw in ids:
-                job = await self.fetch(raw.decode() if isinstance(raw, bytes) else str(raw))
-                if job is not None and not job.final:
-                    claimed.append(job)
+            owned = self._owned(node)
+            ids = [i.decode() if isinstance(i, bytes) else str(i) for i in await self.redis.smembers(owned)]
+            for job_id in ids:
+                data = await self.redis.eval(_TAKE, 2, self._owner(job_id), self._state(job_id), node, self.node)
+                if data is not None:
+                    job = Job.from_row(json.loads(data), [json.loads(i) for i in
+                                                          await self.redis.lrange(self._out(job_id), 0, -1)])
+                    if not job.final:
+                        await self.redis.sadd(self._owned(self.node), job_id)  # ours before it leaves theirs
+                        adopt(job)
+                        taken += 1
+                await self.redis.srem(owned, job_id)
+            if not await self.redis.scard(owned):
+                await self.redis.srem(self._nodes, node)
             if ids:
-                log.warning("jobs: node %s stopped renewing its lease; took over %d unfinished job(s)",
-                            node, len(ids))
-        return claimed
+                log.warning("jobs: node %s stopped renewing its lease; took over %d unfinished job(s)", node, taken)
+        return taken
 
 
 def connect_store(url: str, prefix: str, retention: float, lease: float) -> RedisJobStore:

@@ -108,18 +108,20 @@ class JobManager:
 
     async def _take_over(self, shared: SharedStore) -> None:
         """Cluster mode: adopt the unfinished jobs of nodes that stopped renewing their lease."""
-        while not self.stopping:
+        while True:
             await asyncio.sleep(shared.lease / 3)
+            if self.stopping:
+                return
             try:
-                orphans = [] if self.stopping else await shared.claim_orphans()
+                await shared.claim_orphans(self._take)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # Redis away: the next round tries again
+            except Exception as exc:  # Redis away: the next round tries again (what was not taken stays)
                 log.warning("jobs: could not look for a dead node's jobs: %s", exc)
-                continue
-            for job in orphans:
-                if job.id not in self.jobs:
-                    self._adopt(job, "the node running it stopped", take_ownership=True)
+
+    def _take(self, job: Job) -> None:
+        if job.id not in self.jobs:
+            self._adopt(job, "the node running it stopped", take_ownership=True)
 
     async def stop_taking(self) -> None:
         """Start no more jobs (Lifecycle.stop_intake: before the drain aborts the running ones, which

@@ -91,8 +91,9 @@ class SharedStore(JobStore):
     on_cancel: Callable[[str], None] | None = None  # set by the runner: a cancel asked on another node
     lease: float = 15.0  # seconds a node's jobs stay its own after it stops renewing its lease
 
-    async def claim_orphans(self) -> list[Job]:
-        """Unfinished jobs of nodes whose lease lapsed, now this node's (the runner re-runs or fails them)."""
+    async def claim_orphans(self, adopt: Callable[[Job], None]) -> int:
+        """Take the unfinished jobs of nodes whose lease lapsed: each passed to `adopt` (the runner
+        re-runs or fails it) as it becomes this node's; how many."""
         raise NotImplementedError
 
     async def fetch(self, job_id: str, outputs_from: int = 0) -> Job | None:

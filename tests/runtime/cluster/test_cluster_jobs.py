@@ -155,3 +155,34 @@ async def test_a_dead_nodes_jobs_are_taken_over_by_a_live_one(redis_server, star
         assert "the node running it stopped" in json.dumps(failed)
         async with s.get(f"{b.url}/serverless/v1/jobs/{running}") as r:
             assert (await r.json())["status"] == "COMPLETED"   # B owns it now: its own job list has it
+
+
+async def test_a_node_that_was_only_slow_finds_its_writes_to_a_taken_job_refused(redis_server):
+    """The lease lapsed while node A stalled: B takes A's job; A's late writes never reach it."""
+    from runtime.cluster.job_store import connect_store
+    from runtime.jobs.model import Job
+
+    a = connect_store(redis_server.url, "fence", 60, 0.3)
+    b = connect_store(redis_server.url, "fence", 60, 0.3)
+    await a.open()
+    await b.open()
+    try:
+        job = Job(id="j1", function="f", tenant="t", event={"x": 1}, status="IN_PROGRESS")
+        await a.save(job)
+        a._leaser.cancel()                       # A stalls: its lease is not renewed
+        await asyncio.sleep(0.5)
+        taken: list[Job] = []
+        assert await b.claim_orphans(taken.append) == 1
+        assert [(j.id, j.status) for j in taken] == [("j1", "IN_PROGRESS")]
+        assert await b.claim_orphans(taken.append) == 0          # taken once
+        job.status, job.completed_at = "COMPLETED", time.time()  # A wakes up and finishes it
+        await a.add_outputs("j1", 1, ["late"])
+        await a.save(job)
+        stored = await b.fetch("j1")
+        assert stored is not None and stored.status == "IN_PROGRESS" and stored.outputs == []
+        taken[0].status = "IN_QUEUE"                              # B's own writes go through
+        await b.save(taken[0])
+        assert (await b.fetch("j1")).status == "IN_QUEUE"
+    finally:
+        await a.close()
+        await b.close()

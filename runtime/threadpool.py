@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, ParamSpec, TypeVar
 
-__all__ = ("DaemonThreadPool",)
+__all__ = ("DaemonThreadPool", "call_threadsafe")
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -98,7 +98,7 @@ class DaemonThreadPool(Executor):
                         if loop is None:
                             future.cancel()
                         else:
-                            _call_threadsafe(loop, future.cancel)
+                            call_threadsafe(loop, future.cancel)
             for _ in self._threads:
                 self._work.put(None)
         if wait:
@@ -123,12 +123,13 @@ def _run_to_loop(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], f
     try:
         result = fn(*args)
     except BaseException as exc:  # delivered to the awaiting caller, as run_in_executor does
-        _call_threadsafe(loop, _set_exception, future, exc)
+        call_threadsafe(loop, _set_exception, future, exc)
     else:
-        _call_threadsafe(loop, _set_result, future, result)
+        call_threadsafe(loop, _set_result, future, result)
 
 
-def _call_threadsafe(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: Any) -> None:
+def call_threadsafe(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: Any) -> None:
+    """`loop.call_soon_threadsafe`, from a thread whose loop may have closed meanwhile."""
     try:
         loop.call_soon_threadsafe(fn, *args)
     except RuntimeError:  # the loop is closed: the process is going away and nobody waits

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import DeployError, FunctionServiceError, StreamClosedError, handler_failure_message
 from ..manifest import FunctionSpec
+from ..threadpool import call_threadsafe
 from .errors import WorkerCrashedError, WorkerUnavailableError, error_from_wire
 from .instances import instance_bounds, instance_slots
 from .protocol import (
@@ -94,7 +95,7 @@ class Job:
 
     def finish(self, outcome: tuple[str, Any]) -> None:
         """Resolve from any thread; the first outcome wins."""
-        _call_soon(self.loop, _resolve, self.future, outcome)
+        call_threadsafe(self.loop, _resolve, self.future, outcome)
 
 
 class WorkerProcess:
@@ -256,7 +257,7 @@ class WorkerProcess:
                 self._inbox.append((job, msg))
                 first = len(self._inbox) == 1
             if first:
-                _call_soon(job.loop, self._take_inbox)
+                call_threadsafe(job.loop, self._take_inbox)
         elif msg["t"] == "loaded":
             self.pool._on_loaded(msg.get("kind"), msg.get("error"))
         elif msg["t"] == "ready":
@@ -566,7 +567,7 @@ class WorkerPool:
                     break  # no free slot for anyone: later waiters wait too (pinned ones aside)
                 continue
             self._waiters.remove(waiter)
-            _call_soon(waiter.loop, self._hand, waiter, picked)
+            call_threadsafe(waiter.loop, self._hand, waiter, picked)
         self._maybe_scale_up()
 
     def _hand(self, waiter: _Waiter, picked: tuple[WorkerProcess, bool]) -> None:
@@ -579,7 +580,7 @@ class WorkerPool:
     def _fail_waiters(self, error: FunctionServiceError) -> None:
         """Called with the lock held."""
         for waiter in self._waiters:
-            _call_soon(waiter.loop, _fail, waiter.future, error)
+            call_threadsafe(waiter.loop, _fail, waiter.future, error)
         self._waiters.clear()
 
     def begin(self, worker: WorkerProcess, inv: PooledInvocation, session: Session | None = None,
@@ -744,12 +745,6 @@ class WorkerPool:
                     "error": self.broken, "instances": len(self.workers),
                     "workers": [w.describe() for w in self.workers]}
 
-
-def _call_soon(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:
-    try:
-        loop.call_soon_threadsafe(callback, *args)
-    except RuntimeError:
-        pass  # that loop is closed: nobody waits for this any more
 
 
 def _fail(fut: asyncio.Future[Any], error: BaseException) -> None:

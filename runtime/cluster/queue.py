@@ -6,9 +6,11 @@ with XREADGROUP and writes entries to the invocation's own output stream (`{inv:
 then one terminal `result` or `error`; the first entry also names the worker (`w`).
 `RemoteInvocation` pumps that stream into a bounded OutputChannel and resolves `task` with the
 result, so the HTTP response reads it exactly as it reads a local Invocation.
-Flow control: the pump records how many events it has taken (`{inv:ID}:ack`); a worker never
-runs more than two `buffer`s of events ahead of it. Every per-invocation key has a TTL and is deleted
-by the frontend at the end, many invocations' in one DEL.
+Flow control: the pump records how many events and characters it has taken (`{inv:ID}:ack`,
+`EVENTS:CHARS`) and trims what it has read from the output stream (all but the last entry, which
+tells a reclaiming worker the output had begun); a worker never runs more than two buffers ahead
+of it, in events and in bytes, so Redis holds at most that much of a stream a client reads slowly.
+Every per-invocation key has a TTL and is deleted by the frontend at the end, many invocations' in one DEL.
 """
 from __future__ import annotations
 
@@ -136,6 +138,7 @@ class RemoteInvocation:
         self.task: asyncio.Task[str | None] | None = None
         self.worker: str | None = None
         self.events = 0
+        self.chars = 0  # characters of the payloads relayed: the worker's byte window
         self.cancel_reason: str | None = None
         self._finished = False
 
@@ -205,7 +208,7 @@ class RemoteInvocation:
                         self._finished = True
                         raise error_from_fields(fields)
                 if self.events != events:   # flow control: only data moves the worker's window
-                    await redis.set(keys.ack(self.id), str(self.events), ex=max(1, int(self.queue.ttl)))
+                    await self._ack(out, last)
         finally:
             self.channel.close()
             if self._finished:
@@ -218,6 +221,18 @@ class RemoteInvocation:
             await put(payloads[at:at + n])
             at += n
             self.events += 1
+        self.chars += at
+
+    async def _ack(self, out: str, last: str) -> None:
+        """Move the worker's window and drop what was relayed, up to (not including) `last`."""
+        pipe = self.queue.redis.pipeline(transaction=False)
+        pipe.set(self.queue.keys.ack(self.id), f"{self.events}:{self.chars}", ex=max(1, int(self.queue.ttl)))
+        pipe.xtrim(out, minid=last, approximate=False)
+        try:
+            await pipe.execute()
+        except REDIS_DOWN as exc:
+            raise ClusterUnavailableError(f"lost the connection to Redis while relaying {self.spec.name!r} "
+                                          f"from worker {self.worker}: {exc}") from None
 
     async def _check_worker(self) -> None:
         """A worker that vanished after output began is lost; before that, its entry is reclaimed."""

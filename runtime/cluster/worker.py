@@ -54,6 +54,32 @@ return 1
 """
 
 
+class _Window:
+    """How far a worker may run ahead of the frontend's pump: two buffers, in events and (when the
+    invocation's channel is bounded in bytes) in characters: it waits before a batch once that much
+    is unread, so Redis holds under three buffers (a batch is at most one; a single larger write alone).
+    The pump acks `EVENTS:CHARS` (`{inv:ID}:ack`) and trims what it read, so this bounds what
+    Redis holds of a stream whose client reads slowly."""
+
+    def __init__(self, events: int, max_bytes: int | None) -> None:
+        self.max_events, self.max_chars = 2 * events, None if max_bytes is None else 2 * max_bytes
+        self.written_events = self.written_chars = self.acked_events = self.acked_chars = 0
+
+    def full(self) -> bool:
+        if self.written_events - self.acked_events >= self.max_events:
+            return True
+        return self.max_chars is not None and self.written_chars - self.acked_chars >= self.max_chars
+
+    def wrote(self, events: int, chars: int) -> None:
+        self.written_events += events
+        self.written_chars += chars
+
+    def acked(self, value: str | bytes | None) -> None:
+        text = value.decode() if isinstance(value, bytes) else value or "0"
+        events, _, chars = text.partition(":")
+        self.acked_events, self.acked_chars = int(events), int(chars or 0)
+
+
 class QueueWorker:
     """Runs queued invocations of the functions in `registry` on `executor` (not a worker process:
     those are runtime/process; this is a cluster node's consumer of the work queue)."""
@@ -334,16 +360,15 @@ class QueueWorker:
         self._running[inv_id] = inv
         if inv_id in self._cancelled:   # its cancel message came while it was being set up
             inv.cancel("cancelled")
-        written, acked = 0, 0
+        window = _Window(inv.channel.capacity, inv.channel.max_bytes)
         while True:
             batch = await inv.channel.get_batch()
             if not batch:
                 break
-            # At most two buffers' worth in Redis ahead of the frontend: one being relayed, one in flight.
-            window = 2 * inv.channel.capacity
-            while written - acked >= window and inv.cancel_reason is None:
-                acked = int(await self.redis.get(self.keys.ack(inv_id)) or 0)
-                if written - acked >= window:
+            chars = sum(map(len, batch))
+            while window.full() and inv.cancel_reason is None:
+                window.acked(await self.redis.get(self.keys.ack(inv_id)))
+                if window.full():
                     await asyncio.sleep(0.002)
             # One entry for the batch, its payloads in one field: a command argument costs the client
             # far more than its bytes do, so a batch of any size is four of them.
@@ -351,7 +376,7 @@ class QueueWorker:
             first = {}
             if not await self._write(inv_id, [entry]):
                 inv.cancel("cancelled")  # the frontend gave up: stop now, even if its message is late
-            written += len(batch)
+            window.wrote(len(batch), chars)
         try:
             terminal = {"t": "result", "d": await inv.encoded_result() or ""}
         except asyncio.CancelledError:

@@ -357,9 +357,10 @@ async def test_entry_cancelled_before_a_worker_took_it_is_acked_and_frees_its_sl
             assert resp.status == 200 and (await resp.json())["count"] == 1   # the only slot is free again
 
 
-async def test_a_queued_invocations_channel_is_bounded_in_stream_buffer_bytes(redis_server, make_client):
+async def test_a_queued_invocations_output_is_bounded_in_stream_buffer_bytes(redis_server, make_client):
     """frontend.args.streamBufferBytes bounds a RemoteInvocation's channel as it bounds a local one's
-    (runtime/channel.py): the relay holds at most 2 writes of 200 kB, not the 100 an XREAD brings (20 MB)."""
+    (runtime/channel.py): the relay holds at most 2 writes of 200 kB, not the 100 an XREAD brings (20 MB);
+    and Redis holds about two buffers of a client that stops reading, not all that was written."""
     from frontend.cluster import CLUSTER
     from tests.support.servers import HANDLERS, fn, make_config
     cfg = make_config(**{"cluster.redisUrl": redis_server.url, "cluster.workerHeartbeatSeconds": 0.2,
@@ -396,6 +397,14 @@ async def test_a_queued_invocations_channel_is_bounded_in_stream_buffer_bytes(re
     assert len(queued) == 1
     events = [e["data"] async for e in iter_sse(local)]          # frees the slot: the worker starts it
     assert [e[:4] for e in events[:-1]] == [f"{i:04d}" for i in range(100)] and events[-1] == "[DONE]"
+    # The remote client reads nothing for a while: what Redis holds of its output is bounded too
+    # (the worker's window in bytes, the pump trims what it relayed), not the 20 MB written.
+    redis, out = client.app[CLUSTER].redis, client.app[CLUSTER].keys.output(queued[0].id)
+    held = 0
+    for _ in range(50):
+        held = max(held, int(await redis.memory_usage(out, samples=0) or 0))
+        await asyncio.sleep(0.02)
+    assert 0 < held <= 3_000_000, held                          # ~2 buffers of 500 kB ahead, one read
     events = [e["data"] async for e in iter_sse(remote)]
     assert [e[:4] for e in events[:-1]] == [f"{i:04d}" for i in range(100)] and events[-1] == "[DONE]"
     # Each XREAD brings up to 100 entries at once: without a byte bound the channel takes them all.

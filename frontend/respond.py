@@ -22,11 +22,12 @@ log = logging.getLogger("fnstream.frontend")
 CLIENT_GONE = "client disconnected"
 
 
-async def answer(inv: InvocationSurface, respond: Callable[[], Awaitable[web.StreamResponse]],
+async def answer(inv: InvocationSurface, respond: Awaitable[web.StreamResponse],
                  gone: Callable[[], web.StreamResponse]) -> web.StreamResponse:
-    """`await respond()`; if the client leaves meanwhile, cancel `inv` (and answer `gone()`)."""
+    """`await respond` (a coroutine answering with `inv`: no closure per request); if the client
+    leaves meanwhile, cancel `inv` (and answer `gone()`)."""
     try:
-        return await respond()
+        return await respond
     except asyncio.CancelledError:
         inv.cancel(CLIENT_GONE)
         raise

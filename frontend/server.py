@@ -51,7 +51,6 @@ class _LimitedHandler(RequestHandler):
         super().__init__(manager, keepalive_timeout=limits.keepAliveSeconds, max_line_size=limits.maxHeaderFieldSize,
                          max_field_size=limits.maxHeaderFieldSize, max_headers=limits.maxHeaders, **kwargs)
         self._limits = limits
-        self._answered = 0                     # responses finished; < _request_count while a request runs
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
         self._body_timer: asyncio.TimerHandle | None = None
@@ -77,17 +76,14 @@ class _LimitedHandler(RequestHandler):
             payload = self._messages[-1][1] if self._messages else None
             if isinstance(payload, StreamReader) and not payload.is_eof():
                 self._arm_body_timer(payload)
-        elif self._head_timer is None and self._request_count == self._answered and data:
+        elif self._head_timer is None and data and self._idle():
             self._arm_head_timer(counted=len(data))
         if self._body is not None and self._body.is_eof():
             self._cancel_body_timer()
 
-    async def finish_response(self, request: BaseRequest, resp: web.StreamResponse,
-                              start_time: float | None) -> tuple[web.StreamResponse, bool]:
-        try:
-            return await super().finish_response(request, resp, start_time)
-        finally:
-            self._answered += 1
+    def _idle(self) -> bool:
+        """No request running or waiting (aiohttp's own flags: no wrapper around each response)."""
+        return not self._request_in_progress and not self._messages
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -112,7 +108,7 @@ class _LimitedHandler(RequestHandler):
 
     def _head_timeout(self) -> None:
         self._head_timer = None
-        if self.transport is None or self._request_count != self._answered:
+        if self.transport is None or not self._idle():
             return
         if self._head_bytes:  # a client that sent nothing gets nothing back, as from nginx
             self.transport.write(_raw_error(408, "Request Timeout", "request headers did not arrive within "

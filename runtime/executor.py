@@ -165,35 +165,29 @@ class Executor:
         inv.entered = True
         dep = inv.deployment
         set_log_context(inv.trace_id, dep.name, inv.id)
-        thread_future: asyncio.Future[Any] | None = None
         tenant_token = current_tenant.set(dep.spec.tenant)  # named streams are the function's tenant's
-        started: list[bool] = [False]  # set by the thread as the handler starts
-        overran: list[bool] = [False]
+        in_pool = False  # once True, _run_in_pool gives the concurrency slot back (maybe later)
         try:
             if not dep.ready:  # one coroutine less per call once initialized
                 await dep.ensure_initialized(self.run_sync)
             ctx = Context(dep.spec, inv)
             assert dep.code is not None  # in-process deployments have their code loaded
             handler = dep.code.handler
-            if dep.kind in ("async", "asyncgen"):
-                self._loop_started.add(dep.name)
             if dep.kind == "async":
+                self._loop_started.add(dep.name)
                 result = await handler(inv.event, ctx)
                 if inv.has_stream:  # a last write the handler did not await must not be lost
                     await inv.stream.flush()
                 return result
             if dep.kind == "asyncgen":
+                self._loop_started.add(dep.name)
                 # aclosing: a cancelled generator runs its cleanup now, not at garbage collection
                 async with contextlib.aclosing(handler(inv.event, ctx)) as items:
                     async for item in items:
                         await inv.add_item(item)
                 return None
-            gate = dep.thread_gate or self._gate(dep)
-            if not gate.try_acquire():
-                await gate.acquire()  # cancellable: a deadline passing here ends the call before it starts
-            thread_future = self.run_sync(self._call_in_thread, inv, ctx, started)
-            thread_future.add_done_callback(lambda _f: gate.release(overran[0]))
-            return await asyncio.shield(thread_future)
+            in_pool = True
+            return await self._run_in_pool(inv, ctx)
         except asyncio.CancelledError as exc:
             if inv.timed_out is not None:  # the deadline watchdog's doing, not the client's
                 asyncio.current_task().uncancel()  # type: ignore[union-attr]
@@ -219,6 +213,26 @@ class Executor:
         finally:
             current_tenant.reset(tenant_token)
             inv.close_output()
+            if not in_pool:
+                dep.release()
+            if inline:
+                self.active.discard(inv)
+
+    async def _run_in_pool(self, inv: Invocation, ctx: Context) -> Any:
+        """A `def` handler's call on a pool thread, within its function's ThreadGate. Apart from
+        _run so that loop-run handlers carry none of this per call; gives the slot back itself."""
+        dep = inv.deployment
+        gate = dep.thread_gate or self._gate(dep)
+        thread_future: asyncio.Future[Any] | None = None
+        started: list[bool] = [False]  # set by the thread as the handler starts
+        overran: list[bool] = [False]
+        try:
+            if not gate.try_acquire():
+                await gate.acquire()  # cancellable: a deadline passing here ends the call before it starts
+            thread_future = self.run_sync(self._call_in_thread, inv, ctx, started)
+            thread_future.add_done_callback(lambda _f: gate.release(overran[0]))
+            return await asyncio.shield(thread_future)
+        finally:
             if thread_future is not None and not thread_future.done():
                 # The thread cannot be killed. After a timeout the answer went out and the slot is
                 # free: the thread holds one of the function's threads (ThreadGate) until it really
@@ -226,8 +240,7 @@ class Executor:
                 timed_out = inv.timed_out is not None
                 if started[0]:
                     overran[0] = True
-                    assert dep.thread_gate is not None
-                    dep.thread_gate.mark_overran(inv.id, dep.spec.timeout)
+                    gate.mark_overran(inv.id, dep.spec.timeout)
 
                 def _thread_ended(future: asyncio.Future[Any]) -> None:
                     if not timed_out:
@@ -241,8 +254,6 @@ class Executor:
                     dep.release()
             else:
                 dep.release()
-            if inline:
-                self.active.discard(inv)
 
     @staticmethod
     def _call_in_thread(inv: Invocation, ctx: Context, started: list[bool]) -> Any:

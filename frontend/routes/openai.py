@@ -87,8 +87,8 @@ async def _serve(request: web.Request, route: str, function_name: str | None = N
     if stream:
         sse = EventStream(request, headers={"X-Trace-Id": inv.trace_id})
         heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds
-        return await answer(inv, lambda: _stream(sse, inv, heartbeat), lambda: sse.response)
-    return await answer(inv, lambda: _whole(inv), lambda: web.Response(status=499))
+        return await answer(inv, _stream(sse, inv, heartbeat), lambda: sse.response)
+    return await answer(inv, _whole(inv), lambda: web.Response(status=499))
 
 
 def _error_event(exc: FunctionServiceError) -> bytes:

@@ -7,7 +7,8 @@ then one terminal `result` or `error`; the first entry also names the worker (`w
 `RemoteInvocation` pumps that stream into a bounded OutputChannel and resolves `task` with the
 result, so the HTTP response reads it exactly as it reads a local Invocation.
 Flow control: the pump records how many events and characters it has taken (`{inv:ID}:ack`,
-`EVENTS:CHARS`) and trims what it has read from the output stream (all but the last entry, which
+`{inv:ID}:ackc`: two keys, so a node of the version before, which knows only the first, still
+agrees with this one) and trims what it has read from the output stream (all but the last entry, which
 tells a reclaiming worker the output had begun); a worker never runs more than two buffers ahead
 of it, in events and in bytes, so Redis holds at most that much of a stream a client reads slowly.
 Every per-invocation key has a TTL and is deleted by the frontend at the end, many invocations' in one DEL.
@@ -85,7 +86,7 @@ class WorkQueue:
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.set(self.keys.cancelled(inv_id), reason, ex=max(1, int(self.ttl)))
-                pipe.delete(self.keys.output(inv_id), self.keys.ack(inv_id))
+                pipe.delete(self.keys.output(inv_id), self.keys.ack(inv_id), self.keys.ack_chars(inv_id))
                 await pipe.execute()
             # After the marker is set; outside the pipeline (a cluster pipeline cannot PUBLISH).
             await self.redis.publish(self.keys.cancel_channel, inv_id)
@@ -212,21 +213,40 @@ class RemoteInvocation:
         finally:
             self.channel.close()
             if self._finished:
-                self.queue.drop(keys.output(self.id), keys.ack(self.id))
+                self.queue.drop(keys.output(self.id), keys.ack(self.id), keys.ack_chars(self.id))
 
     async def _relay(self, lengths: str, payloads: str) -> None:
         """Put a data entry's payloads (`payloads` end to end, `lengths` in characters) in the channel."""
-        put, at = self.channel.put, 0
+        channel, at = self.channel, 0
         for n in map(int, lengths.split(",")):
-            await put(payloads[at:at + n])
+            item = payloads[at:at + n]
+            if not channel.try_put(item):
+                await self._put_renewing(item)
             at += n
             self.events += 1
         self.chars += at
 
+    async def _put_renewing(self, item: str) -> None:
+        """Wait for room in the channel (the client reads slowly), renewing the output stream's TTL
+        meanwhile: its unread entries must not expire under a client stalled past outputTtlSeconds."""
+        ttl = max(1, int(self.queue.ttl))
+        while True:
+            try:
+                await asyncio.wait_for(self.channel.put(item), timeout=ttl / 3)
+                return
+            except TimeoutError:
+                try:
+                    await self.queue.redis.expire(self.queue.keys.output(self.id), ttl)
+                except REDIS_DOWN as exc:
+                    raise ClusterUnavailableError(f"lost the connection to Redis while relaying "
+                                                  f"{self.spec.name!r} from worker {self.worker}: {exc}") from None
+
     async def _ack(self, out: str, last: str) -> None:
         """Move the worker's window and drop what was relayed, up to (not including) `last`."""
+        keys, ttl = self.queue.keys, max(1, int(self.queue.ttl))
         pipe = self.queue.redis.pipeline(transaction=False)
-        pipe.set(self.queue.keys.ack(self.id), f"{self.events}:{self.chars}", ex=max(1, int(self.queue.ttl)))
+        pipe.set(keys.ack_chars(self.id), self.chars, ex=ttl)  # first: an ack without it is an old node's
+        pipe.set(keys.ack(self.id), self.events, ex=ttl)
         pipe.xtrim(out, minid=last, approximate=False)
         try:
             await pipe.execute()

@@ -65,6 +65,9 @@ class Keys:
     def ack(self, inv_id: str) -> str:
         return f"{self.prefix}:{{inv:{inv_id}}}:ack"
 
+    def ack_chars(self, inv_id: str) -> str:
+        return f"{self.prefix}:{{inv:{inv_id}}}:ackc"
+
     def cancelled(self, inv_id: str) -> str:
         return f"{self.prefix}:{{inv:{inv_id}}}:cancel"
 

@@ -58,8 +58,8 @@ class _Window:
     """How far a worker may run ahead of the frontend's pump: two buffers, in events and (when the
     invocation's channel is bounded in bytes) in characters: it waits before a batch once that much
     is unread, so Redis holds under three buffers (a batch is at most one; a single larger write alone).
-    The pump acks `EVENTS:CHARS` (`{inv:ID}:ack`) and trims what it read, so this bounds what
-    Redis holds of a stream whose client reads slowly."""
+    The pump acks events (`{inv:ID}:ack`) and characters (`{inv:ID}:ackc`) and trims what it read;
+    a frontend of the version before acks only events, and is then paced by events alone."""
 
     def __init__(self, events: int, max_bytes: int | None) -> None:
         self.max_events, self.max_chars = 2 * events, None if max_bytes is None else 2 * max_bytes
@@ -74,10 +74,11 @@ class _Window:
         self.written_events += events
         self.written_chars += chars
 
-    def acked(self, value: str | bytes | None) -> None:
-        text = value.decode() if isinstance(value, bytes) else value or "0"
-        events, _, chars = text.partition(":")
-        self.acked_events, self.acked_chars = int(events), int(chars or 0)
+    def acked(self, events: str | bytes | None, chars: str | bytes | None) -> None:
+        self.acked_events = int(events or 0)
+        if chars is None and self.acked_events:
+            self.max_chars = None  # acked events and no characters: an older frontend
+        self.acked_chars = int(chars or 0)
 
 
 class QueueWorker:
@@ -366,10 +367,12 @@ class QueueWorker:
             if not batch:
                 break
             chars = sum(map(len, batch))
+            pause = 0.002
             while window.full() and inv.cancel_reason is None:
-                window.acked(await self.redis.get(self.keys.ack(inv_id)))
+                window.acked(*await self.redis.mget(self.keys.ack(inv_id), self.keys.ack_chars(inv_id)))
                 if window.full():
-                    await asyncio.sleep(0.002)
+                    await asyncio.sleep(pause)
+                    pause = min(0.05, pause * 1.5)  # a client that stalls costs Redis less and less
             # One entry for the batch, its payloads in one field: a command argument costs the client
             # far more than its bytes do, so a batch of any size is four of them.
             entry = {"t": "data", **first, "n": ",".join([str(len(p)) for p in batch]), "d": "".join(batch)}

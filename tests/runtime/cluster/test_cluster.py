@@ -357,15 +357,16 @@ async def test_entry_cancelled_before_a_worker_took_it_is_acked_and_frees_its_sl
             assert resp.status == 200 and (await resp.json())["count"] == 1   # the only slot is free again
 
 
-async def test_a_queued_invocations_output_is_bounded_in_stream_buffer_bytes(redis_server, make_client):
-    """frontend.args.streamBufferBytes bounds a RemoteInvocation's channel as it bounds a local one's
-    (runtime/channel.py): the relay holds at most 2 writes of 200 kB, not the 100 an XREAD brings (20 MB);
-    and Redis holds about two buffers of a client that stops reading, not all that was written."""
+async def _queued_many(redis_server, make_client, count: int, **overrides):
+    """An in-process node serving `hostile_fns.many_writes` (concurrency 1) and two SSE invocations of
+    `count` writes of 200 kB: the first runs locally, the second is queued for the node's worker and
+    starts once the first was read (done here). Returns (client, the queued RemoteInvocation's
+    channel high-water mark [events], the queued one, its response)."""
     from frontend.cluster import CLUSTER
     from tests.support.servers import HANDLERS, fn, make_config
     cfg = make_config(**{"cluster.redisUrl": redis_server.url, "cluster.workerHeartbeatSeconds": 0.2,
                          "runtime.codeRoots": [str(FUNCTIONS), str(HANDLERS)],
-                         "frontend.args.streamBufferBytes": 500_000})
+                         "frontend.args.streamBufferBytes": 500_000, **overrides})
     client = await make_client(cfg)
     r = await client.post("/admin/v1/functions", json=fn("many", "hostile_fns.many_writes", timeout=60,
                                                            concurrency=1))
@@ -390,16 +391,25 @@ async def test_a_queued_invocations_output_is_bounded_in_stream_buffer_bytes(red
         inv.channel.put = watched  # type: ignore[method-assign]
         return inv
     queue.submit = spy  # type: ignore[method-assign]
-    event, sse = {"count": 100, "size": 200_000}, {"Accept": "text/event-stream"}
+    event, sse = {"count": count, "size": 200_000}, {"Accept": "text/event-stream"}
     url = "/serverless/v1/functions/many/invocations"
     local = await client.post(url, json=event, headers=sse)      # takes the one local slot
     remote = await client.post(url, json=event, headers=sse)     # queued for the node's worker
     assert len(queued) == 1
     events = [e["data"] async for e in iter_sse(local)]          # frees the slot: the worker starts it
-    assert [e[:4] for e in events[:-1]] == [f"{i:04d}" for i in range(100)] and events[-1] == "[DONE]"
+    assert [e[:4] for e in events[:-1]] == [f"{i:04d}" for i in range(count)] and events[-1] == "[DONE]"
+    return client, high, queued[0], remote
+
+
+async def test_a_queued_invocations_output_is_bounded_in_stream_buffer_bytes(redis_server, make_client):
+    """frontend.args.streamBufferBytes bounds a RemoteInvocation's channel as it bounds a local one's
+    (runtime/channel.py): the relay holds at most 2 writes of 200 kB, not the 100 an XREAD brings (20 MB);
+    and Redis holds about two buffers of a client that stops reading, not all that was written."""
+    from frontend.cluster import CLUSTER
+    client, high, inv, remote = await _queued_many(redis_server, make_client, 100)
     # The remote client reads nothing for a while: what Redis holds of its output is bounded too
     # (the worker's window in bytes, the pump trims what it relayed), not the 20 MB written.
-    redis, out = client.app[CLUSTER].redis, client.app[CLUSTER].keys.output(queued[0].id)
+    redis, out = client.app[CLUSTER].redis, client.app[CLUSTER].keys.output(inv.id)
     held = 0
     for _ in range(50):
         held = max(held, int(await redis.memory_usage(out, samples=0) or 0))
@@ -409,3 +419,30 @@ async def test_a_queued_invocations_output_is_bounded_in_stream_buffer_bytes(red
     assert [e[:4] for e in events[:-1]] == [f"{i:04d}" for i in range(100)] and events[-1] == "[DONE]"
     # Each XREAD brings up to 100 entries at once: without a byte bound the channel takes them all.
     assert 1 <= high[0] <= 2                                     # 2 writes of 200 kB in 500 kB, not 100
+
+
+async def test_a_client_stalled_past_the_output_ttl_loses_nothing(redis_server, make_client):
+    """The frontend renews the output stream's TTL while its client reads nothing: the unread entries
+    do not expire (they did: the client got [DONE] with events missing, or an error at the end)."""
+    _client, _high, _inv, remote = await _queued_many(redis_server, make_client, 150,
+                                                     **{"cluster.outputTtlSeconds": 1})
+    await asyncio.sleep(3)                                       # three TTLs without reading
+    events = [e["data"] async for e in iter_sse(remote)]
+    assert [e[:4] for e in events[:-1]] == [f"{i:04d}" for i in range(150)] and events[-1] == "[DONE]"
+
+
+def test_a_frontend_acking_only_events_paces_the_worker_by_events():
+    """The node version before acks `{inv:ID}:ack` only: the worker must not wait for a character
+    count that never comes (it did, until the deadline)."""
+    from runtime.cluster.worker import _Window
+    window = _Window(events=100, max_bytes=1000)
+    window.wrote(5, 2000)
+    assert window.full()                                         # 2000 chars unread > 2 x 1000
+    window.acked(b"3", None)                                     # an old frontend took 3 events
+    assert not window.full()
+    window = _Window(events=100, max_bytes=1000)                 # this version acks both counts
+    window.wrote(5, 2000)
+    window.acked(b"3", b"1500")
+    assert not window.full()
+    window.wrote(1, 1600)
+    assert window.full()                                         # 2100 chars unread

@@ -107,6 +107,7 @@ class RedisJobStore(SharedStore):
         self._listener: asyncio.Task[None] | None = None
         self._leaser: asyncio.Task[None] | None = None
         self._leased = asyncio.Event()  # the writer waits for it: no other node sees this one's jobs unowned
+        self._lost: set[str] = set()     # jobs another node took from this one (their writes were refused)
 
     def _state(self, job_id: str) -> str:
         return f"{self.prefix}:{{job:{job_id}}}:state"
@@ -258,9 +259,16 @@ class RedisJobStore(SharedStore):
 
     # -- a dead node's jobs ------------------------------------------------------------------
     def _refused(self, job_id: str) -> None:
+        if job_id in self._lost:
+            return
+        if len(self._lost) >= 10_000:  # a bounded memory of which jobs went: enough to log each once
+            self._lost.clear()
+        self._lost.add(job_id)
         log.warning("jobs: job %s was taken over by another node while this one could not renew its lease "
-                    "(a stall or a Redis outage longer than jobs.takeoverSeconds); this node's writes to it "
-                    "are refused", job_id)
+                    "(a stall or a Redis outage longer than jobs.takeoverSeconds); this node stops running it "
+                    "and its writes to it are refused", job_id)
+        if self.on_refused is not None:
+            self.on_refused(job_id)
 
     async def renew_lease(self) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:

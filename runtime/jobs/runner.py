@@ -65,6 +65,7 @@ class JobManager:
         self.shared: SharedStore | None = store if isinstance(store, SharedStore) else None
         if self.shared is not None:
             self.shared.on_cancel = self._cancel_requested
+            self.shared.on_refused = self._taken_from_us
 
     # -- life --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -92,6 +93,7 @@ class JobManager:
         """The restart rules, for a job whose runner is gone (this server before a restart, or a dead
         cluster node): a job that had written output is FAILED — never run twice where a client may
         have seen half of it — and any other unfinished job is queued to run (again) here."""
+        self.jobs[job.id] = job
         if job.status == "IN_PROGRESS":
             if job.outputs:
                 self._finish(job, "FAILED", error=ServiceUnavailableError(
@@ -100,7 +102,6 @@ class JobManager:
             else:
                 job.status, job.started_at = "IN_QUEUE", None
                 take_ownership = True
-        self.jobs[job.id] = job
         if job.status == "IN_QUEUE":
             if take_ownership:
                 self.store.save(job)
@@ -280,6 +281,18 @@ class JobManager:
         job = self.jobs.get(job_id)
         if job is not None and not job.final:
             self._cancel_local(job)
+
+    def _taken_from_us(self, job_id: str) -> None:
+        """Another node took this job (this one stalled past its lease, shared store): stop running it
+        here, so its handler does not go on beside the taker's, and forget it; the taker's state is
+        read from the store from now on. Nothing of it is finished or announced (webhook) here."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        self._drop_queued(job)
+        inv = self._running.get(job_id)
+        if inv is not None:
+            inv.cancel("another node took the job over")
 
     def _cancel_local(self, job: Job) -> Job:
         inv = self._running.get(job.id)
@@ -464,6 +477,8 @@ class JobManager:
 
     def _finish(self, job: Job, status: Status, *, result: Any = None,
                 error: FunctionServiceError | None = None) -> None:
+        if self.jobs.get(job.id) is not job:
+            return  # another node took it over (_taken_from_us): its end is the taker's to record
         if job.status == "IN_QUEUE":
             self.queued -= 1
         assert status in FINAL

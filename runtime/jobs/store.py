@@ -89,6 +89,7 @@ class SharedStore(JobStore):
     """A store every node of a cluster reads (Redis): jobs of other nodes are found here."""
 
     on_cancel: Callable[[str], None] | None = None  # set by the runner: a cancel asked on another node
+    on_refused: Callable[[str], None] | None = None  # set by the runner: another node took one of its jobs
     lease: float = 15.0  # seconds a node's jobs stay its own after it stops renewing its lease
 
     async def claim_orphans(self, adopt: Callable[[Job], None]) -> int:

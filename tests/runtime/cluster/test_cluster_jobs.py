@@ -186,3 +186,52 @@ async def test_a_node_that_was_only_slow_finds_its_writes_to_a_taken_job_refused
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_stalled_node_stops_running_a_job_another_node_took(redis_server, make_client):
+    """Node A stalls past its lease while running a job; B takes it. A's next write is refused, and
+    A then stops the job's handler (it went on writing, side effects and all, beside the taker's),
+    forgets the job and announces no end of it (no webhook, no metric)."""
+    from frontend.jobs import JOBS
+    from runtime.cluster.job_store import connect_store
+    from tests.support.cluster import wait_until
+    from tests.support.servers import make_config
+
+    cfg = make_config(**{"cluster.redisUrl": redis_server.url, "cluster.workerHeartbeatSeconds": 0.2,
+                         "runtime.codeRoots": [str(FUNCTIONS), str(HANDLERS)], "jobs.store": "redis",
+                         "jobs.takeoverSeconds": 0.3})
+    client = await make_client(cfg)
+    r = await client.post("/admin/v1/functions", json=fn("acount", "job_fns.acount", timeout=60))
+    assert r.status == 201, await r.text()
+    manager = client.app[JOBS]
+    ended: list[str] = []
+    manager.on_final.append(lambda job: ended.append(job.id))
+    r = await client.post("/v2/acount/run", json={"input": {"n": 10_000, "delay": 0.02}})
+    assert r.status == 200, await r.text()
+    job_id = (await r.json())["id"]
+
+    async def writing():
+        return job_id in manager._running and len(manager.jobs[job_id].outputs) > 2
+    await wait_until(writing, "the job to run and write output")
+    store = manager.shared
+    assert store is not None
+    store._leaser.cancel()                         # A stalls: its lease is not renewed
+    taker = connect_store(redis_server.url, "fnstream", 60, 0.3)
+    await taker.open()
+    try:
+        taken: list = []
+
+        async def took():
+            await taker.claim_orphans(taken.append)
+            return taken
+        await wait_until(took, "B to take A's job once A's lease lapsed")
+        assert [j.id for j in taken] == [job_id]
+
+        async def stopped():
+            return job_id not in manager._running and job_id not in manager.jobs
+        await wait_until(stopped, "A to stop running the job it lost")
+        stored = await taker.fetch(job_id)
+        assert stored is not None and stored.status == "IN_PROGRESS"   # as B took it: A wrote no end
+        assert job_id not in ended
+    finally:
+        await taker.close()

@@ -82,8 +82,10 @@ class _LimitedHandler(RequestHandler):
             self._cancel_body_timer()
 
     def _idle(self) -> bool:
-        """No request running or waiting (aiohttp's own flags: no wrapper around each response)."""
-        return not self._request_in_progress and not self._messages
+        """aiohttp's request loop is parked waiting for the next request (its own state, read
+        rather than kept with a wrapper around each response). Not `_request_in_progress`: that is
+        set only once the request's task first runs, a loop turn after the request left `_messages`."""
+        return self._waiter is not None and not self._messages
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:

@@ -183,3 +183,43 @@ def test_malformed_request_is_answered_400_json_not_a_text_page(start_server):
         status, headers, body = _split(_read_until_closed(sock)[0])
     assert status == 400 and headers["content-type"].startswith("application/json")
     assert json.loads(body)["code"] == 200400
+
+
+async def test_a_body_arriving_before_its_request_task_runs_arms_no_header_timeout():
+    """The turn after a request head is parsed, aiohttp has taken it off its queue but its task has
+    not started yet: body bytes read then are the request's, not the start of a next head. A header
+    timer armed there fired later on the idle keep-alive connection: an unasked-for 408, then close."""
+    import asyncio
+
+    from frontend.app import SERVER_KWARGS, build_app
+    from frontend.server import FnstreamRunner, start_site
+    from tests.support.servers import free_port, make_config
+
+    config = make_config(**{"frontend.limits.headerTimeoutSeconds": 0.3, "frontend.limits.keepAliveSeconds": 30})
+    runner = FnstreamRunner(build_app(config), config.frontend.limits, shutdown_timeout=1, **SERVER_KWARGS)
+    await runner.setup()
+    port = free_port()
+    await start_site(runner, config, "127.0.0.1", port)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        while not runner.server.connections:
+            await asyncio.sleep(0.01)
+        handler = runner.server.connections[0]
+        body = b'{"a": 1}'
+        # Fed straight to the connection's protocol, so the loop turn each part lands in is certain.
+        handler.data_received(b"POST /serverless/v1/functions/echo/invocations HTTP/1.1\r\nHost: x\r\n"
+                              b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+        while handler._messages:                 # aiohttp's loop took the request; its task has not run
+            await asyncio.sleep(0)
+        handler.data_received(body)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        length = _split(head)[1]["content-length"]
+        assert json.loads(await reader.readexactly(int(length))) == {"a": 1}
+        try:
+            with pytest.raises(TimeoutError):    # the idle keep-alive connection stays quiet and open
+                await asyncio.wait_for(reader.read(1), 1.0)
+        finally:
+            writer.close()
+    finally:
+        await runner.cleanup()

@@ -259,6 +259,8 @@ class RedisJobStore(SharedStore):
 
     # -- a dead node's jobs ------------------------------------------------------------------
     def _refused(self, job_id: str) -> None:
+        if self.on_refused is not None:
+            self.on_refused(job_id)  # every time: a job taken, re-adopted and taken again stops again
         if job_id in self._lost:
             return
         if len(self._lost) >= 10_000:  # a bounded memory of which jobs went: enough to log each once
@@ -267,8 +269,6 @@ class RedisJobStore(SharedStore):
         log.warning("jobs: job %s was taken over by another node while this one could not renew its lease "
                     "(a stall or a Redis outage longer than jobs.takeoverSeconds); this node stops running it "
                     "and its writes to it are refused", job_id)
-        if self.on_refused is not None:
-            self.on_refused(job_id)
 
     async def renew_lease(self) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -9,8 +9,8 @@ result, so the HTTP response reads it exactly as it reads a local Invocation.
 Flow control: the pump records how many events and characters it has taken (`{inv:ID}:ack`,
 `{inv:ID}:ackc`: two keys, so a node of the version before, which knows only the first, still
 agrees with this one) and trims what it has read from the output stream (all but the last entry, which
-tells a reclaiming worker the output had begun); a worker never runs more than two buffers ahead
-of it, in events and in bytes, so Redis holds at most that much of a stream a client reads slowly.
+tells a reclaiming worker the output had begun); a worker never runs more than two buffers of
+bytes (eight of events) ahead of it, so Redis holds about that much of a stream a client reads slowly.
 Every per-invocation key has a TTL and is deleted by the frontend at the end, many invocations' in one DEL.
 """
 from __future__ import annotations

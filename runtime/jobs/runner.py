@@ -290,6 +290,8 @@ class JobManager:
         if job is None:
             return
         self._drop_queued(job)
+        job.remote = True  # who follows or waits on it here reads the store from now on
+        self._notify(job)
         inv = self._running.get(job_id)
         if inv is not None:
             inv.cancel("another node took the job over")
@@ -387,6 +389,9 @@ class JobManager:
         except FunctionServiceError as exc:  # not deployed (any more), another tenant's, no cluster worker...
             job.status = "IN_QUEUE"
             self._finish(job, "FAILED", error=exc)  # the loop drops it from the queue
+            return True
+        if self.jobs.get(job.id) is not job:  # taken over by another node while being dispatched
+            inv.cancel("another node took the job over")
             return True
         queue = self._queues[job.function]
         queue.remove(job.id)  # the first, unless the queue changed while a cluster submit was awaited

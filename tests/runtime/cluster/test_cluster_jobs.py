@@ -215,6 +215,7 @@ async def test_a_stalled_node_stops_running_a_job_another_node_took(redis_server
     await wait_until(writing, "the job to run and write output")
     store = manager.shared
     assert store is not None
+    follower = asyncio.create_task(manager.wait(manager.jobs[job_id], 60))  # a /status?wait=... on A
     store._leaser.cancel()                         # A stalls: its lease is not renewed
     taker = connect_store(redis_server.url, "fnstream", 60, 0.3)
     await taker.open()
@@ -233,5 +234,48 @@ async def test_a_stalled_node_stops_running_a_job_another_node_took(redis_server
         stored = await taker.fetch(job_id)
         assert stored is not None and stored.status == "IN_PROGRESS"   # as B took it: A wrote no end
         assert job_id not in ended
+        assert not follower.done()
+        stored.status, stored.completed_at = "COMPLETED", time.time()   # B finishes it
+        await taker.save(stored)
+
+        async def followed():
+            return follower.done()
+        await wait_until(followed, "A's waiter to see B's end of the job")  # it waited on A's own copy
     finally:
+        follower.cancel()
         await taker.close()
+
+
+async def test_a_job_taken_over_while_being_dispatched_is_not_run_and_the_queue_goes_on(redis_server,
+                                                                                         make_client):
+    """The refusal can come while the job's dispatch is awaited: the invocation just started is
+    cancelled, and the function's job queue keeps running (its dispatcher died on the missing id)."""
+    from frontend.jobs import JOBS
+    from tests.support.cluster import wait_until
+    from tests.support.servers import make_config
+
+    cfg = make_config(**{"cluster.redisUrl": redis_server.url, "cluster.workerHeartbeatSeconds": 0.2,
+                         "runtime.codeRoots": [str(FUNCTIONS), str(HANDLERS)], "jobs.store": "redis"})
+    client = await make_client(cfg)
+    r = await client.post("/admin/v1/functions", json=fn("acount", "job_fns.acount", timeout=60))
+    assert r.status == 201, await r.text()
+    manager = client.app[JOBS]
+    dispatch, started = manager.dispatcher.dispatch, []
+
+    async def taken_meanwhile(principal, function, event, options):
+        inv = await dispatch(principal, function, event, options)
+        started.append(inv)
+        if len(started) == 1:
+            manager._taken_from_us(next(iter(manager.jobs)))   # what a refused write calls
+        return inv
+    manager.dispatcher.dispatch = taken_meanwhile  # type: ignore[method-assign]
+    r = await client.post("/v2/acount/run", json={"input": {"n": 10_000, "delay": 0.02}})
+    assert r.status == 200, await r.text()
+
+    async def first_started():
+        return started
+    await wait_until(first_started, "the first job's dispatch")
+    assert started[0].cancel_reason == "another node took the job over"
+    r = await client.post("/v2/acount/runsync", json={"input": {"n": 2}})
+    assert r.status == 200, await r.text()
+    assert (await r.json())["status"] == "COMPLETED"       # the function's queue still runs jobs

@@ -263,10 +263,14 @@ class WorkerProcess:
         elif msg["t"] == "ready":
             self.pool._on_ready(self, msg.get("init_error"))
         elif msg["t"] == "log":
-            # As the worker made it, tagged with its invocation and pid (runtime/logs.py formats both ways).
+            # As the worker made it, tagged with its pid and the invocation it names (runtime/logs.py
+            # formats both ways) — by the frontend: the worker runs the user's code, so a record
+            # may name only an invocation this worker runs, and is always of this worker's function.
+            job = self.jobs.get(str(msg.get("invocation_id") or ""))
+            inv = job.inv if job is not None else None
+            trace_id, invocation_id = (inv.trace_id, inv.id) if inv is not None else ("", "")
             logging.getLogger(str(msg["name"])).log(int(msg["level"]), "%s", msg["msg"], extra={
-                "worker": self.pid, "trace_id": msg.get("trace_id", ""),
-                "function": msg.get("function") or self.pool.name, "invocation_id": msg.get("invocation_id", "")})
+                "worker": self.pid, "function": self.pool.name, "trace_id": trace_id, "invocation_id": invocation_id})
         elif msg["t"] == "stopped":
             if msg.get("error"):
                 log.error("function %s: worker %d: %s", self.pool.name, self.pid, msg["error"])

@@ -135,6 +135,17 @@ def last_words(event, context):
     os._exit(9)
 
 
+def logs_as_another(event, context):
+    """Claims another function's and invocation's log context, then logs (hostile code in a worker)."""
+    import logging
+
+    from runtime.logs import set_log_context
+
+    set_log_context("0" * 31 + "1", "someone-else", "f" * 32)
+    logging.getLogger("user.code").warning("who am I")
+    return {"pid": os.getpid()}
+
+
 def logs(event, context):
     """Logs through the context's logger, a plain module logger, and with a traceback (def handler)."""
     import logging

@@ -82,3 +82,24 @@ def test_process_worker_logs_in_text_format_name_the_worker(deploy_dir):
     said = [line for line in output.splitlines() if "process handler says hello" in line]
     assert len(said) == 1 and said[0].endswith(f"INFO fnstream.function.plogs: [worker {body['pid']}] "
                                                "process handler says hello"), output
+
+
+def test_a_worker_cannot_log_as_another_function_or_invocation(deploy_dir):
+    """The worker runs the user's code: the frontend, not the worker, says whose a record is. A
+    record may name only an invocation this worker runs (its trace id then the frontend's own), and
+    always this worker's function."""
+    code = str(PROCESS_FUNCTIONS)
+    deploy = deploy_dir({"name": "pliar", "handler": "proc.logs_as_another", "codePath": code,
+                         "executor": "process"})
+    server = ServerProcess("--deploy-dir", str(deploy), "-s", f"runtime.codeRoots={json.dumps([code])}",
+                           "-s", "logging.format=json")
+    try:
+        status, _body = _invoke(server, "pliar", "00f067aa0ba902b7")
+        assert status == 200
+    finally:
+        output = server.stop()
+    records = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    said = [r for r in records if "who am I" in r["message"]]
+    assert len(said) == 1, records
+    assert said[0]["function"] == "pliar"                        # not "someone-else"
+    assert not said[0].get("invocation_id") and not said[0].get("trace_id")   # not the ids it claimed

@@ -2,7 +2,8 @@
 
 An invocation is one entry on its function's queue stream (`{queue:NAME}`); a worker takes it
 with XREADGROUP and writes entries to the invocation's own output stream (`{inv:ID}:out`):
-`data` (a batch of stream writes: `d` their payloads end to end, `n` their lengths, comma-separated),
+`data` (a batch of stream writes: `d` their payloads end to end, `n` their lengths, comma-separated,
+`i` the index of its first write, so a gap is seen),
 then one terminal `result` or `error`; the first entry also names the worker (`w`).
 `RemoteInvocation` pumps that stream into a bounded OutputChannel and resolves `task` with the
 result, so the HTTP response reads it exactly as it reads a local Invocation.
@@ -32,7 +33,7 @@ from runtime.manifest import FunctionSpec
 from runtime.surface import Mode, resolve_mode
 
 from .batch import Batcher
-from .settings import REDIS_DOWN, AnyRedis, ClusterUnavailableError, Keys, WorkerLostError
+from .settings import REDIS_DOWN, AnyRedis, ClusterUnavailableError, Keys, OutputLostError, WorkerLostError
 
 __all__ = ("RemoteInvocation", "WorkQueue", "error_from_fields")
 
@@ -201,6 +202,7 @@ class RemoteInvocation:
                     if "w" in fields:
                         self.worker = fields["w"]
                     if kind == "data":
+                        self._check_index(fields.get("i"))
                         await self._relay(fields["n"], fields["d"])
                     elif kind == "result":
                         self._finished = True
@@ -225,6 +227,16 @@ class RemoteInvocation:
             at += n
             self.events += 1
         self.chars += at
+
+    def _check_index(self, index: str | None) -> None:
+        """A data entry names its first event's index (`i`; a worker of the version before does
+        not): output that went missing in Redis (expired, evicted, a failover) fails the
+        invocation instead of ending it as if complete."""
+        if index is not None and int(index) != self.events:
+            self._finished = True
+            self.queue.background(self.queue.cancel(self.id, "output lost"))
+            raise OutputLostError(f"events {self.events + 1} to {index} of {self.spec.name!r} were lost on their "
+                                  f"way through Redis (expired or evicted); the invocation was not retried")
 
     async def _put_renewing(self, item: str) -> None:
         """Wait for room in the channel (the client reads slowly), renewing the output stream's TTL

@@ -24,8 +24,8 @@ from redis.retry import Retry
 
 from runtime.errors import FunctionServiceError, ServiceUnavailableError
 
-__all__ = ("Keys", "connect", "node_id", "ClusterUnavailableError", "WorkerLostError", "REDIS_DOWN", "Backoff",
-           "describe_url", "is_cluster_url", "slot_of")
+__all__ = ("Keys", "connect", "node_id", "ClusterUnavailableError", "WorkerLostError", "OutputLostError", "REDIS_DOWN",
+           "Backoff", "describe_url", "is_cluster_url", "slot_of")
 
 # What a lost Redis connection looks like to redis-py (OSError covers refused connects; the
 # cluster client raises RedisClusterException when no startup node answers, ClusterError when
@@ -42,6 +42,10 @@ class WorkerLostError(FunctionServiceError):
     """The worker running an invocation died after its output had begun."""
 
     code, status = 4002, 502
+
+
+class OutputLostError(WorkerLostError):
+    """Part of an invocation's output never reached the frontend (gone from Redis on the way)."""
 
 
 class Keys:

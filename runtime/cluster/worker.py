@@ -377,7 +377,8 @@ class QueueWorker:
                     pause = min(0.05, pause * 1.5)  # a client that stalls costs Redis less and less
             # One entry for the batch, its payloads in one field: a command argument costs the client
             # far more than its bytes do, so a batch of any size is four of them.
-            entry = {"t": "data", **first, "n": ",".join([str(len(p)) for p in batch]), "d": "".join(batch)}
+            entry = {"t": "data", **first, "i": str(window.written_events),  # its first event's index
+                     "n": ",".join([str(len(p)) for p in batch]), "d": "".join(batch)}
             first = {}
             if not await self._write(inv_id, [entry]):
                 inv.cancel("cancelled")  # the frontend gave up: stop now, even if its message is late

@@ -446,3 +446,25 @@ def test_a_frontend_acking_only_events_paces_the_worker_by_events():
     assert not window.full()
     window.wrote(1, 1600)
     assert window.full()                                         # 2100 chars unread
+
+
+async def test_output_lost_on_its_way_through_redis_fails_the_invocation(redis_server, make_client, monkeypatch):
+    """A data entry that never reaches the frontend (expired, evicted, a failover) is a gap in the
+    entries' indexes: the client gets an error event, not an end that looks complete."""
+    from runtime.cluster.worker import QueueWorker
+    original, data_writes = QueueWorker._write, []
+
+    async def lossy(self, inv_id, entries):
+        if entries[0].get("t") == "data":
+            data_writes.append(inv_id)
+            if len(data_writes) == 3:
+                return True                                       # "written", and gone
+        return await original(self, inv_id, entries)
+    monkeypatch.setattr(QueueWorker, "_write", lossy)
+    _client, _high, _inv, remote = await _queued_many(redis_server, make_client, 30)
+    events = [e["data"] async for e in iter_sse(remote)]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])
+    assert error["code"] == 4002 and "were lost" in error["message"], error
+    got = [e[:4] for e in events[:-2]]
+    assert got == [f"{i:04d}" for i in range(len(got))] and len(got) < 30   # in order up to the gap

@@ -30,6 +30,7 @@ import redis.asyncio as aioredis
 
 from ..jobs.model import Job
 from ..jobs.store import SharedStore
+from ..tasks import checkpoint, stop_tasks
 
 __all__ = ("RedisJobStore", "connect_store")
 
@@ -146,10 +147,7 @@ class RedisJobStore(SharedStore):
         await self._writes.put((nothing, done))
         with contextlib.suppress(Exception):
             await asyncio.wait_for(done, 5)
-        tasks = [t for t in (self._writer, self._listener, self._leaser) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks((self._writer, self._listener, self._leaser), "jobs store")
         with contextlib.suppress(Exception):
             # A clean stop: the unfinished jobs left behind are the next node's at once (the restart rules).
             await self.redis.delete(self._alive(self.node))
@@ -163,6 +161,7 @@ class RedisJobStore(SharedStore):
                 await op()
                 if not future.done():
                     future.set_result(None)
+                checkpoint()
             except Exception as exc:
                 log.warning("jobs: a Redis write failed: %s", exc)
                 if not future.done():
@@ -180,6 +179,7 @@ class RedisJobStore(SharedStore):
                 pubsub = self.redis.pubsub()
                 await pubsub.subscribe(self.cancel_channel)
                 async for message in pubsub.listen():
+                    checkpoint()
                     if message.get("type") == "message" and self.on_cancel is not None:
                         data = message["data"]
                         self.on_cancel(data.decode() if isinstance(data, bytes) else str(data))
@@ -285,6 +285,7 @@ class RedisJobStore(SharedStore):
                 raise
             except Exception as exc:  # Redis away: the lease may lapse, and another node take the jobs
                 log.warning("jobs: could not renew this node's lease: %s", exc)
+            checkpoint()
             await asyncio.sleep(self.lease / 3)
 
     async def claim_orphans(self, adopt: Callable[[Job], None]) -> int:

@@ -21,6 +21,7 @@ from runtime.registry import Registry
 from runtime.streams import BrokerSettings, bind_broker, unbind_broker
 from runtime.surface import Mode
 
+from ..tasks import stop_tasks
 from .queue import RemoteInvocation, WorkQueue
 from .redis_broker import RedisBroker
 from .registry_sync import RegistrySync
@@ -75,9 +76,7 @@ class ClusterNode:
     async def stop(self) -> None:
         if self.worker is not None:
             await self.worker.stop()
-        if self._watcher is not None:
-            self._watcher.cancel()
-            await asyncio.gather(self._watcher, return_exceptions=True)
+        await stop_tasks((self._watcher,), "cluster node")
         await self.sync.stop()
         await asyncio.sleep(0)
         await self.redis.aclose()

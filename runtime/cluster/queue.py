@@ -31,6 +31,7 @@ from runtime.errors import FunctionServiceError, FunctionTimeoutError
 from runtime.invocation import new_trace_id
 from runtime.manifest import FunctionSpec
 from runtime.surface import Mode, resolve_mode
+from runtime.tasks import checkpoint
 
 from .batch import Batcher
 from .settings import REDIS_DOWN, AnyRedis, ClusterUnavailableError, Keys, OutputLostError, WorkerLostError
@@ -192,6 +193,7 @@ class RemoteInvocation:
                 except REDIS_DOWN as exc:
                     raise ClusterUnavailableError(f"lost the connection to Redis while relaying {self.spec.name!r} "
                                                   f"from worker {self.worker}: {exc}") from None
+                checkpoint()  # a client gone while the read ran: its cancel must not be lost in redis-py
                 if not reply:
                     await self._check_worker()
                     continue

@@ -41,6 +41,7 @@ from runtime.streams.errors import (
 from runtime.streams.names import MAX_QUALIFIED_NAME_LENGTH, validate_stream_name
 from runtime.streams.tenancy import shown
 
+from ..tasks import checkpoint
 from .settings import REDIS_DOWN, AnyRedis, ClusterUnavailableError
 
 __all__ = ("RedisBroker", "RedisSubscription")
@@ -170,6 +171,7 @@ class RedisSubscription(AbstractSubscription):
             except REDIS_DOWN as exc:
                 raise ClusterUnavailableError(f"stream {shown(self.name)!r}: Redis unreachable ({exc}); "
                                               f"resume after id {self.last_id}") from None
+            checkpoint()  # the subscriber left while the read ran: its cancel must not be lost in redis-py
             if reply:
                 entries = reply[0][1]
                 if _seq(entries[0][0]) > self.last_id + 1:

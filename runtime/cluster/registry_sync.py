@@ -19,6 +19,7 @@ from runtime.errors import FunctionServiceError
 from runtime.manifest import FunctionSpec
 from runtime.registry import Registry
 
+from ..tasks import checkpoint, stop_tasks
 from .settings import REDIS_DOWN, AnyRedis, Backoff, ClusterUnavailableError, Keys
 
 __all__ = ("RegistrySync",)
@@ -195,10 +196,7 @@ class RegistrySync:
         self._listener = asyncio.create_task(self._listen(), name="cluster-registry-listen")
 
     async def stop(self) -> None:
-        for task in (self._task, self._listener):
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(*(t for t in (self._task, self._listener) if t), return_exceptions=True)
+        await stop_tasks((self._task, self._listener), "cluster registry sync")
 
     async def _loop(self) -> None:
         backoff = Backoff()
@@ -213,6 +211,7 @@ class RegistrySync:
                     log.info("cluster: registry in sync with Redis")
                 self.connected = True
                 backoff.reset()
+                checkpoint()
             except (ClusterUnavailableError, *REDIS_DOWN) as exc:
                 if self.connected:
                     log.warning("cluster: Redis unreachable (%s); retrying with backoff", exc)
@@ -234,6 +233,7 @@ class RegistrySync:
                 backoff.reset()
                 while True:
                     msg = await pubsub.get_message(timeout=5.0)
+                    checkpoint()
                     if msg is not None:
                         self._wake.set()
             except REDIS_DOWN:

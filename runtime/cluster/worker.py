@@ -32,6 +32,7 @@ from runtime.invocation import Invocation
 from runtime.registry import Registry
 from runtime.surface import Mode
 
+from ..tasks import checkpoint, stop_tasks
 from .batch import Batcher
 from .settings import REDIS_DOWN, AnyRedis, Backoff, Keys, WorkerLostError, slot_of
 
@@ -118,20 +119,17 @@ class QueueWorker:
         self.taking = False
         intake = [t for t in self._tasks if t.get_name() in ("worker-queues", "worker-reclaim")]
         intake += self._readers.values()
-        for task in intake:
-            task.cancel()
-        await asyncio.gather(*intake, return_exceptions=True)
+        await stop_tasks(intake, "cluster worker intake")
         try:
             await self._announce()  # frontends stop queueing for it now, not at the next heartbeat
         except REDIS_DOWN:
             pass
 
     async def stop(self) -> None:
-        for task in (*self._tasks, *self._readers.values()):
-            task.cancel()
         for inv in list(self._running.values()):
             inv.cancel("worker shutting down")
-        await asyncio.gather(*self._tasks, *self._readers.values(), *self._jobs, return_exceptions=True)
+        await stop_tasks((*self._tasks, *self._readers.values()), "cluster worker")
+        await asyncio.gather(*self._jobs, return_exceptions=True)  # their invocations were cancelled
         try:
             await self.redis.delete(self.keys.worker(self.id))
         except REDIS_DOWN:
@@ -159,6 +157,7 @@ class QueueWorker:
                     by_slot.setdefault(slot_of(self.redis, key), []).append(key)
                 self._by_slot = by_slot
                 backoff.reset()
+                checkpoint()
             except REDIS_DOWN as exc:
                 log.warning("worker %s: Redis unreachable (%s); retrying", self.id, exc)
                 self._grouped.clear()
@@ -201,6 +200,7 @@ class QueueWorker:
                 backoff.reset()
                 for key, entries in reply or []:
                     taken += await self._take(key, entries, reclaimed=False)
+                checkpoint()
             except aioredis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):   # NOGROUP: the queue was deleted (e.g. Redis restarted empty)
                     raise
@@ -220,6 +220,7 @@ class QueueWorker:
         backoff = Backoff()
         while True:
             await asyncio.sleep(self.claim_idle / 2)
+            checkpoint()
             try:
                 for key in list(self._grouped):
                     free = await self._reserve(wait=False)
@@ -428,6 +429,7 @@ class QueueWorker:
                 for key, ids in by_queue.items():   # reset idle time: these are alive, not to be reclaimed
                     await self.redis.xclaim(key, Keys.GROUP, self.id, 0, ids, justid=True)
                 backoff.reset()
+                checkpoint()
                 await asyncio.sleep(self.heartbeat)
             except REDIS_DOWN:
                 await backoff.sleep()
@@ -441,6 +443,7 @@ class QueueWorker:
                 backoff.reset()
                 while True:
                     msg = await pubsub.get_message(timeout=5.0)
+                    checkpoint()
                     if msg is None:
                         continue
                     inv_id: str = msg["data"]

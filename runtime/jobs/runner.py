@@ -23,6 +23,7 @@ from ..dispatch import InvokeOptions
 from ..errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError
 from ..invocation import Invocation, Item, encode_payload
 from ..principal import Principal
+from ..tasks import stop_tasks
 from .errors import JobItemError, JobNotFoundError, JobOutputTooLargeError, JobQueueFullError, JobStateError
 from .model import FINAL, Job, JobRequest, Status, new_job_id
 from .store import JobStore, SharedStore
@@ -135,9 +136,7 @@ class JobManager:
         tasks = [*self._dispatchers.values(), *self._tasks]
         if self._sweeper is not None:
             tasks.append(self._sweeper)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(tasks, "jobs")
         await self.store.close()
 
     # -- submit ------------------------------------------------------------------------------

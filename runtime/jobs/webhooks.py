@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from ..config import WebhookConfig
+from ..tasks import stop_tasks
 from .errors import JobBadRequestError
 from .model import YUANRONG_STATUS, Job
 
@@ -101,8 +102,6 @@ class WebhookSender:
                 log.warning("webhook of job %s to %s failed after %d attempts: %s", job_id, url, attempt, problem)
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(list(self._tasks), "webhooks")
         if self._session is not None:
             await self._session.close()

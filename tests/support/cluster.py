@@ -52,6 +52,7 @@ class RedisServer:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen | None = None
+        self._client: redis.Redis | None = None
         self.start()
 
     def start(self) -> None:
@@ -60,9 +61,16 @@ class RedisServer:
         wait_for_redis(self.client())
 
     def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, decode_responses=True)
+        """One client for the tests of this server, closed with it (an unclosed one's sockets are
+        ResourceWarnings whenever the garbage collector meets them, in whichever test runs then)."""
+        if self._client is None:
+            self._client = redis.Redis(port=self.port, decode_responses=True)
+        return self._client
 
     def kill(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -95,24 +103,33 @@ class RedisClusterServers:
              "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for port in self.ports]
         for port in self.ports:
-            wait_for_redis(redis.Redis(port=port))
+            with redis.Redis(port=port) as probe:
+                wait_for_redis(probe)
         created = subprocess.run([REDIS_CLI, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
                                   "--cluster-replicas", "0", "--cluster-yes"], capture_output=True, text=True,
                                  timeout=60)
         if created.returncode != 0:
             self.kill()
             raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout[-500:]} {created.stderr[-500:]}")
-        first = redis.Redis(port=self.ports[0], decode_responses=True)
-        for _ in range(500):
-            if "cluster_state:ok" in first.execute_command("CLUSTER", "INFO"):
-                return
-            time.sleep(0.02)
-        raise RuntimeError("the Redis Cluster did not reach state ok")
+        with redis.Redis(port=self.ports[0], decode_responses=True) as first:
+            for _ in range(500):
+                if "cluster_state:ok" in first.execute_command("CLUSTER", "INFO"):
+                    break
+                time.sleep(0.02)
+            else:
+                raise RuntimeError("the Redis Cluster did not reach state ok")
+        self._client: redis.RedisCluster | None = None
 
     def client(self) -> redis.RedisCluster:
-        return redis.RedisCluster(host="127.0.0.1", port=self.ports[0], decode_responses=True)
+        """One client for the tests of this cluster, closed with it (see RedisServer.client)."""
+        if self._client is None:
+            self._client = redis.RedisCluster(host="127.0.0.1", port=self.ports[0], decode_responses=True)
+        return self._client
 
     def kill(self) -> None:
+        if getattr(self, "_client", None) is not None:
+            self._client.close()
+            self._client = None
         for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()

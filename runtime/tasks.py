@@ -30,7 +30,10 @@ async def stop_tasks(tasks: Iterable[asyncio.Task[Any] | asyncio.Future[Any] | N
                      timeout: float = 5.0) -> None:
     """Cancel `tasks` and wait for them to end, cancelling again every 0.2 s (a cancel swallowed
     once is delivered at the task's next await); after `timeout` seconds leave the rest, logged."""
-    pending = {t for t in tasks if t is not None and not t.done()}
+    given = [t for t in tasks if t is not None]
+    for task in given:  # what they end with is theirs to have logged: retrieve it, now or when they end
+        task.add_done_callback(_retrieve)
+    pending = {t for t in given if not t.done()}
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while pending:
@@ -41,7 +44,9 @@ async def stop_tasks(tasks: Iterable[asyncio.Task[Any] | asyncio.Future[Any] | N
             log.warning("%s: %d background task(s) did not stop within %g s: %s", what, len(pending), timeout,
                         ", ".join(sorted(t.get_name() if isinstance(t, asyncio.Task) else repr(t) for t in pending)))
             return
-        done, pending = await asyncio.wait(pending, timeout=min(0.2, left))
-        for task in done:  # what they ended with is theirs to have logged: just retrieve it
-            if not task.cancelled():
-                task.exception()
+        _done, pending = await asyncio.wait(pending, timeout=min(0.2, left))
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()

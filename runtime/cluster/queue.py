@@ -204,8 +204,7 @@ class RemoteInvocation:
                     if "w" in fields:
                         self.worker = fields["w"]
                     if kind == "data":
-                        self._check_index(fields.get("i"))
-                        await self._relay(fields["n"], fields["d"])
+                        await self._relay(fields["n"], fields["d"], self._already_relayed(fields.get("i")))
                     elif kind == "result":
                         self._finished = True
                         return fields.get("d") or None
@@ -219,26 +218,35 @@ class RemoteInvocation:
             if self._finished:
                 self.queue.drop(keys.output(self.id), keys.ack(self.id), keys.ack_chars(self.id))
 
-    async def _relay(self, lengths: str, payloads: str) -> None:
-        """Put a data entry's payloads (`payloads` end to end, `lengths` in characters) in the channel."""
+    async def _relay(self, lengths: str, payloads: str, skip: int = 0) -> None:
+        """Put a data entry's payloads (`payloads` end to end, `lengths` in characters) in the channel,
+        but the first `skip` (already relayed: the entry was written twice)."""
         channel, at = self.channel, 0
         for n in map(int, lengths.split(",")):
             item = payloads[at:at + n]
+            at += n
+            if skip:
+                skip -= 1
+                continue
             if not channel.try_put(item):
                 await self._put_renewing(item)
-            at += n
             self.events += 1
-        self.chars += at
+            self.chars += n
 
-    def _check_index(self, index: str | None) -> None:
-        """A data entry names its first event's index (`i`; a worker of the version before does
-        not): output that went missing in Redis (expired, evicted, a failover) fails the
-        invocation instead of ending it as if complete."""
-        if index is not None and int(index) != self.events:
+    def _already_relayed(self, index: str | None) -> int:
+        """How many of a data entry's writes were relayed already. An entry names its first write's
+        index (`i`; a worker of the version before does not): output that went missing in Redis
+        (expired, evicted, a failover) fails the invocation instead of ending it as if complete;
+        an entry written twice (a pipeline resent after a dropped connection) is relayed once."""
+        if index is None:
+            return 0
+        first = int(index)
+        if first > self.events:
             self._finished = True
             self.queue.background(self.queue.cancel(self.id, "output lost"))
-            raise OutputLostError(f"events {self.events + 1} to {index} of {self.spec.name!r} were lost on their "
+            raise OutputLostError(f"events {self.events + 1} to {first} of {self.spec.name!r} were lost on their "
                                   f"way through Redis (expired or evicted); the invocation was not retried")
+        return self.events - first
 
     async def _put_renewing(self, item: str) -> None:
         """Wait for room in the channel (the client reads slowly), renewing the output stream's TTL

@@ -129,7 +129,11 @@ class QueueWorker:
         for inv in list(self._running.values()):
             inv.cancel("worker shutting down")
         await stop_tasks((*self._tasks, *self._readers.values()), "cluster worker")
-        await asyncio.gather(*self._jobs, return_exceptions=True)  # their invocations were cancelled
+        for inv in list(self._running.values()):  # and any a reader started meanwhile
+            inv.cancel("worker shutting down")
+        if self._jobs:  # a cancelled invocation still writes its end (the client's error event): let it
+            await asyncio.wait(list(self._jobs), timeout=5)
+        await stop_tasks(self._jobs, "cluster worker invocations")
         try:
             await self.redis.delete(self.keys.worker(self.id))
         except REDIS_DOWN:
@@ -198,9 +202,9 @@ class QueueWorker:
                 reply: Any = await self.redis.xreadgroup(Keys.GROUP, self.id, {k: ">" for k in keys}, count=n,
                                                     block=1000 if wait else None)
                 backoff.reset()
+                checkpoint()  # before taking: what was read stays pending, for another worker to reclaim
                 for key, entries in reply or []:
                     taken += await self._take(key, entries, reclaimed=False)
-                checkpoint()
             except aioredis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):   # NOGROUP: the queue was deleted (e.g. Redis restarted empty)
                     raise

@@ -468,3 +468,21 @@ async def test_output_lost_on_its_way_through_redis_fails_the_invocation(redis_s
     assert error["code"] == 4002 and "were lost" in error["message"], error
     got = [e[:4] for e in events[:-2]]
     assert got == [f"{i:04d}" for i in range(len(got))] and len(got) < 30   # in order up to the gap
+
+
+async def test_a_data_entry_written_twice_is_relayed_once(redis_server, make_client, monkeypatch):
+    """A pipeline resent after a dropped connection can write an entry twice: its index says so,
+    and the client gets every write once (it was reported as lost output)."""
+    from runtime.cluster.worker import QueueWorker
+    original, data_writes = QueueWorker._write, []
+
+    async def twice(self, inv_id, entries):
+        if entries[0].get("t") == "data":
+            data_writes.append(inv_id)
+            if len(data_writes) == 3:
+                await original(self, inv_id, entries)              # the first send, whose reply was lost
+        return await original(self, inv_id, entries)
+    monkeypatch.setattr(QueueWorker, "_write", twice)
+    _client, _high, _inv, remote = await _queued_many(redis_server, make_client, 30)
+    events = [e["data"] async for e in iter_sse(remote)]
+    assert [e[:4] for e in events[:-1]] == [f"{i:04d}" for i in range(30)] and events[-1] == "[DONE]"

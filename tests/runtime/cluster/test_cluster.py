@@ -360,8 +360,10 @@ async def test_entry_cancelled_before_a_worker_took_it_is_acked_and_frees_its_sl
 async def _queued_many(redis_server, make_client, count: int, **overrides):
     """An in-process node serving `hostile_fns.many_writes` (concurrency 1) and two SSE invocations of
     `count` writes of 200 kB: the first runs locally, the second is queued for the node's worker and
-    starts once the first was read (done here). Returns (client, the queued RemoteInvocation's
-    channel high-water mark [events], the queued one, its response)."""
+    starts once the first was read (done here). `count` must be more than the socket buffers hold
+    (100 = 20 MB; 30 = 6 MB once fitted, the first call ended early and the second ran locally).
+    Returns (client, the queued RemoteInvocation's channel high-water mark [events], the queued one,
+    its response)."""
     from frontend.cluster import CLUSTER
     from tests.support.servers import HANDLERS, fn, make_config
     cfg = make_config(**{"cluster.redisUrl": redis_server.url, "cluster.workerHeartbeatSeconds": 0.2,
@@ -461,13 +463,13 @@ async def test_output_lost_on_its_way_through_redis_fails_the_invocation(redis_s
                 return True                                       # "written", and gone
         return await original(self, inv_id, entries)
     monkeypatch.setattr(QueueWorker, "_write", lossy)
-    _client, _high, _inv, remote = await _queued_many(redis_server, make_client, 30)
+    _client, _high, _inv, remote = await _queued_many(redis_server, make_client, 100)
     events = [e["data"] async for e in iter_sse(remote)]
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])
     assert error["code"] == 4002 and "were lost" in error["message"], error
     got = [e[:4] for e in events[:-2]]
-    assert got == [f"{i:04d}" for i in range(len(got))] and len(got) < 30   # in order up to the gap
+    assert got == [f"{i:04d}" for i in range(len(got))] and len(got) < 100   # in order up to the gap
 
 
 async def test_a_data_entry_written_twice_is_relayed_once(redis_server, make_client, monkeypatch):
@@ -483,6 +485,6 @@ async def test_a_data_entry_written_twice_is_relayed_once(redis_server, make_cli
                 await original(self, inv_id, entries)              # the first send, whose reply was lost
         return await original(self, inv_id, entries)
     monkeypatch.setattr(QueueWorker, "_write", twice)
-    _client, _high, _inv, remote = await _queued_many(redis_server, make_client, 30)
+    _client, _high, _inv, remote = await _queued_many(redis_server, make_client, 100)
     events = [e["data"] async for e in iter_sse(remote)]
-    assert [e[:4] for e in events[:-1]] == [f"{i:04d}" for i in range(30)] and events[-1] == "[DONE]"
+    assert [e[:4] for e in events[:-1]] == [f"{i:04d}" for i in range(100)] and events[-1] == "[DONE]"

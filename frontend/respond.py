@@ -15,11 +15,16 @@ from aiohttp import web
 from runtime.errors import FunctionServiceError
 from runtime.surface import InvocationSurface
 
-__all__ = ("answer",)
+__all__ = ("answer", "client_left")
 
 log = logging.getLogger("fnstream.frontend")
 
 CLIENT_GONE = "client disconnected"
+
+
+def client_left() -> web.Response:
+    """What a route answers when its client left (nobody reads it; access logs and metrics do)."""
+    return web.Response(status=499)
 
 
 async def answer(inv: InvocationSurface, respond: Awaitable[web.StreamResponse],

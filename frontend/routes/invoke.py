@@ -26,7 +26,7 @@ from ..body import read_json_body
 from ..keys import CONFIG, DISPATCHER, TRACE_ID
 from ..metrics import FUNCTION, INVOCATION, counted
 from ..negotiation import parse_accept, quality
-from ..respond import answer
+from ..respond import answer, client_left
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 from .jobs import submit_async
 
@@ -84,8 +84,8 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     inv = await dispatcher.dispatch(principal, function, event, options)
     request[INVOCATION] = inv
     if inv.streaming:
-        return await answer(inv, _stream_response(request, inv, args.heartbeatSeconds), _client_left)
-    return await answer(inv, _json_response(inv), _client_left)
+        return await answer(inv, _stream_response(request, inv, args.heartbeatSeconds), client_left)
+    return await answer(inv, _json_response(inv), client_left)
 
 
 def _ref_of(match: Mapping[str, str]) -> str:
@@ -101,10 +101,6 @@ def _session_of(request: web.Request) -> SessionRequest | None:
     """The X-Instance-Session the request names (400 if malformed), or None."""
     value = request.headers.get("X-Instance-Session")
     return None if value is None else parse_session_header(value)
-
-
-def _client_left() -> web.Response:
-    return web.Response(status=499)
 
 
 async def _json_response(inv: InvocationSurface) -> web.Response:

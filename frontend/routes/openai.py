@@ -36,7 +36,7 @@ from ..body import read_json_body
 from ..errors import openai_error_body
 from ..keys import CONFIG, DISPATCHER, TRACE_ID
 from ..metrics import FUNCTION, INVOCATION, counted
-from ..respond import answer
+from ..respond import answer, client_left
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 
 __all__ = ("routes", "CHAT_ROUTE", "COMPLETIONS_ROUTE", "serve_openai", "model_object")
@@ -88,7 +88,7 @@ async def _serve(request: web.Request, route: str, function_name: str | None = N
         sse = EventStream(request, headers={"X-Trace-Id": inv.trace_id})
         heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds
         return await answer(inv, _stream(sse, inv, heartbeat), lambda: sse.response)
-    return await answer(inv, _whole(inv), lambda: web.Response(status=499))
+    return await answer(inv, _whole(inv), client_left)
 
 
 def _error_event(exc: FunctionServiceError) -> bytes:

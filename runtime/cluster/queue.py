@@ -56,6 +56,7 @@ class WorkQueue:
 
     def __init__(self, redis: AnyRedis, keys: Keys, *, ttl: float, heartbeat: float) -> None:
         self.redis, self.keys, self.ttl, self.heartbeat = redis, keys, ttl, heartbeat
+        self.key_ttl = max(1, int(ttl))  # whole seconds, as EX and EXPIRE take them
         self._cleanup: set[asyncio.Task[Any]] = set()
         self.batch = Batcher(redis)    # the enqueues of one loop turn in one round trip
         self._doomed: list[str] = []   # keys of finished invocations, deleted together (one DEL per loop turn)
@@ -87,7 +88,7 @@ class WorkQueue:
         """Tell whichever worker runs (or will take) the invocation to stop, then drop its keys."""
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.set(self.keys.cancelled(inv_id), reason, ex=max(1, int(self.ttl)))
+                pipe.set(self.keys.cancelled(inv_id), reason, ex=self.key_ttl)
                 pipe.delete(self.keys.output(inv_id), self.keys.ack(inv_id), self.keys.ack_chars(inv_id))
                 await pipe.execute()
             # After the marker is set; outside the pipeline (a cluster pipeline cannot PUBLISH).
@@ -191,8 +192,7 @@ class RemoteInvocation:
                 try:
                     reply: Any = await redis.xread({out: last}, count=self.buffer_events, block=_POLL_MS)
                 except REDIS_DOWN as exc:
-                    raise ClusterUnavailableError(f"lost the connection to Redis while relaying {self.spec.name!r} "
-                                                  f"from worker {self.worker}: {exc}") from None
+                    raise self._redis_lost(exc) from None
                 checkpoint()  # a client gone while the read ran: its cancel must not be lost in redis-py
                 if not reply:
                     await self._check_worker()
@@ -251,7 +251,7 @@ class RemoteInvocation:
     async def _put_renewing(self, item: str) -> None:
         """Wait for room in the channel (the client reads slowly), renewing the output stream's TTL
         meanwhile: its unread entries must not expire under a client stalled past outputTtlSeconds."""
-        ttl = max(1, int(self.queue.ttl))
+        ttl = self.queue.key_ttl
         while True:
             try:
                 await asyncio.wait_for(self.channel.put(item), timeout=ttl / 3)
@@ -260,12 +260,11 @@ class RemoteInvocation:
                 try:
                     await self.queue.redis.expire(self.queue.keys.output(self.id), ttl)
                 except REDIS_DOWN as exc:
-                    raise ClusterUnavailableError(f"lost the connection to Redis while relaying "
-                                                  f"{self.spec.name!r} from worker {self.worker}: {exc}") from None
+                    raise self._redis_lost(exc) from None
 
     async def _ack(self, out: str, last: str) -> None:
         """Move the worker's window and drop what was relayed, up to (not including) `last`."""
-        keys, ttl = self.queue.keys, max(1, int(self.queue.ttl))
+        keys, ttl = self.queue.keys, self.queue.key_ttl
         pipe = self.queue.redis.pipeline(transaction=False)
         pipe.set(keys.ack_chars(self.id), self.chars, ex=ttl)  # first: an ack without it is an old node's
         pipe.set(keys.ack(self.id), self.events, ex=ttl)
@@ -273,8 +272,11 @@ class RemoteInvocation:
         try:
             await pipe.execute()
         except REDIS_DOWN as exc:
-            raise ClusterUnavailableError(f"lost the connection to Redis while relaying {self.spec.name!r} "
-                                          f"from worker {self.worker}: {exc}") from None
+            raise self._redis_lost(exc) from None
+
+    def _redis_lost(self, exc: BaseException) -> ClusterUnavailableError:
+        return ClusterUnavailableError(f"lost the connection to Redis while relaying {self.spec.name!r} "
+                                       f"from worker {self.worker}: {exc}")
 
     async def _check_worker(self) -> None:
         """A worker that vanished after output began is lost; before that, its entry is reclaimed."""

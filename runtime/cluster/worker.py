@@ -126,11 +126,9 @@ class QueueWorker:
             pass
 
     async def stop(self) -> None:
-        for inv in list(self._running.values()):
-            inv.cancel("worker shutting down")
+        self._cancel_running()
         await stop_tasks((*self._tasks, *self._readers.values()), "cluster worker")
-        for inv in list(self._running.values()):  # and any a reader started meanwhile
-            inv.cancel("worker shutting down")
+        self._cancel_running()  # and any a reader started meanwhile
         if self._jobs:  # a cancelled invocation still writes its end (the client's error event): let it
             await asyncio.wait(list(self._jobs), timeout=5)
         await stop_tasks(self._jobs, "cluster worker invocations")
@@ -138,6 +136,10 @@ class QueueWorker:
             await self.redis.delete(self.keys.worker(self.id))
         except REDIS_DOWN:
             pass
+
+    def _cancel_running(self) -> None:
+        for inv in list(self._running.values()):
+            inv.cancel("worker shutting down")
 
     # -- taking work -------------------------------------------------------------------------
     async def _create_group(self, key: str) -> None:
@@ -373,7 +375,7 @@ class QueueWorker:
             batch = await inv.channel.get_batch()
             if not batch:
                 break
-            chars = sum(map(len, batch))
+            lengths = [len(p) for p in batch]
             pause = 0.002
             while window.full() and inv.cancel_reason is None:
                 window.acked(*await self.redis.mget(self.keys.ack(inv_id), self.keys.ack_chars(inv_id)))
@@ -383,11 +385,11 @@ class QueueWorker:
             # One entry for the batch, its payloads in one field: a command argument costs the client
             # far more than its bytes do, so a batch of any size is four of them.
             entry = {"t": "data", **first, "i": str(window.written_events),  # its first event's index
-                     "n": ",".join([str(len(p)) for p in batch]), "d": "".join(batch)}
+                     "n": ",".join(map(str, lengths)), "d": "".join(batch)}
             first = {}
             if not await self._write(inv_id, [entry]):
                 inv.cancel("cancelled")  # the frontend gave up: stop now, even if its message is late
-            window.wrote(len(batch), chars)
+            window.wrote(len(batch), sum(lengths))
         try:
             terminal = {"t": "result", "d": await inv.encoded_result() or ""}
         except asyncio.CancelledError:

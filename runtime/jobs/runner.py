@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ("JobManager",)
 
 log = logging.getLogger("fnstream.jobs")
+_TAKEN_OVER = "another node took the job over"  # the cancel reason of a job taken from this node
 
 SLOT_POLL = 0.02      # seconds between looks for a free slot while a function is at its concurrency
 REMOTE_POLL = 0.05    # seconds between reads of a job another node runs (shared store)
@@ -293,7 +294,11 @@ class JobManager:
         self._notify(job)
         inv = self._running.get(job_id)
         if inv is not None:
-            inv.cancel("another node took the job over")
+            inv.cancel(_TAKEN_OVER)
+
+    def _ours(self, job: Job) -> bool:
+        """Still this node's job: `_taken_from_us` forgets a job another node took."""
+        return self.jobs.get(job.id) is job
 
     def _cancel_local(self, job: Job) -> Job:
         inv = self._running.get(job.id)
@@ -389,8 +394,8 @@ class JobManager:
             job.status = "IN_QUEUE"
             self._finish(job, "FAILED", error=exc)  # the loop drops it from the queue
             return True
-        if self.jobs.get(job.id) is not job:  # taken over by another node while being dispatched
-            inv.cancel("another node took the job over")
+        if not self._ours(job):  # taken over by another node while being dispatched
+            inv.cancel(_TAKEN_OVER)
             return True
         queue = self._queues[job.function]
         queue.remove(job.id)  # the first, unless the queue changed while a cluster submit was awaited
@@ -481,7 +486,7 @@ class JobManager:
 
     def _finish(self, job: Job, status: Status, *, result: Any = None,
                 error: FunctionServiceError | None = None) -> None:
-        if self.jobs.get(job.id) is not job:
+        if not self._ours(job):
             return  # another node took it over (_taken_from_us): its end is the taker's to record
         if job.status == "IN_QUEUE":
             self.queued -= 1

@@ -140,9 +140,8 @@ class Log(TypedDict):
     name: str
     level: int
     msg: str            # formatted in the worker (a traceback included)
-    trace_id: str       # of the invocation that logged ("" outside one): the worker's claims, which
-    function: str       # the pool checks (WorkerProcess._handle): only an invocation this worker runs
-    invocation_id: str  # is named, and the function is always the pool's own
+    invocation_id: str  # of the invocation that logged ("" outside one): the worker's claim, which the
+                        # pool checks (WorkerProcess._handle) and completes with trace id and function
 
 
 class Stopped(TypedDict):

@@ -173,8 +173,9 @@ class WorkerStream:
 
 
 class _FrameLogHandler(logging.Handler):
-    """Forwards the worker's log records to the frontend's logging, with the trace id, function and
-    invocation id of the invocation that logged (runtime/logs.py: set around each invocation)."""
+    """Forwards the worker's log records to the frontend's logging, with the id of the invocation
+    that logged (runtime/logs.py: set around each invocation); the pool adds its trace id and the
+    function, whose they are being the pool's to say."""
 
     def __init__(self, worker: Worker) -> None:
         super().__init__(logging.INFO)
@@ -182,9 +183,8 @@ class _FrameLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            trace_id, function, invocation_id = log_context()
+            _trace_id, _function, invocation_id = log_context()  # the pool adds the others itself
             self._worker.post({"t": "log", "name": record.name, "level": record.levelno, "msg": self.format(record),
-                               "trace_id": trace_id, "function": function or self._worker.spec.name,
                                "invocation_id": invocation_id})
         except Exception:  # logging must never fail the handler
             self.handleError(record)

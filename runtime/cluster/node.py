@@ -51,7 +51,8 @@ class ClusterNode:
                                  publish=self.role != "worker")
         self.broker = RedisBroker(connect(cc.redisUrl, decode=False), cc.keyPrefix,
                                   BrokerSettings.from_config(config.streams))
-        self.queue = WorkQueue(self.redis, self.keys, ttl=cc.outputTtlSeconds, heartbeat=cc.workerHeartbeatSeconds)
+        self.queue = WorkQueue(self.redis, self.keys, self.id, ttl=cc.outputTtlSeconds,
+                               heartbeat=cc.workerHeartbeatSeconds)
         self.worker: QueueWorker | None = None
         self.workers: dict[str, dict[str, Any]] = {}   # live workers (refreshed every heartbeat)
         self.redis_reachable = False
@@ -77,6 +78,7 @@ class ClusterNode:
         if self.worker is not None:
             await self.worker.stop()
         await stop_tasks((self._watcher,), "cluster node")
+        await self.queue.close()
         await self.sync.stop()
         await asyncio.sleep(0)
         await self.redis.aclose()
@@ -110,7 +112,8 @@ class ClusterNode:
                                           "retry later")
         return await self.queue.submit(dep.spec, event, mode=mode, buffer_events=buffer_events,
                                        max_write_size=max_write_size, max_response_size=max_response_size,
-                                       trace_id=trace_id, timeout=timeout, buffer_bytes=buffer_bytes)
+                                       trace_id=trace_id, timeout=timeout, buffer_bytes=buffer_bytes,
+                                       reply=self._all_answer(dep.spec.name))
 
     async def require(self) -> None:
         """503 unless Redis answers (for admin changes, which must reach every node)."""
@@ -137,6 +140,11 @@ class ClusterNode:
 
     def serving(self, name: str) -> bool:
         return any(name in w.get("functions", ()) for w in self.workers.values())
+
+    def _all_answer(self, name: str) -> bool:
+        """Every live worker of `name` puts JSON answers on a frontend's answers stream (a worker of
+        the version before announces no `answers` and writes them to the invocation's own stream)."""
+        return all(w.get("answers") for w in self.workers.values() if name in w.get("functions", ()))
 
     def status(self, principal: Principal | None = None) -> dict[str, Any]:
         """This node, Redis and the workers, as `principal` may see them: a token that is not `admin`

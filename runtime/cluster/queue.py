@@ -13,6 +13,8 @@ agrees with this one) and trims what it has read from the output stream (all but
 tells a reclaiming worker the output had begun); a worker never runs more than two buffers of
 bytes (eight of events) ahead of it, so Redis holds about that much of a stream a client reads slowly.
 Every per-invocation key has a TTL and is deleted by the frontend at the end, many invocations' in one DEL.
+A plain JSON invocation relays nothing but its answer: when the workers know how, the worker puts
+it on the frontend's answers stream instead, which one task reads for all (runtime/cluster/answers.py).
 """
 from __future__ import annotations
 
@@ -27,23 +29,19 @@ from typing import Any
 from redis.typing import EncodableT
 
 from runtime.channel import OutputChannel
-from runtime.errors import FunctionServiceError, FunctionTimeoutError
+from runtime.errors import FunctionServiceError
 from runtime.invocation import new_trace_id
 from runtime.manifest import FunctionSpec
 from runtime.surface import Mode, resolve_mode
 from runtime.tasks import checkpoint
 
+from .answers import DEADLINE_GRACE, POLL_MS, AnswerReader, silent_worker_timeout
 from .batch import Batcher
 from .settings import REDIS_DOWN, AnyRedis, ClusterUnavailableError, Keys, OutputLostError, WorkerLostError
 
 __all__ = ("RemoteInvocation", "WorkQueue", "error_from_fields")
 
 log = logging.getLogger("fnstream.cluster")
-
-# How long a blocking XREAD waits before the pump checks deadline and worker liveness.
-_POLL_MS = 500
-# Extra time past the function's timeout before the frontend gives up on a silent worker.
-_DEADLINE_GRACE = 5.0
 
 
 def error_from_fields(fields: dict[str, str]) -> FunctionServiceError:
@@ -54,18 +52,23 @@ def error_from_fields(fields: dict[str, str]) -> FunctionServiceError:
 class WorkQueue:
     """Enqueues invocations for the cluster's workers."""
 
-    def __init__(self, redis: AnyRedis, keys: Keys, *, ttl: float, heartbeat: float) -> None:
+    def __init__(self, redis: AnyRedis, keys: Keys, node: str, *, ttl: float, heartbeat: float) -> None:
         self.redis, self.keys, self.ttl, self.heartbeat = redis, keys, ttl, heartbeat
         self.key_ttl = max(1, int(ttl))  # whole seconds, as EX and EXPIRE take them
         self._cleanup: set[asyncio.Task[Any]] = set()
         self.batch = Batcher(redis)    # the enqueues of one loop turn in one round trip
         self._doomed: list[str] = []   # keys of finished invocations, deleted together (one DEL per loop turn)
+        self.answers = AnswerReader(redis, keys.answers(node), self.batch, ttl=self.key_ttl)
+
+    async def close(self) -> None:
+        await self.answers.close()
 
     async def submit(self, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int, max_write_size: int,
                      max_response_size: int, trace_id: str | None, timeout: float | None = None,
-                     buffer_bytes: int | None = None) -> RemoteInvocation:
+                     buffer_bytes: int | None = None, reply: bool = False) -> RemoteInvocation:
         """Queue one invocation; `timeout` shortens the function's own (a job's executionTimeout);
-        `buffer_events` / `buffer_bytes` bound its output channel here as a local one's."""
+        `buffer_events` / `buffer_bytes` bound its output channel here as a local one's; with
+        `reply`, a JSON invocation's answer comes on this node's answers stream."""
         seconds = spec.timeout if timeout is None else min(timeout, spec.timeout)
         inv = RemoteInvocation(self, spec, event, mode=mode, buffer_events=buffer_events,
                                max_response_size=max_response_size, trace_id=trace_id, timeout=seconds,
@@ -76,12 +79,20 @@ class WorkQueue:
             "maxWrite", max_write_size, "maxResponse", max_response_size)
         if buffer_bytes is not None:
             entry += ("bufferBytes", buffer_bytes)  # the worker's own Invocation is bounded alike
+        if reply and inv.mode == "json":
+            entry += ("reply", self.answers.key)
+            inv.answer = self.answers.wait(inv)  # before the entry exists: its answer may come first
         try:
             await self.batch.call("XADD", self.keys.queue(spec.name), "*", *entry)
         except REDIS_DOWN as exc:
+            self.answers.forget(inv.id)
             raise ClusterUnavailableError(f"cannot queue {spec.name!r} for the cluster's workers: Redis is "
                                           f"unreachable ({exc}); retry later") from None
-        inv.start()
+        except BaseException:
+            self.answers.forget(inv.id)
+            raise
+        if inv.answer is None:
+            inv.start()
         return inv
 
     async def cancel(self, inv_id: str, reason: str) -> None:
@@ -121,7 +132,8 @@ class WorkQueue:
 class RemoteInvocation:
     """An invocation running on some worker, seen through the InvocationSurface (runtime/surface.py):
     `channel` (bounded, `get_batch`), `outcome()` / `encoded_result()` (the worker's answer or its
-    FunctionServiceError), `cancel()`. The worker already encoded the answer (generator items folded in)."""
+    FunctionServiceError), `cancel()`. The worker already encoded the answer (generator items folded in).
+    Its answer comes from its own pump (`task`), or for a JSON call from the node's AnswerReader (`answer`)."""
 
     def __init__(self, queue: WorkQueue, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int,
                  max_response_size: int, trace_id: str | None, timeout: float | None = None,
@@ -140,6 +152,7 @@ class RemoteInvocation:
         # The local Invocation's bound (runtime/channel.py): events and bytes, one larger write alone.
         self.channel: OutputChannel[str] = OutputChannel(self.loop, buffer_events, buffer_bytes)
         self.task: asyncio.Task[str | None] | None = None
+        self.answer: asyncio.Future[str | None] | None = None
         self.worker: str | None = None
         self.events = 0
         self.chars = 0  # characters of the payloads relayed: the worker's byte window
@@ -158,8 +171,31 @@ class RemoteInvocation:
 
     async def encoded_result(self) -> str | None:
         """The answer as the worker encoded it, or its error (same contract as Invocation's)."""
+        if self.answer is not None:
+            return await self.answer
         assert self.task is not None
         return await self.task
+
+    def answered(self, fields: dict[str, str]) -> None:
+        """The AnswerReader found its terminal entry: a `result` or an `error`."""
+        self._finished = True
+        self.worker = fields.get("w", self.worker)
+        assert self.answer is not None
+        if self.answer.done():
+            return
+        if fields.get("t") == "result":
+            self.answer.set_result(fields.get("d") or None)
+        else:
+            self.answer.set_exception(error_from_fields(fields))
+
+    def give_up(self, error: FunctionServiceError, *, cancel: bool = True) -> None:
+        """The AnswerReader stopped waiting for the answer: `error` is the outcome; with `cancel`,
+        the worker is told to stop (a timeout), without it not (Redis is unreachable)."""
+        assert self.answer is not None
+        if not self.answer.done():
+            self.answer.set_exception(error)
+        if cancel:
+            self.cancel(error.message)
 
     async def outcome(self) -> Any:
         """The result relayed from the worker, or its error (same contract as Invocation.outcome)."""
@@ -171,8 +207,12 @@ class RemoteInvocation:
             return
         self.cancel_reason = reason
         self.channel.cancel(reason)
+        if self.answer is not None:
+            self.queue.answers.forget(self.id)
+            self.answer.cancel(reason)   # (no-op once answered)
+            self.answer.add_done_callback(_retrieve)   # nobody may await it any more
         if self.task is not None:
-            self.task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self.task.add_done_callback(_retrieve)
             if not self.task.done():
                 self.task.cancel(reason)
         if not self._finished:
@@ -185,12 +225,12 @@ class RemoteInvocation:
         last = "0-0"
         try:
             while True:
-                if time.monotonic() > self.deadline + _DEADLINE_GRACE:
-                    self.cancel(f"function {self.spec.name!r} timed out after {self.spec.timeout:g} s")
-                    raise FunctionTimeoutError(f"function {self.spec.name!r} timed out after {self.spec.timeout:g} s "
-                                               "(no answer from the cluster's workers)")
+                if time.monotonic() > self.deadline + DEADLINE_GRACE:
+                    error = silent_worker_timeout(self.spec)
+                    self.cancel(error.message)
+                    raise error
                 try:
-                    reply: Any = await redis.xread({out: last}, count=self.buffer_events, block=_POLL_MS)
+                    reply: Any = await redis.xread({out: last}, count=self.buffer_events, block=POLL_MS)
                 except REDIS_DOWN as exc:
                     raise self._redis_lost(exc) from None
                 checkpoint()  # a client gone while the read ran: its cancel must not be lost in redis-py
@@ -289,3 +329,9 @@ class RemoteInvocation:
             raise WorkerLostError(f"worker {self.worker} running {self.spec.name!r} was lost after "
                                   f"{self.events} events; the invocation was not retried")
 
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Take a future's outcome nobody awaits, so it is not reported as never retrieved."""
+    if not future.cancelled():
+        future.exception()

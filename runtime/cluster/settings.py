@@ -63,6 +63,10 @@ class Keys:
     def queue(self, function: str) -> str:
         return f"{self.prefix}:{{queue:{function}}}"
 
+    def answers(self, node: str) -> str:
+        """A frontend node's answers stream: the results of its plain JSON invocations (answers.py)."""
+        return f"{self.prefix}:{{answers:{node}}}"
+
     def output(self, inv_id: str) -> str:
         return f"{self.prefix}:{{inv:{inv_id}}}:out"
 

@@ -33,6 +33,7 @@ from runtime.registry import Registry
 from runtime.surface import Mode
 
 from ..tasks import checkpoint, stop_tasks
+from .answers import ANSWER_SCRIPT
 from .batch import Batcher
 from .settings import REDIS_DOWN, AnyRedis, Backoff, Keys, WorkerLostError, slot_of
 
@@ -271,18 +272,25 @@ class QueueWorker:
             job.add_done_callback(self._jobs.discard)
         return len(entries)
 
-    async def _done_with(self, inv_id: str, terminal: list[dict[str, str]] | None = None) -> None:
-        """Release the slot, write the invocation's `terminal` entry (if any), ack and delete its queue
+    async def _done_with(self, inv_id: str, terminal: list[dict[str, str]] | None = None,
+                         reply: str | None = None) -> None:
+        """Release the slot, write the invocation's `terminal` entry (if any: to its frontend's answers
+        stream `reply` when the entry names one, runtime/cluster/answers.py), ack and delete its queue
         entry: issued together and sent in this order, so an entry is never acked before its answer is stored."""
         key, entry_id = self._held.pop(inv_id)
         self._cancelled.discard(inv_id)
         self._slots.release()
-        calls = [self.batch.call("EVAL", _APPEND, *self._append_args(inv_id, terminal))] if terminal else []
+        calls: list[asyncio.Future[Any]] = []
+        if terminal and reply:
+            pairs = [x for name, value in {"id": inv_id, **terminal[-1]}.items() for x in (name, value)]
+            calls.append(self.batch.call("EVAL", ANSWER_SCRIPT, 1, reply, max(1, int(self.ttl)), *pairs))
+        elif terminal:
+            calls.append(self.batch.call("EVAL", _APPEND, *self._append_args(inv_id, terminal)))
         calls += [self.batch.call("XACK", key, Keys.GROUP, entry_id), self.batch.call("XDEL", key, entry_id)]
-        for reply in await asyncio.gather(*calls, return_exceptions=True):
+        for outcome in await asyncio.gather(*calls, return_exceptions=True):
             # Redis down: it stays pending; whoever reclaims it finds the finished output and just acks it.
-            if isinstance(reply, Exception) and not isinstance(reply, REDIS_DOWN):
-                log.warning("worker %s: finishing invocation %s: %s", self.id, inv_id, reply)
+            if isinstance(outcome, Exception) and not isinstance(outcome, REDIS_DOWN):
+                log.warning("worker %s: finishing invocation %s: %s", self.id, inv_id, outcome)
 
     # -- running -----------------------------------------------------------------------------
     async def _run_entry(self, key: str, entry_id: str, fields: dict[str, str], reclaimed: bool,
@@ -308,7 +316,7 @@ class QueueWorker:
         finally:
             self._running.pop(inv_id, None)
             self.completed += 1
-        await self._done_with(inv_id, terminal)
+        await self._done_with(inv_id, terminal, fields.get("reply"))
 
     async def _should_run(self, inv_id: str, fields: dict[str, str], reclaimed: bool) -> bool:
         """False when there is nothing to run, only the entry to ack: (reclaimed) already answered,
@@ -421,7 +429,8 @@ class QueueWorker:
     async def _announce(self) -> None:
         """Refresh this worker's key: alive, and which functions it takes (none while shutting down)."""
         functions = [d.name for d in self.registry.list()] if self.taking else []
-        info = json.dumps({"running": len(self._running), "completed": self.completed, "functions": functions})
+        info = json.dumps({"running": len(self._running), "completed": self.completed, "functions": functions,
+                           "answers": 1})   # puts JSON answers on the frontend's answers stream (`reply`)
         await self.redis.set(self.keys.worker(self.id), info, px=int(self.heartbeat * 3000))
 
     async def _beat(self) -> None:

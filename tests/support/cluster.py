@@ -143,6 +143,12 @@ class WorkerProcess(FnstreamProcess):
         super().__init__("worker", "--cluster", url, *FAST, *args, env={"FNSTREAM_LOG": "WARNING"})
 
 
+class PreviousWorkerProcess(WorkerProcess):
+    """A worker as the version before JSON answers streams (tests/support/previous_worker.py)."""
+
+    MODULE = "tests.support.previous_worker"
+
+
 # -- talking to cluster nodes over HTTP ---------------------------------------------------------
 RELAY = {"name": "relay", "handler": "relay.handler", "codePath": str(CLUSTER_FUNCTIONS), "timeout": 30}
 

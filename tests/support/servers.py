@@ -50,9 +50,11 @@ class FnstreamProcess:
     A file, not a pipe: a pipe nobody reads fills up and freezes a busy server.
     """
 
+    MODULE = "frontend.cli"  # what `python -m` runs (a test may run a patched CLI)
+
     def __init__(self, *cli_args: str, env: dict | None = None) -> None:
         self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by stop())
-        self.proc = subprocess.Popen([sys.executable, "-m", "frontend.cli", *cli_args], cwd=ROOT,
+        self.proc = subprocess.Popen([sys.executable, "-m", self.MODULE, *cli_args], cwd=ROOT,
                                      env={**os.environ, **(env or {})}, stdout=self.log,
                                      stderr=subprocess.STDOUT, text=True)
         self.pid = self.proc.pid

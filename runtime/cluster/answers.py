@@ -1,0 +1,130 @@
+"""One reader of answers per frontend: the results of plain JSON invocations, off one Redis stream.
+
+A JSON invocation relays no output, only its answer; a pump of its own (a task and a blocking
+XREAD of the invocation's own stream, then a DEL of its keys) cost the frontend about a fifth of
+each queued call. So the queue entry names the frontend's answers stream (`reply`,
+`{answers:NODE}`), the worker XADDs the terminal entry there (`id` names the invocation; the
+script renews the stream's TTL, so a dead frontend's stream expires), and one task here reads
+every answer in batches, resolves each waiting invocation and trims what it read (one XTRIM per
+batch, sent with whatever else the loop turn sends).
+
+Deadlines are swept here twice a second (no answer `DEADLINE_GRACE` after the deadline:
+FunctionTimeoutError, as the pump raises); Redis lost while reading fails every waiter at once
+(ClusterUnavailableError), as each pump's own read would have. A worker of the version before
+does not know `reply`: the node names a reply stream only when every live worker of the
+function announces that it answers there (runtime/cluster/node.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from runtime.errors import FunctionServiceError, FunctionTimeoutError
+from runtime.tasks import checkpoint, stop_tasks
+
+from .batch import Batcher
+from .settings import REDIS_DOWN, AnyRedis, Backoff, ClusterUnavailableError
+
+if TYPE_CHECKING:
+    from runtime.manifest import FunctionSpec
+
+    from .queue import RemoteInvocation
+
+__all__ = ("AnswerReader", "ANSWER_SCRIPT", "DEADLINE_GRACE", "POLL_MS", "silent_worker_timeout")
+
+log = logging.getLogger("fnstream.cluster")
+
+# KEYS: the answers stream; ARGV: its TTL in seconds, then the entry's field/value pairs.
+ANSWER_SCRIPT = """
+redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
+# How long a blocking XREAD of the frontend's waits before it checks deadlines (and worker liveness).
+POLL_MS = 500
+# Extra time past the function's timeout before the frontend gives up on a silent worker.
+DEADLINE_GRACE = 5.0
+# Answers taken per read.
+_BATCH = 1000
+
+
+class AnswerReader:
+    """Reads this frontend's answers stream and resolves the invocations waiting on it."""
+
+    def __init__(self, redis: AnyRedis, key: str, batch: Batcher, *, ttl: int) -> None:
+        self.redis, self.key, self.batch, self.ttl = redis, key, batch, ttl
+        self._waiting: dict[str, RemoteInvocation] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def wait(self, inv: RemoteInvocation) -> asyncio.Future[str | None]:
+        """Expect `inv`'s answer (before its queue entry is written: a fast worker may answer
+        before the enqueue's reply is read); the future gets its JSON text or its error."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._read(), name="cluster-answers")
+        self._waiting[inv.id] = inv
+        return inv.loop.create_future()
+
+    def forget(self, inv_id: str) -> None:
+        self._waiting.pop(inv_id, None)
+
+    async def close(self) -> None:
+        await stop_tasks((self._task,), "cluster answer reader")
+        self._fail_all(ClusterUnavailableError("this node is shutting down"))
+
+    async def _read(self) -> None:
+        last = "0-0"   # the stream is this node's alone and new with it
+        backoff = Backoff()
+        next_sweep = renew_at = 0.0
+        while True:
+            try:
+                reply: Any = await self.redis.xread({self.key: last}, count=_BATCH, block=POLL_MS)
+            except REDIS_DOWN as exc:
+                self._fail_all(ClusterUnavailableError(f"lost the connection to Redis while waiting for an "
+                                                       f"answer from the cluster's workers: {exc}"))
+                await backoff.sleep()
+                continue
+            backoff.reset()
+            checkpoint()
+            if reply:
+                for entry_id, fields in reply[0][1]:
+                    last = entry_id
+                    inv = self._waiting.pop(fields.get("id", ""), None)
+                    if inv is not None:   # else it was cancelled or timed out meanwhile
+                        inv.answered(fields)
+                self._send("XTRIM", self.key, "MINID", last)   # all but the last: what was read
+            now = time.monotonic()
+            if now >= next_sweep:
+                next_sweep = now + POLL_MS / 1000
+                self._sweep(now)
+            if now >= renew_at:   # the workers' writes renew it too; an idle frontend's must not expire
+                renew_at = now + self.ttl / 3
+                self._send("EXPIRE", self.key, self.ttl)
+
+    def _send(self, *args: Any) -> None:
+        """A command that needs no reply, sent with the loop turn's others (its failure is harmless)."""
+        self.batch.call(*args).add_done_callback(_ignore_outcome)
+
+    def _sweep(self, now: float) -> None:
+        """Give up on invocations whose worker stayed silent past their deadline."""
+        for inv in [i for i in self._waiting.values() if now > i.deadline + DEADLINE_GRACE]:
+            del self._waiting[inv.id]
+            inv.give_up(silent_worker_timeout(inv.spec))
+
+    def _fail_all(self, error: FunctionServiceError) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for inv in waiting.values():
+            inv.give_up(error, cancel=False)
+
+
+def silent_worker_timeout(spec: FunctionSpec) -> FunctionTimeoutError:
+    """What a client gets when no worker answered by the deadline (plus DEADLINE_GRACE)."""
+    return FunctionTimeoutError(f"function {spec.name!r} timed out after {spec.timeout:g} s "
+                                "(no answer from the cluster's workers)")
+
+
+def _ignore_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.debug("cluster answers: %s", future.exception())

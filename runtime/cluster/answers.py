@@ -10,22 +10,27 @@ batch, sent with whatever else the loop turn sends).
 
 Deadlines are swept here twice a second (no answer `DEADLINE_GRACE` after the deadline:
 FunctionTimeoutError, as the pump raises); Redis lost while reading fails every waiter at once
-(ClusterUnavailableError), as each pump's own read would have. A worker of the version before
-does not know `reply`: the node names a reply stream only when every live worker of the
-function announces that it answers there (runtime/cluster/node.py).
+(ClusterUnavailableError), as each pump's own read would have; so does anything Redis refuses
+(the reader itself never stops on an error). A worker of the version before does not know
+`reply`: the node names a reply stream only when every live worker of the function announces
+that it answers there (runtime/cluster/node.py), and since one may join or reclaim the entry
+after that choice, a call waiting 1, 2, 4, 8... s is also looked for in its own stream.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import RedisError
 
 from runtime.errors import FunctionServiceError, FunctionTimeoutError
 from runtime.tasks import checkpoint, stop_tasks
 
 from .batch import Batcher
-from .settings import REDIS_DOWN, AnyRedis, Backoff, ClusterUnavailableError
+from .settings import REDIS_DOWN, AnyRedis, Backoff, ClusterUnavailableError, Keys
 
 if TYPE_CHECKING:
     from runtime.manifest import FunctionSpec
@@ -48,33 +53,48 @@ POLL_MS = 500
 # Extra time past the function's timeout before the frontend gives up on a silent worker.
 DEADLINE_GRACE = 5.0
 # Answers taken per read.
-_BATCH = 1000
+_BATCH = 100
+# A call waiting this long (then 2, 4, 8... s) is also looked for in its own stream.
+_FIRST_LOOK = 1.0
 
 
 class AnswerReader:
     """Reads this frontend's answers stream and resolves the invocations waiting on it."""
 
-    def __init__(self, redis: AnyRedis, key: str, batch: Batcher, *, ttl: int) -> None:
-        self.redis, self.key, self.batch, self.ttl = redis, key, batch, ttl
+    def __init__(self, redis: AnyRedis, keys: Keys, node: str, batch: Batcher, *, ttl: int) -> None:
+        self.redis, self.keys, self.batch, self.ttl = redis, keys, batch, ttl
+        self.key = keys.answers(node)
         self._waiting: dict[str, RemoteInvocation] = {}
+        self._look_at: dict[str, float] = {}   # invocation id -> when to look in its own stream next
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
 
     def wait(self, inv: RemoteInvocation) -> asyncio.Future[str | None]:
         """Expect `inv`'s answer (before its queue entry is written: a fast worker may answer
         before the enqueue's reply is read); the future gets its JSON text or its error."""
-        if self._task is None or self._task.done():
+        if self._closed:
+            raise ClusterUnavailableError("this node is shutting down")
+        if self._task is None or self._task.done():   # (done: only by a bug, which is logged)
+            if self._task is not None and not self._task.cancelled() and self._task.exception() is not None:
+                log.error("cluster answer reader ended: %r; restarted", self._task.exception())
             self._task = asyncio.get_running_loop().create_task(self._read(), name="cluster-answers")
         self._waiting[inv.id] = inv
+        self._look_at[inv.id] = inv.started + _FIRST_LOOK
         return inv.loop.create_future()
 
     def forget(self, inv_id: str) -> None:
         self._waiting.pop(inv_id, None)
+        self._look_at.pop(inv_id, None)
 
     async def close(self) -> None:
+        self._closed = True
         await stop_tasks((self._task,), "cluster answer reader")
         self._fail_all(ClusterUnavailableError("this node is shutting down"))
 
     async def _read(self) -> None:
+        """Until closed: read answers, resolve their invocations, sweep deadlines. It never ends on an
+        error: what Redis refuses (an ACL without this key, a busy script...) fails the calls waiting
+        now, with the reason, and the reader tries again after a pause."""
         last = "0-0"   # the stream is this node's alone and new with it
         backoff = Backoff()
         next_sweep = renew_at = 0.0
@@ -86,14 +106,17 @@ class AnswerReader:
                                                        f"answer from the cluster's workers: {exc}"))
                 await backoff.sleep()
                 continue
+            except RedisError as exc:
+                self._fail_all(ClusterUnavailableError(f"Redis refused to read this node's answers stream "
+                                                       f"{self.key!r}: {exc}"))
+                await backoff.sleep()
+                continue
             backoff.reset()
             checkpoint()
             if reply:
                 for entry_id, fields in reply[0][1]:
                     last = entry_id
-                    inv = self._waiting.pop(fields.get("id", ""), None)
-                    if inv is not None:   # else it was cancelled or timed out meanwhile
-                        inv.answered(fields)
+                    self._resolve(fields.get("id", ""), fields)
                 self._send("XTRIM", self.key, "MINID", last)   # all but the last: what was read
             now = time.monotonic()
             if now >= next_sweep:
@@ -103,18 +126,41 @@ class AnswerReader:
                 renew_at = now + self.ttl / 3
                 self._send("EXPIRE", self.key, self.ttl)
 
+    def _resolve(self, inv_id: str, fields: dict[str, str]) -> None:
+        inv = self._waiting.pop(inv_id, None)
+        self._look_at.pop(inv_id, None)
+        if inv is not None:   # else it was cancelled or timed out meanwhile
+            inv.answered(fields)
+
     def _send(self, *args: Any) -> None:
         """A command that needs no reply, sent with the loop turn's others (its failure is harmless)."""
         self.batch.call(*args).add_done_callback(_ignore_outcome)
 
     def _sweep(self, now: float) -> None:
-        """Give up on invocations whose worker stayed silent past their deadline."""
+        """Give up on invocations whose worker stayed silent past their deadline; look for the
+        answers of those waiting long in their own streams."""
         for inv in [i for i in self._waiting.values() if now > i.deadline + DEADLINE_GRACE]:
-            del self._waiting[inv.id]
+            self.forget(inv.id)
             inv.give_up(silent_worker_timeout(inv.spec))
+        for inv_id in [i for i, at in self._look_at.items() if at <= now]:
+            inv = self._waiting[inv_id]
+            self._look_at[inv_id] = now + (now - inv.started)   # at 1, 2, 4, 8... s: a long call costs little
+            look = self.batch.call("XREVRANGE", self.keys.output(inv_id), "+", "-", "COUNT", 1)
+            look.add_done_callback(functools.partial(self._looked, inv_id))
+
+    def _looked(self, inv_id: str, look: asyncio.Future[Any]) -> None:
+        """A worker that took the entry without knowing `reply` (of the version before, joining or
+        reclaiming after the node chose the answers stream) wrote the answer to the invocation's own
+        stream: take it from there, and drop that stream."""
+        if look.cancelled() or look.exception() is not None or not look.result():
+            return
+        _entry_id, fields = look.result()[0]
+        if fields.get("t") in ("result", "error") and inv_id in self._waiting:
+            self._resolve(inv_id, fields)
+            self._send("DEL", self.keys.output(inv_id))
 
     def _fail_all(self, error: FunctionServiceError) -> None:
-        waiting, self._waiting = self._waiting, {}
+        waiting, self._waiting, self._look_at = self._waiting, {}, {}
         for inv in waiting.values():
             inv.give_up(error, cancel=False)
 

@@ -45,8 +45,11 @@ log = logging.getLogger("fnstream.cluster")
 
 
 def error_from_fields(fields: dict[str, str]) -> FunctionServiceError:
-    return FunctionServiceError(fields.get("message", "invocation failed"), code=int(fields.get("code", 200500)),
-                                status=int(fields.get("status", 500)))
+    """A worker's `error` entry as the error it names (a malformed one as a plain 500)."""
+    code, status = fields.get("code", ""), fields.get("status", "")
+    return FunctionServiceError(fields.get("message", "invocation failed"),
+                                code=int(code) if code.isdigit() else 200500,
+                                status=int(status) if status.isdigit() and 400 <= int(status) < 600 else 500)
 
 
 class WorkQueue:
@@ -58,7 +61,7 @@ class WorkQueue:
         self._cleanup: set[asyncio.Task[Any]] = set()
         self.batch = Batcher(redis)    # the enqueues of one loop turn in one round trip
         self._doomed: list[str] = []   # keys of finished invocations, deleted together (one DEL per loop turn)
-        self.answers = AnswerReader(redis, keys.answers(node), self.batch, ttl=self.key_ttl)
+        self.answers = AnswerReader(redis, keys, node, self.batch, ttl=self.key_ttl)
 
     async def close(self) -> None:
         await self.answers.close()
@@ -85,11 +88,11 @@ class WorkQueue:
         try:
             await self.batch.call("XADD", self.keys.queue(spec.name), "*", *entry)
         except REDIS_DOWN as exc:
-            self.answers.forget(inv.id)
+            inv.drop_answer()
             raise ClusterUnavailableError(f"cannot queue {spec.name!r} for the cluster's workers: Redis is "
                                           f"unreachable ({exc}); retry later") from None
         except BaseException:
-            self.answers.forget(inv.id)
+            inv.drop_answer()
             raise
         if inv.answer is None:
             inv.start()
@@ -188,6 +191,13 @@ class RemoteInvocation:
         else:
             self.answer.set_exception(error_from_fields(fields))
 
+    def drop_answer(self, reason: str | None = None) -> None:
+        """Nobody awaits the answer any more (cancelled, or never queued): stop waiting for it."""
+        if self.answer is not None:
+            self.queue.answers.forget(self.id)
+            self.answer.cancel(reason)   # (no-op once answered)
+            self.answer.add_done_callback(_retrieve)
+
     def give_up(self, error: FunctionServiceError, *, cancel: bool = True) -> None:
         """The AnswerReader stopped waiting for the answer: `error` is the outcome; with `cancel`,
         the worker is told to stop (a timeout), without it not (Redis is unreachable)."""
@@ -207,10 +217,7 @@ class RemoteInvocation:
             return
         self.cancel_reason = reason
         self.channel.cancel(reason)
-        if self.answer is not None:
-            self.queue.answers.forget(self.id)
-            self.answer.cancel(reason)   # (no-op once answered)
-            self.answer.add_done_callback(_retrieve)   # nobody may await it any more
+        self.drop_answer(reason)
         if self.task is not None:
             self.task.add_done_callback(_retrieve)
             if not self.task.done():

@@ -18,6 +18,7 @@ the terminal entry, XACK and XDEL are issued together, in that order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -26,6 +27,7 @@ from typing import Any, cast, get_args
 import redis.asyncio as aioredis
 from redis.typing import EncodableT, StreamIdT
 
+from runtime.deployment import Deployment
 from runtime.errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError
 from runtime.executor import Executor
 from runtime.invocation import Invocation
@@ -85,6 +87,32 @@ class _Window:
         self.acked_chars = int(chars or 0)
 
 
+class _Slots:
+    """A worker's free invocation slots. One read may take more entries than the slots it reserved
+    (XREADGROUP's COUNT is per queue): the count then goes below zero until they finish. `freed`
+    is set whenever an invocation gives its slot back (room for a reader that found none)."""
+
+    def __init__(self, n: int) -> None:
+        self.free = n
+        self.freed = asyncio.Event()
+
+    async def reserve_one(self) -> None:
+        while self.free <= 0:
+            self.freed.clear()
+            await self.freed.wait()
+        self.free -= 1
+
+    def reserve_all(self) -> int:
+        n = max(0, self.free)
+        self.free -= n
+        return n
+
+    def release(self, n: int = 1) -> None:
+        self.free += n
+        if n > 0:
+            self.freed.set()
+
+
 class QueueWorker:
     """Runs queued invocations of the functions in `registry` on `executor` (not a worker process:
     those are runtime/process; this is a cluster node's consumer of the work queue)."""
@@ -95,12 +123,14 @@ class QueueWorker:
         self.id = worker_id
         self.concurrency = concurrency
         self.heartbeat, self.claim_idle, self.ttl = heartbeat, claim_idle, ttl
-        self._slots = asyncio.Semaphore(concurrency)
+        self._slots = _Slots(concurrency)
         self._running: dict[str, Invocation] = {}          # invocation id -> Invocation
         self._held: dict[str, tuple[str, str]] = {}        # invocation id -> (queue key, entry id)
+        self._held_of: dict[str, int] = {}                 # queue key -> entries held of it
         self._cancelled: set[str] = set()                  # held, not yet running, cancel message seen
         self._grouped: set[str] = set()
         self._by_slot: dict[int, list[str]] = {}           # cluster slot -> queue keys read together
+        self._function_of: dict[str, Deployment] = {}      # queue key -> the function it queues
         self._readers: dict[int, asyncio.Task[Any]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._jobs: set[asyncio.Task[Any]] = set()
@@ -157,12 +187,14 @@ class QueueWorker:
         while True:
             try:
                 by_slot: dict[int, list[str]] = {}
+                functions: dict[str, Deployment] = {}
                 for dep in self.registry.list():
                     key = self.keys.queue(dep.name)
                     if key not in self._grouped:
                         await self._create_group(key)
                     by_slot.setdefault(slot_of(self.redis, key), []).append(key)
-                self._by_slot = by_slot
+                    functions[key] = dep
+                self._by_slot, self._function_of = by_slot, functions
                 backoff.reset()
                 checkpoint()
             except REDIS_DOWN as exc:
@@ -179,17 +211,32 @@ class QueueWorker:
         """Slots for the next read: one, waiting for it (a blocking read holds no more, so readers of
         other slots are not starved), or without waiting every slot free now (possibly none)."""
         if wait:
-            await self._slots.acquire()
+            await self._slots.reserve_one()
             return 1
-        n = 0
-        while not self._slots.locked():
-            await self._slots.acquire()   # a slot is free: returns at once
-            n += 1
-        return n
+        return self._slots.reserve_all()
 
     def _release(self, n: int) -> None:
-        for _ in range(n):
-            self._slots.release()
+        """Give back `n` reserved slots (negative: a read took more entries than it reserved)."""
+        self._slots.release(n)
+
+    def _room(self, key: str) -> int:
+        """Entries of this queue the worker may take now: its function's `concurrency` (per instance)
+        less what runs or waits here. A worker holds no entry it cannot start while another worker
+        could: a CPU-bound function's queue spreads over the workers instead of piling up on one."""
+        dep = self._function_of.get(key)
+        if dep is None:
+            return 0
+        return dep.spec.concurrency - max(dep.inflight, self._held_of.get(key, 0))
+
+    def _hold(self, inv_id: str, key: str, entry_id: str) -> None:
+        self._held[inv_id] = (key, entry_id)
+        self._held_of[key] = self._held_of.get(key, 0) + 1
+
+    def _unhold(self, inv_id: str) -> tuple[str, str] | None:
+        held = self._held.pop(inv_id, None)
+        if held is not None:
+            self._held_of[held[0]] -= 1
+        return held
 
     async def _read_slot(self, slot: int) -> None:
         """Take entries from the queues of one slot, never more than this worker has free slots."""
@@ -200,10 +247,21 @@ class QueueWorker:
             if n == 0:
                 wait = True
                 continue
+            rooms = {k: room for k in keys if (room := self._room(k)) > 0}
+            if not rooms:   # every function here is at its concurrency: wait for one to finish
+                self._release(n)
+                self._slots.freed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slots.freed.wait(), self.heartbeat)
+                wait = True
+                continue
             taken = 0
             try:
-                reply: Any = await self.redis.xreadgroup(Keys.GROUP, self.id, {k: ">" for k in keys}, count=n,
-                                                    block=1000 if wait else None)
+                # COUNT is per queue: no more than any of them has room for (and the slots reserved,
+                # which several queues' entries together may exceed: _Slots goes below zero then).
+                reply: Any = await self.redis.xreadgroup(Keys.GROUP, self.id, {k: ">" for k in rooms},
+                                                         count=min(n, *rooms.values()),
+                                                         block=1000 if wait else None)
                 backoff.reset()
                 checkpoint()  # before taking: what was read stays pending, for another worker to reclaim
                 for key, entries in reply or []:
@@ -257,12 +315,12 @@ class QueueWorker:
         comes while the check is on its way is kept in `_cancelled`, so none falls in between."""
         ids = [fields.get("id", entry_id) for entry_id, fields in entries]
         for inv_id, (entry_id, _) in zip(ids, entries, strict=True):
-            self._held[inv_id] = (key, entry_id)
+            self._hold(inv_id, key, entry_id)
         try:
             marks = await asyncio.gather(*(self.batch.call("EXISTS", self.keys.cancelled(i)) for i in ids))
         except BaseException:
             for inv_id in ids:   # not taken after all: the caller releases their slots, reclaim takes them
-                self._held.pop(inv_id, None)
+                self._unhold(inv_id)
                 self._cancelled.discard(inv_id)
             raise
         for inv_id, (entry_id, fields), marked in zip(ids, entries, marks, strict=True):
@@ -277,7 +335,9 @@ class QueueWorker:
         """Release the slot, write the invocation's `terminal` entry (if any: to its frontend's answers
         stream `reply` when the entry names one, runtime/cluster/answers.py), ack and delete its queue
         entry: issued together and sent in this order, so an entry is never acked before its answer is stored."""
-        key, entry_id = self._held.pop(inv_id)
+        held = self._unhold(inv_id)
+        assert held is not None
+        key, entry_id = held
         self._cancelled.discard(inv_id)
         self._slots.release()
         calls: list[asyncio.Future[Any]] = []
@@ -288,7 +348,9 @@ class QueueWorker:
             calls.append(self.batch.call("EVAL", _APPEND, *self._append_args(inv_id, terminal)))
         calls += [self.batch.call("XACK", key, Keys.GROUP, entry_id), self.batch.call("XDEL", key, entry_id)]
         for outcome in await asyncio.gather(*calls, return_exceptions=True):
-            # Redis down: it stays pending; whoever reclaims it finds the finished output and just acks it.
+            # Redis down: it stays pending; whoever reclaims it finds a streaming call's finished output
+            # and just acks it. A JSON call's answer went to its frontend (which already dropped the
+            # call's own stream before this change too): it runs again, and its second answer is dropped.
             if isinstance(outcome, Exception) and not isinstance(outcome, REDIS_DOWN):
                 log.warning("worker %s: finishing invocation %s: %s", self.id, inv_id, outcome)
 
@@ -307,7 +369,7 @@ class QueueWorker:
             inv = self._running.get(inv_id)
             if inv is not None:
                 inv.cancel("lost the connection to Redis")
-            self._held.pop(inv_id, None)
+            self._unhold(inv_id)
             self._cancelled.discard(inv_id)
             self._slots.release()
             return
@@ -376,13 +438,31 @@ class QueueWorker:
         except FunctionServiceError as exc:
             return [{**self._error_fields(exc), **first}]
         self._running[inv_id] = inv
+        if inv.streaming:
+            first = await self._write_output(inv, inv_id, first)
+        try:
+            terminal = {"t": "result", "d": await inv.encoded_result() or ""}
+        except asyncio.CancelledError:
+            if inv.cancel_reason is None:
+                raise
+            task = asyncio.current_task()
+            if task is not None and inv.task is task:
+                task.uncancel()   # a JSON call ran in this task: the cancel was its, not ours
+            return None  # the client is gone: nobody reads the output
+        except FunctionServiceError as exc:
+            terminal = self._error_fields(exc)
+        return [{**terminal, **first}]
+
+    async def _write_output(self, inv: Invocation, inv_id: str, first: dict[str, str]) -> dict[str, str]:
+        """Relay a streaming invocation's writes to its output stream as they come, within the
+        frontend's window; returns `first` if nothing was written (the worker id is still to tell)."""
         if inv_id in self._cancelled:   # its cancel message came while it was being set up
             inv.cancel("cancelled")
         window = _Window(inv.channel.capacity, inv.channel.max_bytes)
         while True:
             batch = await inv.channel.get_batch()
             if not batch:
-                break
+                return first
             lengths = [len(p) for p in batch]
             pause = 0.002
             while window.full() and inv.cancel_reason is None:
@@ -398,30 +478,26 @@ class QueueWorker:
             if not await self._write(inv_id, [entry]):
                 inv.cancel("cancelled")  # the frontend gave up: stop now, even if its message is late
             window.wrote(len(batch), sum(lengths))
-        try:
-            terminal = {"t": "result", "d": await inv.encoded_result() or ""}
-        except asyncio.CancelledError:
-            if inv.cancel_reason is None:
-                raise
-            return None  # the client is gone: nobody reads the output
-        except FunctionServiceError as exc:
-            terminal = self._error_fields(exc)
-        return [{**terminal, **first}]
 
     async def _start_when_free(self, inv: Invocation, inv_id: str) -> bool:
-        """Start it; a queued invocation waits for a free concurrency slot (False: cancelled meanwhile)."""
+        """Start it; a queued invocation waits for a free concurrency slot (False: cancelled meanwhile).
+
+        A plain JSON call runs in this task when its result is awaited (Executor.start's `inline`:
+        one task less per call); nothing awaits between here and then, so a cancel message that
+        came before it started is seen here or not at all before it runs."""
         waited = 0
         while True:
+            if inv_id in self._cancelled:
+                return False
             try:
-                self.executor.start(inv)
+                self.executor.start(inv, inline=True)
                 return True
             except ConcurrencyLimitError:
                 if inv.remaining() <= 0:
                     raise FunctionTimeoutError(f"function {inv.spec.name!r} timed out waiting for a free slot "
                                                f"(concurrency {inv.spec.concurrency})") from None
                 waited += 1
-                if inv_id in self._cancelled or (waited % 25 == 0
-                                                 and await self.redis.exists(self.keys.cancelled(inv_id))):
+                if waited % 25 == 0 and await self.redis.exists(self.keys.cancelled(inv_id)):
                     return False
                 await asyncio.sleep(0.02)
 

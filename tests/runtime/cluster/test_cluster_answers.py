@@ -11,7 +11,7 @@ import pytest
 from runtime.cluster import answers
 from runtime.cluster.queue import WorkQueue
 from runtime.cluster.settings import ClusterUnavailableError, Keys, connect
-from runtime.errors import FunctionTimeoutError
+from runtime.errors import FunctionServiceError, FunctionTimeoutError
 from runtime.manifest import FunctionSpec
 from tests.support.cluster import (
     RELAY,
@@ -123,6 +123,138 @@ async def test_redis_lost_fails_the_waiting_invocations_at_once(redis_server):
         redis_server.kill()
         with pytest.raises(ClusterUnavailableError, match="lost the connection to Redis"):
             await asyncio.wait_for(inv.encoded_result(), 5)   # not the function's 30 s timeout
+    finally:
+        await queue.close()
+        await redis.aclose()
+
+
+async def test_a_json_client_that_leaves_stops_the_handler_on_the_worker(redis_server, start_server, start_worker):
+    a = start_server(*frontend_args(redis_server.url))
+    start_worker(redis_server.url)
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, RELAY)
+        await workers_serving(s, a.url, "relay")
+        with pytest.raises(asyncio.TimeoutError):
+            async with s.post(a.url + "/serverless/v1/functions/relay/invocations", json={"wait_ms": 20_000},
+                              timeout=aiohttp.ClientTimeout(total=1)):
+                pass
+
+        async def stopped():
+            w = (await status(s, a.url))["workers"][0]
+            return w["running"] == 0 and w["completed"] == 1
+        await wait_until(stopped, "the worker to stop the abandoned JSON call", limit=10)   # not after 20 s
+        assert [g["count"] for g in await _invoke_many(s, a.url, 3)] == [0] * 3   # and it serves on
+
+
+async def test_a_worker_takes_no_more_of_a_queue_than_the_function_can_run(redis_server, start_server,
+                                                                          start_worker):
+    """`concurrency` is per instance: a worker at it leaves the rest queued for other workers
+    (it used to take every waiting entry and run them one after another)."""
+    a = start_server(*frontend_args(redis_server.url))
+    first = start_worker(redis_server.url)
+    r = redis_server.client()
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, {**RELAY, "concurrency": 1})
+        await workers_serving(s, a.url, "relay")
+
+        async def call() -> int:
+            async with s.post(a.url + "/serverless/v1/functions/relay/invocations",
+                              json={"wait_ms": 1500, "count": 0}) as resp:
+                assert resp.status == 200, await resp.text()
+                return (await resp.json())["pid"]
+        calls = [asyncio.ensure_future(call()) for _ in range(3)]
+
+        async def running():
+            return (await status(s, a.url))["workers"][0]["running"] == 1
+        await wait_until(running, "the first call to run")
+        await asyncio.sleep(0.3)   # (a worker that takes more takes it at once)
+        assert r.xpending("fnstream:{queue:relay}", "workers")["pending"] == 1   # two wait in the queue
+        second = start_worker(redis_server.url)
+        pids = await asyncio.gather(*calls)
+    assert first.pid in pids and second.pid in pids   # the second worker took what the first could not run
+
+
+async def test_a_read_across_queues_that_takes_more_than_its_slots_leaves_no_extra_slots(
+        redis_server, start_server, start_worker):
+    """XREADGROUP's COUNT is per queue: one read of two queues may take two entries for one free
+    slot. They run, and the worker's slots come back to `workerConcurrency`, not above it."""
+    a = start_server(*frontend_args(redis_server.url))
+    start_worker(redis_server.url, "-s", "cluster.workerConcurrency=1")
+    r = redis_server.client()
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, RELAY)
+        await deploy(s, a.url, {**RELAY, "name": "relay2"})
+        await workers_serving(s, a.url, "relay2")
+
+        async def call(name: str, wait_ms: int) -> None:
+            async with s.post(f"{a.url}/serverless/v1/functions/{name}/invocations",
+                              json={"wait_ms": wait_ms, "count": 0}) as resp:
+                assert resp.status == 200, await resp.text()
+        async def running():
+            return (await status(s, a.url))["workers"][0]["running"] >= 1
+        for _ in range(3):   # while the one slot is busy, an entry comes on each queue: one read takes both
+            busy = asyncio.ensure_future(call("relay", 600))
+            await wait_until(running, "a call to run")
+            await asyncio.gather(busy, call("relay", 100), call("relay2", 100))
+        calls = [asyncio.ensure_future(call("relay", 1500)) for _ in range(3)]
+        await wait_until(running, "a call to run")
+        await asyncio.sleep(0.3)
+        assert r.xpending("fnstream:{queue:relay}", "workers")["pending"] == 1   # one slot: one held
+        await asyncio.gather(*calls)
+
+
+async def _queued(queue: WorkQueue, timeout: float = 30):
+    return await queue.submit(_spec(timeout), {}, mode="json", buffer_events=10, max_write_size=1000,
+                              max_response_size=1000, trace_id=None, reply=True)
+
+
+async def test_what_redis_refuses_fails_the_waiting_calls_and_the_reader_goes_on(redis_server):
+    """An ACL that does not grant the answers stream: every call fails at once with the reason."""
+    admin = redis_server.client()
+    admin.acl_setuser("queue-only", enabled=True, passwords=["+pw"], keys=["fnstream:{queue:*"],
+                      commands=["+@all"])
+    redis = connect(f"redis://queue-only:pw@127.0.0.1:{redis_server.port}/0")
+    queue = WorkQueue(redis, Keys(), "frontend-test", ttl=60, heartbeat=1)
+    try:
+        for _ in range(2):   # the reader goes on after a refusal
+            inv = await _queued(queue)
+            with pytest.raises(ClusterUnavailableError, match="refused to read this node's answers stream"):
+                await asyncio.wait_for(inv.encoded_result(), 5)
+    finally:
+        await queue.close()
+        await redis.aclose()
+
+
+async def test_a_malformed_error_answer_fails_its_call_as_a_500(redis_server):
+    redis = connect(redis_server.url)
+    queue = WorkQueue(redis, Keys(), "frontend-test", ttl=60, heartbeat=1)
+    try:
+        inv = await _queued(queue)
+        await redis.xadd(queue.answers.key, {"id": inv.id, "t": "error", "code": "E1", "message": "odd"})
+        with pytest.raises(FunctionServiceError, match="odd") as caught:
+            await asyncio.wait_for(inv.encoded_result(), 5)
+        assert (caught.value.code, caught.value.status) == (200500, 500)
+        ok = await _queued(queue)   # and the next answer still arrives
+        await redis.xadd(queue.answers.key, {"id": ok.id, "t": "result", "d": "[1]"})
+        assert await asyncio.wait_for(ok.encoded_result(), 5) == "[1]"
+    finally:
+        await queue.close()
+        await redis.aclose()
+
+
+async def test_an_answer_a_previous_worker_wrote_to_the_calls_own_stream_is_found(redis_server):
+    """A worker of the version before that joins (or reclaims the entry) after the node chose the
+    answers stream writes the answer to the invocation's own stream: it is looked for there too."""
+    redis = connect(redis_server.url)
+    queue = WorkQueue(redis, Keys(), "frontend-test", ttl=60, heartbeat=1)
+    try:
+        inv = await _queued(queue)
+        out = f"fnstream:{{inv:{inv.id}}}:out"
+        await redis.xadd(out, {"t": "result", "d": '{"ok":true}', "w": "worker-old"})
+        assert await asyncio.wait_for(inv.encoded_result(), 10) == '{"ok":true}'
+        assert inv.worker == "worker-old"
+        await asyncio.sleep(0.1)
+        assert not await redis.exists(out)   # and its stream is dropped
     finally:
         await queue.close()
         await redis.aclose()

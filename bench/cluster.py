@@ -46,7 +46,7 @@ _TICK = os.sysconf("SC_CLK_TCK")
 ROUND_TRIPS = "(round trips)"
 CODE_ROOTS = f"runtime.codeRoots=[{ROOT / 'functions'},{ROOT / 'bench' / 'functions'}]"
 BURN: dict[str, Any] = {"name": "bench-burn", "handler": "bench_handlers.burn",
-                        "codePath": str(ROOT / "bench" / "functions"), "timeout": 120, "concurrency": 1000}
+                        "codePath": str(ROOT / "bench" / "functions"), "timeout": 120, "concurrency": 4}
 
 
 def _port() -> int:

@@ -1,11 +1,12 @@
 """The work queue, worker side: take invocations with consumer groups, run them, stream the output.
 
-A worker reads every function queue it can run (XREADGROUP, only as many entries as it has free
-slots; one reader per Redis Cluster slot, since a multi-key read must stay on one slot, so on a
-single Redis one reader covers every queue), runs each invocation with the ordinary Executor and writes its
-output stream. While it lives it refreshes a heartbeat key and resets the idle time of the entries it
-holds; entries of a dead worker go idle and another worker takes them with XAUTOCLAIM. A reclaimed invocation whose
-output had already begun is not run again: the client gets a "worker lost" error instead.
+A worker reads every function queue it can run (XREADGROUP, one reader per queue, only as many
+entries as it has free slots and the function has room for: `concurrency` is per instance, so
+what one worker cannot start yet stays queued for another), runs each invocation with the ordinary
+Executor and writes its output stream. While it lives it refreshes a heartbeat key and resets the
+idle time of the entries it holds; entries of a dead worker go idle and another worker takes them
+with XAUTOCLAIM. A reclaimed invocation whose output had already begun is not run again: the
+client gets a "worker lost" error instead.
 Cancellations arrive on a pub/sub channel and as a key, checked before starting and by every
 output write (one script): once the frontend dropped an invocation's keys, a late write cannot recreate them.
 
@@ -37,7 +38,7 @@ from runtime.surface import Mode
 from ..tasks import checkpoint, stop_tasks
 from .answers import ANSWER_SCRIPT
 from .batch import Batcher
-from .settings import REDIS_DOWN, AnyRedis, Backoff, Keys, WorkerLostError, slot_of
+from .settings import REDIS_DOWN, AnyRedis, Backoff, Keys, WorkerLostError
 
 __all__ = ("QueueWorker",)
 
@@ -88,22 +89,23 @@ class _Window:
 
 
 class _Slots:
-    """A worker's free invocation slots. One read may take more entries than the slots it reserved
-    (XREADGROUP's COUNT is per queue): the count then goes below zero until they finish. `freed`
-    is set whenever an invocation gives its slot back (room for a reader that found none)."""
+    """A worker's free invocation slots, and a wake-up for readers waiting for one. A blocking read
+    reserves none (every queue has one waiting, which would hold them all): it waits until one is
+    free and takes it when an entry comes, so when several queues' entries come at once `free` may
+    go below zero, by one an entry, until they end."""
 
     def __init__(self, n: int) -> None:
         self.free = n
         self.freed = asyncio.Event()
 
-    async def reserve_one(self) -> None:
+    async def until_free(self) -> None:
         while self.free <= 0:
             self.freed.clear()
             await self.freed.wait()
-        self.free -= 1
 
-    def reserve_all(self) -> int:
-        n = max(0, self.free)
+    def reserve(self, most: int) -> int:
+        """Up to `most` of the slots free now (possibly none)."""
+        n = max(0, min(most, self.free))
         self.free -= n
         return n
 
@@ -127,11 +129,11 @@ class QueueWorker:
         self._running: dict[str, Invocation] = {}          # invocation id -> Invocation
         self._held: dict[str, tuple[str, str]] = {}        # invocation id -> (queue key, entry id)
         self._held_of: dict[str, int] = {}                 # queue key -> entries held of it
+        self._room_freed: dict[str, asyncio.Event] = {}    # queue key -> set when one of it ends
         self._cancelled: set[str] = set()                  # held, not yet running, cancel message seen
         self._grouped: set[str] = set()
-        self._by_slot: dict[int, list[str]] = {}           # cluster slot -> queue keys read together
         self._function_of: dict[str, Deployment] = {}      # queue key -> the function it queues
-        self._readers: dict[int, asyncio.Task[Any]] = {}
+        self._readers: dict[str, asyncio.Task[Any]] = {}   # queue key -> its reader
         self._tasks: list[asyncio.Task[Any]] = []
         self._jobs: set[asyncio.Task[Any]] = set()
         self.completed = 0
@@ -182,19 +184,17 @@ class QueueWorker:
         self._grouped.add(key)
 
     async def _supervise(self) -> None:
-        """Keep a consumer group on every queue this node can run, and one reader per slot holding them."""
+        """Keep a consumer group and a reader on the queue of every function this node can run."""
         backoff = Backoff()
         while True:
             try:
-                by_slot: dict[int, list[str]] = {}
                 functions: dict[str, Deployment] = {}
                 for dep in self.registry.list():
                     key = self.keys.queue(dep.name)
                     if key not in self._grouped:
                         await self._create_group(key)
-                    by_slot.setdefault(slot_of(self.redis, key), []).append(key)
                     functions[key] = dep
-                self._by_slot, self._function_of = by_slot, functions
+                self._function_of = functions
                 backoff.reset()
                 checkpoint()
             except REDIS_DOWN as exc:
@@ -202,22 +202,10 @@ class QueueWorker:
                 self._grouped.clear()
                 await backoff.sleep()
                 continue
-            for slot in by_slot:
-                if slot not in self._readers or self._readers[slot].done():
-                    self._readers[slot] = asyncio.create_task(self._read_slot(slot), name=f"worker-read-{slot}")
+            for key in functions:
+                if key not in self._readers or self._readers[key].done():
+                    self._readers[key] = asyncio.create_task(self._read_queue(key), name=f"worker-read-{key}")
             await asyncio.sleep(self.heartbeat)
-
-    async def _reserve(self, wait: bool) -> int:
-        """Slots for the next read: one, waiting for it (a blocking read holds no more, so readers of
-        other slots are not starved), or without waiting every slot free now (possibly none)."""
-        if wait:
-            await self._slots.reserve_one()
-            return 1
-        return self._slots.reserve_all()
-
-    def _release(self, n: int) -> None:
-        """Give back `n` reserved slots (negative: a read took more entries than it reserved)."""
-        self._slots.release(n)
 
     def _room(self, key: str) -> int:
         """Entries of this queue the worker may take now: its function's `concurrency` (per instance)
@@ -236,49 +224,60 @@ class QueueWorker:
         held = self._held.pop(inv_id, None)
         if held is not None:
             self._held_of[held[0]] -= 1
+            freed = self._room_freed.get(held[0])
+            if freed is not None:
+                freed.set()
         return held
 
-    async def _read_slot(self, slot: int) -> None:
-        """Take entries from the queues of one slot, never more than this worker has free slots."""
+    async def _until_room(self, key: str) -> None:
+        """Wait until an invocation of this queue ends here (or a heartbeat passes: a `role: all`
+        node's own invocations of the function end without telling the queue)."""
+        freed = self._room_freed.setdefault(key, asyncio.Event())
+        freed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(freed.wait(), self.heartbeat)
+
+    async def _read_queue(self, key: str) -> None:
+        """Take entries from one function's queue: never more than this worker has free slots, nor
+        than the function has room for here. One reader per queue, so a queue at its function's
+        concurrency waits for room without holding up the others (COUNT is exact per read)."""
         backoff = Backoff()
         wait = True
-        while keys := self._by_slot.get(slot):
-            n = await self._reserve(wait)
-            if n == 0:
+        while key in self._function_of:
+            room = self._room(key)
+            if room <= 0:
+                await self._until_room(key)
                 wait = True
                 continue
-            rooms = {k: room for k in keys if (room := self._room(k)) > 0}
-            if not rooms:   # every function here is at its concurrency: wait for one to finish
-                self._release(n)
-                self._slots.freed.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._slots.freed.wait(), self.heartbeat)
-                wait = True
-                continue
+            if wait:   # block for one entry; its slot is taken when it comes (see _Slots)
+                await self._slots.until_free()
+                n = 0
+            else:
+                n = self._slots.reserve(room)
+                if n == 0:
+                    wait = True
+                    continue
             taken = 0
             try:
-                # COUNT is per queue: no more than any of them has room for (and the slots reserved,
-                # which several queues' entries together may exceed: _Slots goes below zero then).
-                reply: Any = await self.redis.xreadgroup(Keys.GROUP, self.id, {k: ">" for k in rooms},
-                                                         count=min(n, *rooms.values()),
+                reply: Any = await self.redis.xreadgroup(Keys.GROUP, self.id, {key: ">"}, count=n or 1,
                                                          block=1000 if wait else None)
                 backoff.reset()
                 checkpoint()  # before taking: what was read stays pending, for another worker to reclaim
-                for key, entries in reply or []:
+                for _key, entries in reply or []:
                     taken += await self._take(key, entries, reclaimed=False)
             except aioredis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):   # NOGROUP: the queue was deleted (e.g. Redis restarted empty)
                     raise
-                for key in keys:
-                    await self._create_group(key)
+                await self._create_group(key)
             except REDIS_DOWN as exc:
                 log.warning("worker %s: Redis unreachable (%s); retrying", self.id, exc)
                 self._grouped.clear()
                 await backoff.sleep()
             finally:
-                self._release(n - taken)
-            wait = taken < n   # a full batch: more may be waiting, read again at once
-        self._readers.pop(slot, None)
+                self._slots.release(n - taken)
+            wait = taken < max(n, 1)   # a full batch: more may be waiting, read again at once
+        self._readers.pop(key, None)
+        self._room_freed.pop(key, None)
 
     async def _reclaim(self) -> None:
         """Take over entries other (dead) workers held longer than claimIdleSeconds."""
@@ -288,9 +287,9 @@ class QueueWorker:
             checkpoint()
             try:
                 for key in list(self._grouped):
-                    free = await self._reserve(wait=False)
+                    free = self._slots.reserve(self._room(key))
                     if free <= 0:
-                        break
+                        continue
                     taken = 0
                     try:
                         reply = await self.redis.xautoclaim(key, Keys.GROUP, self.id, int(self.claim_idle * 1000),
@@ -300,7 +299,7 @@ class QueueWorker:
                                                         if fields and fields.get("id", entry_id) not in self._held],
                                                   reclaimed=True)
                     finally:
-                        self._release(free - taken)
+                        self._slots.release(free - taken)
                     for entry_id in (reply[2] if len(reply) > 2 else []):   # deleted while pending
                         await self.redis.xack(key, Keys.GROUP, entry_id)
                 backoff.reset()

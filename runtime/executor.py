@@ -205,7 +205,7 @@ class Executor:
             # Raised by fnstream itself (timeout, init failure, a refused write...): already clear.
             dep.failures += 1
             raise
-        except (Exception, SystemExit) as exc:
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, a BaseException of its own: its failure
             dep.failures += 1
             log.error("function %s invocation %s raised:\n%s", dep.name, inv.id,
                       "".join(traceback.format_exception(exc)))

@@ -1,8 +1,9 @@
 """The work queue, worker side: take invocations with consumer groups, run them, stream the output.
 
-A worker reads every function queue it can run (XREADGROUP, one reader per queue, only as many
-entries as it has free slots and the function has room for: `concurrency` is per instance, so
-what one worker cannot start yet stays queued for another), runs each invocation with the ordinary
+A worker reads every function queue it can run (XREADGROUP, only as many entries as it has free
+slots and the function has room for: `concurrency` is per instance, so what one worker cannot
+start yet stays queued for another; one reader per Redis Cluster slot, since a multi-key read must
+stay on one slot, so on a single Redis one reader covers every queue), runs each invocation with the ordinary
 Executor and writes its output stream. While it lives it refreshes a heartbeat key and resets the
 idle time of the entries it holds; entries of a dead worker go idle and another worker takes them
 with XAUTOCLAIM. A reclaimed invocation whose output had already begun is not run again: the
@@ -38,7 +39,7 @@ from runtime.surface import Mode
 from ..tasks import checkpoint, stop_tasks
 from .answers import ANSWER_SCRIPT
 from .batch import Batcher
-from .settings import REDIS_DOWN, AnyRedis, Backoff, Keys, WorkerLostError
+from .settings import REDIS_DOWN, AnyRedis, Backoff, Keys, WorkerLostError, slot_of
 
 __all__ = ("QueueWorker",)
 
@@ -90,9 +91,8 @@ class _Window:
 
 class _Slots:
     """A worker's free invocation slots, and a wake-up for readers waiting for one. A blocking read
-    reserves none (every queue has one waiting, which would hold them all): it waits until one is
-    free and takes it when an entry comes, so when several queues' entries come at once `free` may
-    go below zero, by one an entry, until they end."""
+    reserves none: it waits until one is free and takes one an entry when they come, so when
+    several queues' entries come at once `free` may go below zero (by one an entry) until they end."""
 
     def __init__(self, n: int) -> None:
         self.free = n
@@ -129,11 +129,11 @@ class QueueWorker:
         self._running: dict[str, Invocation] = {}          # invocation id -> Invocation
         self._held: dict[str, tuple[str, str]] = {}        # invocation id -> (queue key, entry id)
         self._held_of: dict[str, int] = {}                 # queue key -> entries held of it
-        self._room_freed: dict[str, asyncio.Event] = {}    # queue key -> set when one of it ends
         self._cancelled: set[str] = set()                  # held, not yet running, cancel message seen
         self._grouped: set[str] = set()
+        self._by_slot: dict[int, list[str]] = {}           # cluster slot -> queue keys read together
         self._function_of: dict[str, Deployment] = {}      # queue key -> the function it queues
-        self._readers: dict[str, asyncio.Task[Any]] = {}   # queue key -> its reader
+        self._readers: dict[int, asyncio.Task[Any]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._jobs: set[asyncio.Task[Any]] = set()
         self.completed = 0
@@ -184,17 +184,19 @@ class QueueWorker:
         self._grouped.add(key)
 
     async def _supervise(self) -> None:
-        """Keep a consumer group and a reader on the queue of every function this node can run."""
+        """Keep a consumer group on every queue this node can run, and one reader per slot holding them."""
         backoff = Backoff()
         while True:
             try:
+                by_slot: dict[int, list[str]] = {}
                 functions: dict[str, Deployment] = {}
                 for dep in self.registry.list():
                     key = self.keys.queue(dep.name)
                     if key not in self._grouped:
                         await self._create_group(key)
+                    by_slot.setdefault(slot_of(self.redis, key), []).append(key)
                     functions[key] = dep
-                self._function_of = functions
+                self._by_slot, self._function_of = by_slot, functions
                 backoff.reset()
                 checkpoint()
             except REDIS_DOWN as exc:
@@ -202,9 +204,9 @@ class QueueWorker:
                 self._grouped.clear()
                 await backoff.sleep()
                 continue
-            for key in functions:
-                if key not in self._readers or self._readers[key].done():
-                    self._readers[key] = asyncio.create_task(self._read_queue(key), name=f"worker-read-{key}")
+            for slot in by_slot:
+                if slot not in self._readers or self._readers[slot].done():
+                    self._readers[slot] = asyncio.create_task(self._read_slot(slot), name=f"worker-read-{slot}")
             await asyncio.sleep(self.heartbeat)
 
     def _room(self, key: str) -> int:
@@ -224,51 +226,52 @@ class QueueWorker:
         held = self._held.pop(inv_id, None)
         if held is not None:
             self._held_of[held[0]] -= 1
-            freed = self._room_freed.get(held[0])
-            if freed is not None:
-                freed.set()
         return held
 
-    async def _until_room(self, key: str) -> None:
-        """Wait until an invocation of this queue ends here (or a heartbeat passes: a `role: all`
-        node's own invocations of the function end without telling the queue)."""
-        freed = self._room_freed.setdefault(key, asyncio.Event())
-        freed.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(freed.wait(), self.heartbeat)
+    async def _read_slot(self, slot: int) -> None:
+        """Take entries from the queues of one slot (one read for all of them), never more than this
+        worker has free slots, nor more of a queue than its function has room for here.
 
-    async def _read_queue(self, key: str) -> None:
-        """Take entries from one function's queue: never more than this worker has free slots, nor
-        than the function has room for here. One reader per queue, so a queue at its function's
-        concurrency waits for room without holding up the others (COUNT is exact per read)."""
+        A blocking read cannot be told that a queue it left out has room again, so it leaves out
+        only a queue that already holds one entry here beyond its room (it reads one entry a queue:
+        a queue at its concurrency may get one, which then waits here for room), and while it leaves
+        one out it blocks a quarter second instead of one. A read that does not block reads only
+        queues with room, as many of each as the room and the slots reserved allow."""
         backoff = Backoff()
         wait = True
-        while key in self._function_of:
-            room = self._room(key)
-            if room <= 0:
-                await self._until_room(key)
-                wait = True
-                continue
-            if wait:   # block for one entry; its slot is taken when it comes (see _Slots)
-                await self._slots.until_free()
-                n = 0
+        while keys := self._by_slot.get(slot):
+            if wait:
+                await self._slots.until_free()   # its slot is taken when its entry comes (see _Slots)
+            rooms = {k: self._room(k) for k in keys}
+            if wait:
+                read = {k: 1 for k, room in rooms.items() if room >= 0}
+                if not read:   # each queue here has an entry waiting for room: wait for one to end
+                    self._slots.freed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._slots.freed.wait(), self.heartbeat)
+                    continue
+                n, count = 0, 1
             else:
-                n = self._slots.reserve(room)
+                read = {k: room for k, room in rooms.items() if room > 0}
+                n = self._slots.reserve(min(read.values(), default=0))
                 if n == 0:
                     wait = True
                     continue
+                count = max(1, n // len(read))   # COUNT is per queue: all of them together about n
             taken = 0
             try:
-                reply: Any = await self.redis.xreadgroup(Keys.GROUP, self.id, {key: ">"}, count=n or 1,
-                                                         block=1000 if wait else None)
+                reply: Any = await self.redis.xreadgroup(Keys.GROUP, self.id, {k: ">" for k in read}, count=count,
+                                                         block=(1000 if len(read) == len(keys) else 250)
+                                                         if wait else None)
                 backoff.reset()
                 checkpoint()  # before taking: what was read stays pending, for another worker to reclaim
-                for _key, entries in reply or []:
+                for key, entries in reply or []:
                     taken += await self._take(key, entries, reclaimed=False)
             except aioredis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):   # NOGROUP: the queue was deleted (e.g. Redis restarted empty)
                     raise
-                await self._create_group(key)
+                for key in keys:
+                    await self._create_group(key)
             except REDIS_DOWN as exc:
                 log.warning("worker %s: Redis unreachable (%s); retrying", self.id, exc)
                 self._grouped.clear()
@@ -276,8 +279,7 @@ class QueueWorker:
             finally:
                 self._slots.release(n - taken)
             wait = taken < max(n, 1)   # a full batch: more may be waiting, read again at once
-        self._readers.pop(key, None)
-        self._room_freed.pop(key, None)
+        self._readers.pop(slot, None)
 
     async def _reclaim(self) -> None:
         """Take over entries other (dead) workers held longer than claimIdleSeconds."""
@@ -287,9 +289,9 @@ class QueueWorker:
             checkpoint()
             try:
                 for key in list(self._grouped):
-                    free = self._slots.reserve(self._room(key))
+                    free = self._slots.reserve(self._slots.free)   # reclaim is rare: every free slot
                     if free <= 0:
-                        continue
+                        break
                     taken = 0
                     try:
                         reply = await self.redis.xautoclaim(key, Keys.GROUP, self.id, int(self.claim_idle * 1000),

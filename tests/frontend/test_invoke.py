@@ -200,6 +200,14 @@ async def test_handler_raises_mid_stream(make_client, deploy_dir):
     assert events[3]["data"] == "[DONE]"
 
 
+async def test_a_base_exception_of_the_handlers_own_is_a_handler_error(make_client, deploy_dir):
+    client = await make_client(test_config(deploy_dir(fn("bx", "testfns.raises_base_exception"))))
+    for _ in range(2):   # and the function's concurrency slot came back
+        resp = await client.post("/serverless/v1/functions/bx/invocations")
+        assert resp.status == 500
+        assert "_OwnBaseException: not an Exception" in (await resp.json())["message"]
+
+
 async def test_sys_exit_is_a_handler_error(make_client, deploy_dir):
     client = await make_client(test_config(deploy_dir(fn("ex", "testfns.exits"))))
     resp = await client.post("/serverless/v1/functions/ex/invocations")

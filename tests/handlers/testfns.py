@@ -21,6 +21,14 @@ def exits(event, context):
     sys.exit(3)
 
 
+class _OwnBaseException(BaseException):
+    """Not an Exception: user code may still raise it."""
+
+
+async def raises_base_exception(event, context):
+    raise _OwnBaseException("not an Exception")
+
+
 def returns_none(event, context):
     context.get_stream().write("only")
 

@@ -7,11 +7,12 @@ a shared machine) every scenario reports the CPU time its server processes spent
 frontend + workers + redis-server, from /proc, summed — and Redis commands per item (`INFO
 commandstats` before and after, commands run inside Lua scripts included): both hold under load.
 
-`--scaling` adds the scale-out figure: a CPU-bound `def` handler (bench_handlers.burn) through 1
-worker, then 2, each worker pinned to its own core with taskset semantics (sched_setaffinity),
-frontend and redis-server on core 0 with the second worker. It reports jobs/s and each process's
-CPU per job, and the throughput the CPU figures give when every worker and the frontend + Redis
-each have a core of their own (what this 2-core box cannot show directly).
+`--scaling` adds the scale-out figure: a CPU-bound `def` handler (bench_handlers.burn, concurrency 4:
+the jobs each worker keeps in flight) through 1 worker, then 2, each worker pinned to its own core
+with taskset semantics (sched_setaffinity), frontend, redis-server and the load (this process) on
+core 0 with the second worker. It reports jobs/s and each process's CPU per job, and the
+throughput the CPU figures give when every worker and the frontend + Redis each have a core of
+their own (what this 2-core box cannot show directly).
 Setups run in turn `--rounds` times. The table shows, per setup, the round with the least CPU per
 item (the one least disturbed by other load) and, for items/s, the median over rounds of the
 ratio to embedded measured in the same round. Round trips per item are Redis's
@@ -223,6 +224,7 @@ def run_scaling(jobs: int, loops: int) -> list[dict[str, Any]]:
     cores = sorted(os.sched_getaffinity(0))
     first, second = {cores[-1]}, {cores[0]}
     rows = []
+    os.sched_setaffinity(0, second)   # the load too: worker 1's core is its own in both setups
     for n in (1, 2):
         setup = Setup(n, worker_cores=[first, second][:n], server_cores=second)
         try:
@@ -234,6 +236,7 @@ def run_scaling(jobs: int, loops: int) -> list[dict[str, Any]]:
             rows.append(row)
         finally:
             setup.stop()
+    os.sched_setaffinity(0, set(cores))
     return rows
 
 

@@ -129,11 +129,13 @@ class QueueWorker:
         self._running: dict[str, Invocation] = {}          # invocation id -> Invocation
         self._held: dict[str, tuple[str, str]] = {}        # invocation id -> (queue key, entry id)
         self._held_of: dict[str, int] = {}                 # queue key -> entries held of it
+        self._left_out: set[str] = set()                   # queues a slot's reader left out: no room
         self._cancelled: set[str] = set()                  # held, not yet running, cancel message seen
         self._grouped: set[str] = set()
         self._by_slot: dict[int, list[str]] = {}           # cluster slot -> queue keys read together
         self._function_of: dict[str, Deployment] = {}      # queue key -> the function it queues
         self._readers: dict[int, asyncio.Task[Any]] = {}
+        self._alone: dict[str, asyncio.Task[Any]] = {}     # queue key -> its own reader (see _read_alone)
         self._tasks: list[asyncio.Task[Any]] = []
         self._jobs: set[asyncio.Task[Any]] = set()
         self.completed = 0
@@ -151,7 +153,7 @@ class QueueWorker:
         with its heartbeat and cancellations, until `stop`."""
         self.taking = False
         intake = [t for t in self._tasks if t.get_name() in ("worker-queues", "worker-reclaim")]
-        intake += self._readers.values()
+        intake += [*self._readers.values(), *self._alone.values()]
         await stop_tasks(intake, "cluster worker intake")
         try:
             await self._announce()  # frontends stop queueing for it now, not at the next heartbeat
@@ -160,7 +162,7 @@ class QueueWorker:
 
     async def stop(self) -> None:
         self._cancel_running()
-        await stop_tasks((*self._tasks, *self._readers.values()), "cluster worker")
+        await stop_tasks((*self._tasks, *self._readers.values(), *self._alone.values()), "cluster worker")
         self._cancel_running()  # and any a reader started meanwhile
         if self._jobs:  # a cancelled invocation still writes its end (the client's error event): let it
             await asyncio.wait(list(self._jobs), timeout=5)
@@ -225,61 +227,87 @@ class QueueWorker:
     def _unhold(self, inv_id: str) -> tuple[str, str] | None:
         held = self._held.pop(inv_id, None)
         if held is not None:
-            self._held_of[held[0]] -= 1
+            key = held[0]
+            self._held_of[key] -= 1
+            if key in self._left_out and self.taking and key not in self._alone and self._room(key) > 0:
+                self._alone[key] = asyncio.get_running_loop().create_task(self._read_alone(key),
+                                                                          name=f"worker-read-{key}")
         return held
 
     async def _read_slot(self, slot: int) -> None:
         """Take entries from the queues of one slot (one read for all of them), never more than this
-        worker has free slots, nor more of a queue than its function has room for here.
-
-        A blocking read cannot be told that a queue it left out has room again, so it leaves out
-        only a queue that already holds one entry here beyond its room (it reads one entry a queue:
-        a queue at its concurrency may get one, which then waits here for room), and while it leaves
-        one out it blocks a quarter second instead of one. A read that does not block reads only
-        queues with room, as many of each as the room and the slots reserved allow."""
+        worker has free slots, nor more of a queue than its function has room for here. A queue at
+        its function's concurrency is left out, and once it has room again it is read by a reader of
+        its own (_read_alone): a blocked read cannot be told to read one more queue."""
         backoff = Backoff()
         wait = True
         while keys := self._by_slot.get(slot):
             if wait:
                 await self._slots.until_free()   # its slot is taken when its entry comes (see _Slots)
-            rooms = {k: self._room(k) for k in keys}
+            checkpoint()
+            rooms = {k: self._room(k) for k in keys if k not in self._alone}
+            self._left_out.update(k for k, room in rooms.items() if room <= 0)
+            read = {k: room for k, room in rooms.items() if room > 0}
+            if not read:   # each function here is at its concurrency (or read alone): wait for one to end
+                self._slots.freed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slots.freed.wait(), self.heartbeat)
+                wait = True
+                continue
             if wait:
-                read = {k: 1 for k, room in rooms.items() if room >= 0}
-                if not read:   # each queue here has an entry waiting for room: wait for one to end
-                    self._slots.freed.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._slots.freed.wait(), self.heartbeat)
-                    continue
                 n, count = 0, 1
             else:
-                read = {k: room for k, room in rooms.items() if room > 0}
-                n = self._slots.reserve(min(read.values(), default=0))
+                n = self._slots.reserve(min(read.values()))
                 if n == 0:
                     wait = True
                     continue
                 count = max(1, n // len(read))   # COUNT is per queue: all of them together about n
-            taken = 0
-            try:
-                reply: Any = await self.redis.xreadgroup(Keys.GROUP, self.id, {k: ">" for k in read}, count=count,
-                                                         block=(1000 if len(read) == len(keys) else 250)
-                                                         if wait else None)
-                backoff.reset()
-                checkpoint()  # before taking: what was read stays pending, for another worker to reclaim
-                for key, entries in reply or []:
-                    taken += await self._take(key, entries, reclaimed=False)
-            except aioredis.ResponseError as exc:
-                if "NOGROUP" not in str(exc):   # NOGROUP: the queue was deleted (e.g. Redis restarted empty)
-                    raise
-                for key in keys:
-                    await self._create_group(key)
-            except REDIS_DOWN as exc:
-                log.warning("worker %s: Redis unreachable (%s); retrying", self.id, exc)
-                self._grouped.clear()
-                await backoff.sleep()
-            finally:
-                self._slots.release(n - taken)
+            self._left_out.difference_update(read)
+            taken = await self._read(keys, read, count, n, backoff, block=wait)
             wait = taken < max(n, 1)   # a full batch: more may be waiting, read again at once
         self._readers.pop(slot, None)
+
+    async def _read_alone(self, key: str) -> None:
+        """Read one queue whose function was at its concurrency when the slot's reader last looked,
+        until it is there again (then the next entry that ends here starts another) or is gone."""
+        backoff = Backoff()
+        try:
+            while self.taking and key in self._function_of and (room := self._room(key)) > 0:
+                await self._slots.until_free()
+                checkpoint()
+                if await self._read([key], {key: room}, 1, 0, backoff, block=True) == 0:
+                    continue   # nothing came within the block: read on (the slot's reader leaves it to us)
+                n = self._slots.reserve(self._room(key))
+                if n:
+                    await self._read([key], {key: n}, n, n, backoff, block=False)
+        finally:
+            self._alone.pop(key, None)
+            self._left_out.add(key)   # at its concurrency (or gone): the next entry of it that ends reads on
+
+    async def _read(self, keys: list[str], read: dict[str, int], count: int, n: int, backoff: Backoff, *,
+                    block: bool) -> int:
+        """One XREADGROUP of the queues in `read`, `count` entries of each at most, with `n` slots
+        reserved (0 for a blocking read: each entry takes its slot as it comes); how many it took."""
+        taken = 0
+        try:
+            reply: Any = await self.redis.xreadgroup(Keys.GROUP, self.id, {k: ">" for k in read}, count=count,
+                                                     block=1000 if block else None)
+            backoff.reset()
+            checkpoint()  # before taking: what was read stays pending, for another worker to reclaim
+            for key, entries in reply or []:
+                taken += await self._take(key, entries, reclaimed=False)
+        except aioredis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):   # NOGROUP: the queue was deleted (e.g. Redis restarted empty)
+                raise
+            for key in keys:
+                await self._create_group(key)
+        except REDIS_DOWN as exc:
+            log.warning("worker %s: Redis unreachable (%s); retrying", self.id, exc)
+            self._grouped.clear()
+            await backoff.sleep()
+        finally:
+            self._slots.release(n - taken)
+        return taken
 
     async def _reclaim(self) -> None:
         """Take over entries other (dead) workers held longer than claimIdleSeconds."""

@@ -74,58 +74,58 @@ def _spec(timeout: float) -> FunctionSpec:
     return FunctionSpec(name="nobody-runs-it", handler="x.handler", timeout=timeout)
 
 
-async def test_no_answer_by_the_deadline_times_out_and_tells_the_worker(redis_server, monkeypatch):
+@pytest.fixture
+async def work_queue(redis_server):
+    """Factory: a frontend's work queue in this process on the test's Redis (a URL of its own may
+    name a user); each is closed after the test."""
+    made: list[WorkQueue] = []
+
+    def make(url: str | None = None) -> WorkQueue:
+        made.append(WorkQueue(connect(url or redis_server.url), Keys(), "frontend-test", ttl=60, heartbeat=1))
+        return made[-1]
+    yield make
+    for queue in made:
+        await queue.close()
+        await queue.redis.aclose()
+
+
+async def _queued(queue: WorkQueue, timeout: float = 30):
+    return await queue.submit(_spec(timeout), {}, mode="json", buffer_events=10, max_write_size=1000,
+                              max_response_size=1000, trace_id=None, reply=True)
+
+
+async def test_no_answer_by_the_deadline_times_out_and_tells_the_worker(redis_server, work_queue, monkeypatch):
     monkeypatch.setattr(answers, "DEADLINE_GRACE", 0.0)
-    redis = connect(redis_server.url)
-    queue = WorkQueue(redis, Keys(), "frontend-test", ttl=60, heartbeat=1)
-    try:
-        inv = await queue.submit(_spec(0.2), {}, mode="json", buffer_events=10, max_write_size=1000,
-                                 max_response_size=1000, trace_id=None, reply=True)
-        entry = redis_server.client().xrange("fnstream:{queue:nobody-runs-it}")[0][1]
-        assert entry["reply"] == queue.answers.key
-        with pytest.raises(FunctionTimeoutError, match="no answer from the cluster's workers"):
-            await asyncio.wait_for(inv.encoded_result(), 5)
-        await asyncio.sleep(0.1)   # the cancellation is sent in the background
-        assert redis_server.client().get(f"fnstream:{{inv:{inv.id}}}:cancel")
-    finally:
-        await queue.close()
-        await redis.aclose()
+    queue = work_queue()
+    inv = await _queued(queue, timeout=0.2)
+    entry = redis_server.client().xrange("fnstream:{queue:nobody-runs-it}")[0][1]
+    assert entry["reply"] == queue.answers.key
+    with pytest.raises(FunctionTimeoutError, match="no answer from the cluster's workers"):
+        await asyncio.wait_for(inv.encoded_result(), 5)
+    await asyncio.sleep(0.1)   # the cancellation is sent in the background
+    assert redis_server.client().get(f"fnstream:{{inv:{inv.id}}}:cancel")
 
 
-async def test_an_answer_after_the_client_left_is_dropped(redis_server):
-    redis = connect(redis_server.url)
-    queue = WorkQueue(redis, Keys(), "frontend-test", ttl=60, heartbeat=1)
-    try:
-        inv = await queue.submit(_spec(30), {}, mode="json", buffer_events=10, max_write_size=1000,
-                                 max_response_size=1000, trace_id=None, reply=True)
-        inv.cancel("client disconnected")
-        await redis.xadd(queue.answers.key, {"id": inv.id, "t": "result", "d": "1"})
-        late = await queue.submit(_spec(30), {}, mode="json", buffer_events=10, max_write_size=1000,
-                                  max_response_size=1000, trace_id=None, reply=True)
-        await redis.xadd(queue.answers.key, {"id": late.id, "t": "error", "code": "4003", "status": "500",
-                                             "message": "boom", "w": "worker-x"})
-        with pytest.raises(Exception, match="boom"):
-            await asyncio.wait_for(late.encoded_result(), 5)
-        assert late.worker == "worker-x"
-        assert inv.answer is not None and inv.answer.cancelled()
-    finally:
-        await queue.close()
-        await redis.aclose()
+async def test_an_answer_after_the_client_left_is_dropped(work_queue):
+    queue = work_queue()
+    inv = await _queued(queue)
+    inv.cancel("client disconnected")
+    await queue.redis.xadd(queue.answers.key, {"id": inv.id, "t": "result", "d": "1"})
+    late = await _queued(queue)
+    await queue.redis.xadd(queue.answers.key, {"id": late.id, "t": "error", "code": "4003", "status": "500",
+                                               "message": "boom", "w": "worker-x"})
+    with pytest.raises(FunctionServiceError, match="boom"):
+        await asyncio.wait_for(late.encoded_result(), 5)
+    assert late.worker == "worker-x"
+    assert inv.answer is not None and inv.answer.cancelled()
 
 
-async def test_redis_lost_fails_the_waiting_invocations_at_once(redis_server):
-    redis = connect(redis_server.url)
-    queue = WorkQueue(redis, Keys(), "frontend-test", ttl=60, heartbeat=1)
-    try:
-        inv = await queue.submit(_spec(30), {}, mode="json", buffer_events=10, max_write_size=1000,
-                                 max_response_size=1000, trace_id=None, reply=True)
-        await asyncio.sleep(0.1)   # the reader is blocked in its XREAD
-        redis_server.kill()
-        with pytest.raises(ClusterUnavailableError, match="lost the connection to Redis"):
-            await asyncio.wait_for(inv.encoded_result(), 5)   # not the function's 30 s timeout
-    finally:
-        await queue.close()
-        await redis.aclose()
+async def test_redis_lost_fails_the_waiting_invocations_at_once(redis_server, work_queue):
+    inv = await _queued(work_queue())
+    await asyncio.sleep(0.1)   # the reader is blocked in its XREAD
+    redis_server.kill()
+    with pytest.raises(ClusterUnavailableError, match="lost the connection to Redis"):
+        await asyncio.wait_for(inv.encoded_result(), 5)   # not the function's 30 s timeout
 
 
 async def test_a_json_client_that_leaves_stops_the_handler_on_the_worker(redis_server, start_server, start_worker):
@@ -203,58 +203,38 @@ async def test_a_read_across_queues_that_takes_more_than_its_slots_leaves_no_ext
         await asyncio.gather(*calls)
 
 
-async def _queued(queue: WorkQueue, timeout: float = 30):
-    return await queue.submit(_spec(timeout), {}, mode="json", buffer_events=10, max_write_size=1000,
-                              max_response_size=1000, trace_id=None, reply=True)
-
-
-async def test_what_redis_refuses_fails_the_waiting_calls_and_the_reader_goes_on(redis_server):
+async def test_what_redis_refuses_fails_the_waiting_calls_and_the_reader_goes_on(redis_server, work_queue):
     """An ACL that does not grant the answers stream: every call fails at once with the reason."""
     admin = redis_server.client()
     admin.acl_setuser("queue-only", enabled=True, passwords=["+pw"], keys=["fnstream:{queue:*"],
                       commands=["+@all"])
-    redis = connect(f"redis://queue-only:pw@127.0.0.1:{redis_server.port}/0")
-    queue = WorkQueue(redis, Keys(), "frontend-test", ttl=60, heartbeat=1)
-    try:
-        for _ in range(2):   # the reader goes on after a refusal
-            inv = await _queued(queue)
-            with pytest.raises(ClusterUnavailableError, match="refused to read this node's answers stream"):
-                await asyncio.wait_for(inv.encoded_result(), 5)
-    finally:
-        await queue.close()
-        await redis.aclose()
-
-
-async def test_a_malformed_error_answer_fails_its_call_as_a_500(redis_server):
-    redis = connect(redis_server.url)
-    queue = WorkQueue(redis, Keys(), "frontend-test", ttl=60, heartbeat=1)
-    try:
+    queue = work_queue(f"redis://queue-only:pw@127.0.0.1:{redis_server.port}/0")
+    for _ in range(2):   # the reader goes on after a refusal
         inv = await _queued(queue)
-        await redis.xadd(queue.answers.key, {"id": inv.id, "t": "error", "code": "E1", "message": "odd"})
-        with pytest.raises(FunctionServiceError, match="odd") as caught:
+        with pytest.raises(ClusterUnavailableError, match="refused to read this node's answers stream"):
             await asyncio.wait_for(inv.encoded_result(), 5)
-        assert (caught.value.code, caught.value.status) == (200500, 500)
-        ok = await _queued(queue)   # and the next answer still arrives
-        await redis.xadd(queue.answers.key, {"id": ok.id, "t": "result", "d": "[1]"})
-        assert await asyncio.wait_for(ok.encoded_result(), 5) == "[1]"
-    finally:
-        await queue.close()
-        await redis.aclose()
 
 
-async def test_an_answer_a_previous_worker_wrote_to_the_calls_own_stream_is_found(redis_server):
+async def test_a_malformed_error_answer_fails_its_call_as_a_500(work_queue):
+    queue = work_queue()
+    inv = await _queued(queue)
+    await queue.redis.xadd(queue.answers.key, {"id": inv.id, "t": "error", "code": "E1", "message": "odd"})
+    with pytest.raises(FunctionServiceError, match="odd") as caught:
+        await asyncio.wait_for(inv.encoded_result(), 5)
+    assert (caught.value.code, caught.value.status) == (200500, 500)
+    ok = await _queued(queue)   # and the next answer still arrives
+    await queue.redis.xadd(queue.answers.key, {"id": ok.id, "t": "result", "d": "[1]"})
+    assert await asyncio.wait_for(ok.encoded_result(), 5) == "[1]"
+
+
+async def test_an_answer_a_previous_worker_wrote_to_the_calls_own_stream_is_found(work_queue):
     """A worker of the version before that joins (or reclaims the entry) after the node chose the
     answers stream writes the answer to the invocation's own stream: it is looked for there too."""
-    redis = connect(redis_server.url)
-    queue = WorkQueue(redis, Keys(), "frontend-test", ttl=60, heartbeat=1)
-    try:
-        inv = await _queued(queue)
-        out = f"fnstream:{{inv:{inv.id}}}:out"
-        await redis.xadd(out, {"t": "result", "d": '{"ok":true}', "w": "worker-old"})
-        assert await asyncio.wait_for(inv.encoded_result(), 10) == '{"ok":true}'
-        assert inv.worker == "worker-old"
-        await asyncio.sleep(0.1)
-        assert not await redis.exists(out)   # and its stream is dropped
-    finally:
-        await queue.close()
-        await redis.aclose()
+    queue = work_queue()
+    inv = await _queued(queue)
+    out = f"fnstream:{{inv:{inv.id}}}:out"
+    await queue.redis.xadd(out, {"t": "result", "d": '{"ok":true}', "w": "worker-old"})
+    assert await asyncio.wait_for(inv.encoded_result(), 10) == '{"ok":true}'
+    assert inv.worker == "worker-old"
+    await asyncio.sleep(0.1)
+    assert not await queue.redis.exists(out)   # and its stream is dropped

@@ -22,7 +22,7 @@ import asyncio
 import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.exceptions import RedisError
 
@@ -35,9 +35,7 @@ from .settings import REDIS_DOWN, AnyRedis, Backoff, ClusterUnavailableError, Ke
 if TYPE_CHECKING:
     from runtime.manifest import FunctionSpec
 
-    from .queue import RemoteInvocation
-
-__all__ = ("AnswerReader", "ANSWER_SCRIPT", "DEADLINE_GRACE", "POLL_MS", "silent_worker_timeout")
+__all__ = ("AnswerReader", "Waiting", "ANSWER_SCRIPT", "DEADLINE_GRACE", "POLL_MS", "silent_worker_timeout")
 
 log = logging.getLogger("fnstream.cluster")
 
@@ -58,18 +56,31 @@ _BATCH = 100
 _FIRST_LOOK = 1.0
 
 
+class Waiting(Protocol):
+    """What the reader needs of an invocation waiting for its answer (queue.py's RemoteInvocation)."""
+
+    id: str
+    spec: FunctionSpec
+    loop: asyncio.AbstractEventLoop
+    started: float
+    deadline: float
+
+    def answered(self, fields: dict[str, str]) -> None: ...
+    def give_up(self, error: FunctionServiceError, *, cancel: bool = True) -> None: ...
+
+
 class AnswerReader:
     """Reads this frontend's answers stream and resolves the invocations waiting on it."""
 
     def __init__(self, redis: AnyRedis, keys: Keys, node: str, batch: Batcher, *, ttl: int) -> None:
         self.redis, self.keys, self.batch, self.ttl = redis, keys, batch, ttl
         self.key = keys.answers(node)
-        self._waiting: dict[str, RemoteInvocation] = {}
+        self._waiting: dict[str, Waiting] = {}
         self._look_at: dict[str, float] = {}   # invocation id -> when to look in its own stream next
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
-    def wait(self, inv: RemoteInvocation) -> asyncio.Future[str | None]:
+    def wait(self, inv: Waiting) -> asyncio.Future[str | None]:
         """Expect `inv`'s answer (before its queue entry is written: a fast worker may answer
         before the enqueue's reply is read); the future gets its JSON text or its error."""
         if self._closed:

@@ -89,6 +89,10 @@ class _Window:
         self.acked_chars = int(chars or 0)
 
 
+# Empty blocking reads (1 s each) after which a queue's own reader hands it back to its slot's.
+_ALONE_IDLE_READS = 5
+
+
 class _Slots:
     """A worker's free invocation slots, and a wake-up for readers waiting for one. A blocking read
     reserves none: it waits until one is free and takes one an entry when they come, so when
@@ -161,6 +165,7 @@ class QueueWorker:
             pass
 
     async def stop(self) -> None:
+        self.taking = False   # (stop_taking usually came first) no reader starts from here on
         self._cancel_running()
         await stop_tasks((*self._tasks, *self._readers.values(), *self._alone.values()), "cluster worker")
         self._cancel_running()  # and any a reader started meanwhile
@@ -199,6 +204,9 @@ class QueueWorker:
                     by_slot.setdefault(slot_of(self.redis, key), []).append(key)
                     functions[key] = dep
                 self._by_slot, self._function_of = by_slot, functions
+                self._left_out.intersection_update(functions)   # not what is no longer deployed here
+                for key in [k for k, n in self._held_of.items() if n == 0 and k not in functions]:
+                    del self._held_of[key]
                 backoff.reset()
                 checkpoint()
             except REDIS_DOWN as exc:
@@ -269,20 +277,31 @@ class QueueWorker:
 
     async def _read_alone(self, key: str) -> None:
         """Read one queue whose function was at its concurrency when the slot's reader last looked,
-        until it is there again (then the next entry that ends here starts another) or is gone."""
+        until it is there again (then the next entry that ends here starts another), is gone, or
+        has had nothing for a few blocks (then the slot's reader takes it back: an idle queue costs
+        no connection of its own; its next entry may wait for the slot's current block, 1 s)."""
         backoff = Backoff()
+        idle = 0
+        saturated = False
         try:
-            while self.taking and key in self._function_of and (room := self._room(key)) > 0:
+            while self.taking and idle < _ALONE_IDLE_READS:
                 await self._slots.until_free()
                 checkpoint()
+                room = self._room(key)   # after the wait: the function may be gone (0) or full again
+                if room <= 0:
+                    saturated = True
+                    return
                 if await self._read([key], {key: room}, 1, 0, backoff, block=True) == 0:
-                    continue   # nothing came within the block: read on (the slot's reader leaves it to us)
+                    idle += 1
+                    continue
+                idle = 0
                 n = self._slots.reserve(self._room(key))
                 if n:
                     await self._read([key], {key: n}, n, n, backoff, block=False)
         finally:
             self._alone.pop(key, None)
-            self._left_out.add(key)   # at its concurrency (or gone): the next entry of it that ends reads on
+            if saturated:   # the next entry of it that ends here reads on
+                self._left_out.add(key)
 
     async def _read(self, keys: list[str], read: dict[str, int], count: int, n: int, backoff: Backoff, *,
                     block: bool) -> int:
@@ -296,15 +315,21 @@ class QueueWorker:
             checkpoint()  # before taking: what was read stays pending, for another worker to reclaim
             for key, entries in reply or []:
                 taken += await self._take(key, entries, reclaimed=False)
-        except aioredis.ResponseError as exc:
-            if "NOGROUP" not in str(exc):   # NOGROUP: the queue was deleted (e.g. Redis restarted empty)
-                raise
-            for key in keys:
-                await self._create_group(key)
         except REDIS_DOWN as exc:
             log.warning("worker %s: Redis unreachable (%s); retrying", self.id, exc)
             self._grouped.clear()
             await backoff.sleep()
+        except aioredis.ResponseError as exc:
+            try:
+                if "NOGROUP" in str(exc):   # the queue was deleted (e.g. Redis restarted empty)
+                    for key in keys:
+                        await self._create_group(key)
+                else:   # e.g. READONLY during a failover: the reader goes on after a pause
+                    log.warning("worker %s: reading %s: %s; retrying", self.id, ", ".join(read), exc)
+                    await backoff.sleep()
+            except (*REDIS_DOWN, aioredis.ResponseError) as again:
+                log.warning("worker %s: recreating %s: %s; retrying", self.id, ", ".join(keys), again)
+                await backoff.sleep()
         finally:
             self._slots.release(n - taken)
         return taken

@@ -238,3 +238,31 @@ async def test_an_answer_a_previous_worker_wrote_to_the_calls_own_stream_is_foun
     assert inv.worker == "worker-old"
     await asyncio.sleep(0.1)
     assert not await queue.redis.exists(out)   # and its stream is dropped
+
+
+async def test_a_queue_read_on_its_own_after_its_function_was_full_goes_back_when_idle(
+        redis_server, start_server, start_worker):
+    """A queue left out while its function was at its concurrency gets a read of its own once it has
+    room; idle, it hands it back, so idle functions cost no read (and connection) each."""
+    a = start_server(*frontend_args(redis_server.url))
+    start_worker(redis_server.url)
+    r = redis_server.client()
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, {**RELAY, "concurrency": 1})
+        await workers_serving(s, a.url, "relay")
+
+        async def call() -> None:
+            async with s.post(a.url + "/serverless/v1/functions/relay/invocations",
+                              json={"wait_ms": 300, "count": 0}) as resp:
+                assert resp.status == 200, await resp.text()
+        await asyncio.gather(*(call() for _ in range(3)))   # the 2nd and 3rd wait for room
+
+        def reads() -> int:
+            return r.info("commandstats").get("cmdstat_xreadgroup", {}).get("calls", 0)
+
+        async def back_to_idle():   # the slot's blocking read alone: about one a second
+            before = reads()
+            await asyncio.sleep(3)
+            return reads() - before <= 4
+        await wait_until(back_to_idle, "the queue's own read to end", limit=25)
+        await asyncio.gather(*(call() for _ in range(2)))   # and it is read as before

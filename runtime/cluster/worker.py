@@ -214,6 +214,10 @@ class QueueWorker:
                 self._grouped.clear()
                 await backoff.sleep()
                 continue
+            except aioredis.ResponseError as exc:   # e.g. READONLY in a failover, NOPERM: it must not end
+                log.warning("worker %s: cannot keep the queues' consumer groups (%s); retrying", self.id, exc)
+                await backoff.sleep()
+                continue
             for slot in by_slot:
                 if slot not in self._readers or self._readers[slot].done():
                     self._readers[slot] = asyncio.create_task(self._read_slot(slot), name=f"worker-read-{slot}")

@@ -16,6 +16,7 @@ from runtime.manifest import FunctionSpec
 from tests.support.cluster import (
     RELAY,
     PreviousWorkerProcess,
+    WorkerProcess,
     deploy,
     frontend_args,
     status,
@@ -266,3 +267,26 @@ async def test_a_queue_read_on_its_own_after_its_function_was_full_goes_back_whe
             return reads() - before <= 4
         await wait_until(back_to_idle, "the queue's own read to end", limit=25)
         await asyncio.gather(*(call() for _ in range(2)))   # and it is read as before
+
+
+async def test_a_worker_that_redis_refuses_a_consumer_group_serves_once_it_may(redis_server, start_server):
+    """A refused XGROUP CREATE (an ACL, READONLY in a failover) does not end the worker's queue
+    supervision: once Redis allows it, the worker serves."""
+    r = redis_server.client()
+    r.acl_setuser("w", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                  commands=["+@all", "-xgroup|create"])
+    a = start_server(*frontend_args(redis_server.url))
+    worker = WorkerProcess(f"redis://w:pw@127.0.0.1:{redis_server.port}/0")
+    try:
+        async with aiohttp.ClientSession() as s:
+            await deploy(s, a.url, {**RELAY, "timeout": 1})
+            await workers_serving(s, a.url, "relay")
+            await asyncio.sleep(1)   # its supervision has been refused by now
+            r.acl_setuser("w", enabled=True, commands=["+xgroup|create"])
+
+            async def served():
+                async with s.post(a.url + "/serverless/v1/functions/relay/invocations", json={"count": 0}) as resp:
+                    return resp.status == 200
+            await wait_until(served, "the worker to serve once allowed", limit=30)
+    finally:
+        worker.stop()

@@ -114,6 +114,8 @@ class Deployment:
         self.pre_stop_started = False
         self._idle = asyncio.Event()  # set whenever no invocation is in flight (awaited on stop)
         self._idle.set()
+        # Called after each slot is given back (a cluster worker reads a full function's queue again).
+        self.on_release: Callable[[], None] | None = None
 
     @property
     def name(self) -> str:
@@ -139,6 +141,8 @@ class Deployment:
         self.inflight -= 1
         if self.inflight <= 0:
             self._idle.set()
+        if self.on_release is not None:
+            self.on_release()
 
     def stop_waiting(self) -> None:
         """Let a pending `stop` run its preStop now (shutdown: the drain already gave the grace)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -203,6 +204,9 @@ class QueueWorker:
                         await self._create_group(key)
                     by_slot.setdefault(slot_of(self.redis, key), []).append(key)
                     functions[key] = dep
+                    # a slot given back without an entry ending here: a `def` thread that ran on
+                    # after its call was cancelled, a `role: all` node's own call
+                    dep.on_release = functools.partial(self._room_back, key)
                 self._by_slot, self._function_of = by_slot, functions
                 self._left_out.intersection_update(functions)   # not what is no longer deployed here
                 for key in [k for k, n in self._held_of.items() if n == 0 and k not in functions]:
@@ -239,12 +243,16 @@ class QueueWorker:
     def _unhold(self, inv_id: str) -> tuple[str, str] | None:
         held = self._held.pop(inv_id, None)
         if held is not None:
-            key = held[0]
-            self._held_of[key] -= 1
-            if key in self._left_out and self.taking and key not in self._alone and self._room(key) > 0:
-                self._alone[key] = asyncio.get_running_loop().create_task(self._read_alone(key),
-                                                                          name=f"worker-read-{key}")
+            self._held_of[held[0]] -= 1
+            self._room_back(held[0])
         return held
+
+    def _room_back(self, key: str) -> None:
+        """An entry of this queue ended, or its function gave a slot back: a queue its slot's reader
+        left out for want of room gets a read of its own now (that blocked read cannot be told)."""
+        if key in self._left_out and self.taking and key not in self._alone and self._room(key) > 0:
+            self._alone[key] = asyncio.get_running_loop().create_task(self._read_alone(key),
+                                                                      name=f"worker-read-{key}")
 
     async def _read_slot(self, slot: int) -> None:
         """Take entries from the queues of one slot (one read for all of them), never more than this

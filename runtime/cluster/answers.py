@@ -19,6 +19,7 @@ after that choice, a call waiting 1, 2, 4, 8... s is also looked for in its own 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -98,8 +99,14 @@ class AnswerReader:
         self._look_at.pop(inv_id, None)
 
     async def close(self) -> None:
+        """Stop reading: the reader ends after its current read (at most POLL_MS), so its connection
+        goes back to the pool whole (a read cancelled midway leaves redis-py a socket half closed)."""
         self._closed = True
-        await stop_tasks((self._task,), "cluster answer reader")
+        task = self._task
+        if task is not None and not task.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), POLL_MS / 1000 + 1)
+        await stop_tasks((task,), "cluster answer reader")
         self._fail_all(ClusterUnavailableError("this node is shutting down"))
 
     async def _read(self) -> None:
@@ -109,7 +116,7 @@ class AnswerReader:
         last = "0-0"   # the stream is this node's alone and new with it
         backoff = Backoff()
         next_sweep = renew_at = 0.0
-        while True:
+        while not self._closed:
             try:
                 reply: Any = await self.redis.xread({self.key: last}, count=_BATCH, block=POLL_MS)
             except REDIS_DOWN as exc:

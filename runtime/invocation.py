@@ -28,6 +28,7 @@ from .errors import (
     StreamWriteError,
 )
 from .surface import Mode, resolve_mode
+from .tasks import retrieve
 
 if TYPE_CHECKING:
     from .deployment import Deployment
@@ -239,7 +240,7 @@ class Invocation:
         self.channel.cancel(reason)
         if self.task is not None:
             # Nobody awaits the task any more: retrieve its outcome so it is not reported as lost.
-            self.task.add_done_callback(_consume_outcome)
+            self.task.add_done_callback(retrieve)
             if not self.task.done():
                 self.task.cancel(reason)
 
@@ -394,11 +395,6 @@ def drain_generator(gen: Any, add_item: Callable[[Any], None]) -> Any:
             except StopIteration as stop:
                 return stop.value
             add_item(item)
-
-
-def _consume_outcome(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

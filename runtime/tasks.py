@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ("checkpoint", "stop_tasks")
+__all__ = ("checkpoint", "stop_tasks", "retrieve")
 
 log = logging.getLogger("fnstream.runtime")
 
@@ -32,7 +32,7 @@ async def stop_tasks(tasks: Iterable[asyncio.Task[Any] | asyncio.Future[Any] | N
     once is delivered at the task's next await); after `timeout` seconds leave the rest, logged."""
     given = [t for t in tasks if t is not None]
     for task in given:  # what they end with is theirs to have logged: retrieve it, now or when they end
-        task.add_done_callback(_retrieve)
+        task.add_done_callback(retrieve)
     pending = {t for t in given if not t.done()}
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -47,6 +47,8 @@ async def stop_tasks(tasks: Iterable[asyncio.Task[Any] | asyncio.Future[Any] | N
         _done, pending = await asyncio.wait(pending, timeout=min(0.2, left))
 
 
-def _retrieve(task: asyncio.Future[Any]) -> None:
+def retrieve(task: asyncio.Future[Any]) -> None:
+    """A done callback: take the outcome of a task or future nobody awaits, so that it is not
+    reported as never retrieved."""
     if not task.cancelled():
         task.exception()

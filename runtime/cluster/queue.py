@@ -33,7 +33,7 @@ from runtime.errors import FunctionServiceError
 from runtime.invocation import new_trace_id
 from runtime.manifest import FunctionSpec
 from runtime.surface import Mode, resolve_mode
-from runtime.tasks import checkpoint
+from runtime.tasks import checkpoint, retrieve
 
 from .answers import DEADLINE_GRACE, POLL_MS, AnswerReader, silent_worker_timeout
 from .batch import Batcher
@@ -196,7 +196,7 @@ class RemoteInvocation:
         if self.answer is not None:
             self.queue.answers.forget(self.id)
             self.answer.cancel(reason)   # (no-op once answered)
-            self.answer.add_done_callback(_retrieve)
+            self.answer.add_done_callback(retrieve)
 
     def give_up(self, error: FunctionServiceError, *, cancel: bool = True) -> None:
         """The AnswerReader stopped waiting for the answer: `error` is the outcome; with `cancel`,
@@ -219,7 +219,7 @@ class RemoteInvocation:
         self.channel.cancel(reason)
         self.drop_answer(reason)
         if self.task is not None:
-            self.task.add_done_callback(_retrieve)
+            self.task.add_done_callback(retrieve)
             if not self.task.done():
                 self.task.cancel(reason)
         if not self._finished:
@@ -335,10 +335,3 @@ class RemoteInvocation:
             self.queue.background(self.queue.cancel(self.id, "worker lost"))
             raise WorkerLostError(f"worker {self.worker} running {self.spec.name!r} was lost after "
                                   f"{self.events} events; the invocation was not retried")
-
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    """Take a future's outcome nobody awaits, so it is not reported as never retrieved."""
-    if not future.cancelled():
-        future.exception()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import warnings
+from collections.abc import Awaitable
 
 import aiohttp
 import pytest
@@ -27,12 +28,15 @@ from tests.support.cluster import (
 )
 
 
+async def _invoke(s: aiohttp.ClientSession, base: str, event: dict, name: str = "relay") -> dict:
+    """One JSON call of `name` that must succeed; its result."""
+    async with s.post(f"{base}/serverless/v1/functions/{name}/invocations", json=event) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
+
+
 async def _invoke_many(s: aiohttp.ClientSession, base: str, n: int) -> list[dict]:
-    async def one(i: int) -> dict:
-        async with s.post(base + "/serverless/v1/functions/relay/invocations", json={"count": 0, "i": i}) as r:
-            assert r.status == 200, await r.text()
-            return await r.json()
-    return await asyncio.gather(*(one(i) for i in range(n)))
+    return await asyncio.gather(*(_invoke(s, base, {"count": 0, "i": i}) for i in range(n)))
 
 
 async def test_json_answers_come_on_one_stream_read_for_all(redis_server, start_server, start_worker):
@@ -165,12 +169,7 @@ async def test_a_worker_takes_no_more_of_a_queue_than_the_function_can_run(redis
         await deploy(s, a.url, {**RELAY, "concurrency": 1})
         await workers_serving(s, a.url, "relay")
 
-        async def call() -> int:
-            async with s.post(a.url + "/serverless/v1/functions/relay/invocations",
-                              json={"wait_ms": 1500, "count": 0}) as resp:
-                assert resp.status == 200, await resp.text()
-                return (await resp.json())["pid"]
-        calls = [asyncio.ensure_future(call()) for _ in range(4)]
+        calls = [asyncio.ensure_future(_invoke(s, a.url, {"wait_ms": 1500, "count": 0})) for _ in range(4)]
 
         async def running():
             return (await status(s, a.url))["workers"][0]["running"] == 1
@@ -178,7 +177,7 @@ async def test_a_worker_takes_no_more_of_a_queue_than_the_function_can_run(redis
         await asyncio.sleep(0.3)   # (a worker that takes more takes it at once)
         assert r.xpending("fnstream:{queue:relay}", "workers")["pending"] == 1   # three wait in the queue
         second = start_worker(redis_server.url)
-        pids = await asyncio.gather(*calls)
+        pids = [got["pid"] for got in await asyncio.gather(*calls)]
     assert first.pid in pids and second.pid in pids   # the second worker took what the first could not run
 
 
@@ -194,10 +193,8 @@ async def test_a_read_across_queues_that_takes_more_than_its_slots_leaves_no_ext
         await deploy(s, a.url, {**RELAY, "name": "relay2"})
         await workers_serving(s, a.url, "relay2")
 
-        async def call(name: str, wait_ms: int) -> None:
-            async with s.post(f"{a.url}/serverless/v1/functions/{name}/invocations",
-                              json={"wait_ms": wait_ms, "count": 0}) as resp:
-                assert resp.status == 200, await resp.text()
+        def call(name: str, wait_ms: int) -> Awaitable[dict]:
+            return _invoke(s, a.url, {"wait_ms": wait_ms, "count": 0}, name)
         async def running():
             return (await status(s, a.url))["workers"][0]["running"] >= 1
         for _ in range(3):   # while the one slot is busy, an entry comes on each queue: one read takes both
@@ -259,10 +256,8 @@ async def test_a_queue_read_on_its_own_after_its_function_was_full_goes_back_whe
         await deploy(s, a.url, {**RELAY, "concurrency": 1})
         await workers_serving(s, a.url, "relay")
 
-        async def call() -> None:
-            async with s.post(a.url + "/serverless/v1/functions/relay/invocations",
-                              json={"wait_ms": 300, "count": 0}) as resp:
-                assert resp.status == 200, await resp.text()
+        def call() -> Awaitable[dict]:
+            return _invoke(s, a.url, {"wait_ms": 300, "count": 0})
         await asyncio.gather(*(call() for _ in range(3)))   # the 2nd and 3rd wait for room
 
         def reads() -> int:

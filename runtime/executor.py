@@ -189,6 +189,9 @@ class Executor:
             in_pool = True
             return await self._run_in_pool(inv, ctx)
         except asyncio.CancelledError as exc:
+            if inline and inv.abort_error is not None:  # fnstream stopped it (shutdown): answer that
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                raise inv.abort_error from None
             if inv.timed_out is not None:  # the deadline watchdog's doing, not the client's
                 asyncio.current_task().uncancel()  # type: ignore[union-attr]
                 dep.failures += 1

@@ -151,6 +151,21 @@ class Invocation:
     `timeout` shortens the function's own (a job's policy); with `keep_items`, a streaming
     invocation's generator items reach the channel as `Item`s, keeping their values."""
 
+    # What most invocations never change is a class attribute, set on the instance only when it
+    # changes: one store less per field on every request (a plain JSON call sets none of them).
+    keep_items = False
+    _output_closed = False
+    _stream: StreamWriter | None = None
+    _aggregate_bytes = 0
+    task: asyncio.Task[Any] | None = None
+    cancel_reason: str | None = None
+    abort_error: FunctionServiceError | None = None
+    timed_out: str | None = None
+    entered = False  # the executor's run of it began (its cleanup will run)
+    _deferred: Callable[[Invocation], Awaitable[Any]] | None = None
+    session: Session | None = None  # X-Instance-Session (runtime/sessions.py)
+    session_restarted = False        # the session's earlier instance died before this turn
+
     def __init__(self, deployment: Deployment, event: Any, *, mode: Mode, loop: asyncio.AbstractEventLoop,
                  buffer_events: int = 100, max_write_size: int = 4 * 1024 * 1024,
                  max_response_size: int = 6 * 1024 * 1024, trace_id: str | None = None,
@@ -158,33 +173,23 @@ class Invocation:
         self.id = new_trace_id()
         self.trace_id = trace_id or new_trace_id()
         self.deployment = deployment
-        self.spec = deployment.spec
+        spec = self.spec = deployment.spec
         self.event = event
-        self.mode: Mode = resolve_mode(mode, self.spec)
+        self.mode: Mode = resolve_mode(mode, spec)
         self.loop = loop
-        self.started = time.monotonic()
-        self.deadline = self.started + (self.spec.timeout if timeout is None else min(timeout, self.spec.timeout))
-        self.keep_items = keep_items
+        self.started = started = time.monotonic()
+        self.deadline = started + (spec.timeout if timeout is None else min(timeout, spec.timeout))
+        if keep_items:
+            self.keep_items = True
         # The channel and the writer are made on first use: a plain JSON call whose handler never
         # calls `context.get_stream()` needs neither (see `channel`, `stream`).
         self._buffer_events = buffer_events
         self._buffer_bytes = buffer_bytes
-        self._output_closed = False
         self._channel: OutputChannel[str] | None = (
-            None if self.mode == "json" else OutputChannel(loop, buffer_events, buffer_bytes))
-        self._stream: StreamWriter | None = None
+            None if mode == "json" else OutputChannel(loop, buffer_events, buffer_bytes))
         self.max_write_size = max_write_size
         self.max_response_size = max_response_size
-        self.aggregate: list[Any] = []
-        self._aggregate_bytes = 0
-        self.task: asyncio.Task[Any] | None = None
-        self.cancel_reason: str | None = None
-        self.abort_error: FunctionServiceError | None = None
-        self.timed_out: str | None = None
-        self.entered = False  # the executor's run of it began (its cleanup will run)
-        self._deferred: Callable[[Invocation], Awaitable[Any]] | None = None
-        self.session: Session | None = None  # X-Instance-Session (runtime/sessions.py)
-        self.session_restarted = False        # the session's earlier instance died before this turn
+        self.aggregate: list[Any] = []  # a plain JSON call's generator items
 
     @property
     def streaming(self) -> bool:
@@ -250,24 +255,29 @@ class Invocation:
         self.cancel(error.message)
 
     def defer(self, run: Callable[[Invocation], Awaitable[Any]]) -> None:
-        """Run later, in the task that awaits `outcome()` (see Executor.start's `inline`)."""
+        """Run later, in the task that awaits `outcome()` (see Executor.start's `inline`); `run`
+        raises `abort_error` itself when an abort cancels it."""
         self._deferred = run
 
-    async def outcome(self) -> Any:
-        """The handler's result; its error; or the abort error if fnstream stopped it."""
+    def outcome(self) -> Awaitable[Any]:
+        """The handler's result; its error; or the abort error if fnstream stopped it.
+
+        A deferred (inline) run is returned as it is, to be awaited in the caller's task: one
+        coroutine less per plain JSON call; it answers an abort itself (Executor._run)."""
         run, self._deferred = self._deferred, None
+        if run is not None:
+            return run(self)
+        return self._task_outcome()
+
+    async def _task_outcome(self) -> Any:
+        assert self.task is not None
         try:
-            if run is not None:
-                return await run(self)  # inline: `self.task` becomes this very task
-            assert self.task is not None
             return await self.task
         except asyncio.CancelledError:
             if self.abort_error is None:
                 raise
             current = asyncio.current_task()
-            if current is not None and current is self.task:
-                current.uncancel()  # the abort cancelled the task we run in: answer it instead
-            elif current is not None and current.cancelling():
+            if current is not None and current.cancelling():
                 raise  # our own caller is being cancelled (the client left)
             raise self.abort_error from None
 

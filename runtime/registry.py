@@ -158,6 +158,10 @@ class Registry:
         task.add_done_callback(lambda _t: self._stopping.pop(dep, None))
 
     def get(self, ref: str) -> Deployment:
+        """The deployment `ref` (a name, `name:version` or URN) names; FunctionNotFoundError."""
+        dep = self._deployments.get(ref)
+        if dep is not None:  # a plain name (names hold no ':'), the usual case: nothing to parse or check
+            return dep
         parts = parse_function_ref(ref)
         dep = self._deployments.get(parts["name"] or "")
         if dep is None:

@@ -83,7 +83,7 @@ class InvocationSurface(InvocationInfo, Protocol):
     @property
     def streaming(self) -> bool: ...  # mode != "json"
 
-    async def outcome(self) -> Any:
+    def outcome(self) -> Awaitable[Any]:
         """The handler's return value, or the FunctionServiceError it ended with."""
         ...
 

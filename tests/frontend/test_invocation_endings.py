@@ -55,6 +55,26 @@ async def test_drain_with_zero_grace_aborts_at_once(make_client, deploy_dir):
         req.cancel()
 
 
+async def test_drain_aborts_a_plain_json_call_running_in_the_request_task(make_client, deploy_dir):
+    """A plain JSON call runs in its request's own task (no task of its own): the shutdown's abort
+    cancels that task, and the call must answer the abort (503, 200503), not end as a cancel."""
+    d = deploy_dir(fn("slow", "review_fns.async_slow"))
+    client = await make_client(test_config(d, **{"frontend.args.shutdownGraceSeconds": 0}))
+    req = asyncio.ensure_future(client.post(_url("slow"), json={"sleep": 30}))
+    try:
+        for _ in range(100):
+            if client.server.app[EXECUTOR].active:
+                break
+            await asyncio.sleep(0.01)
+        assert await asyncio.wait_for(client.server.app[EXECUTOR].drain(0), 3) == 1
+        resp = await asyncio.wait_for(req, 5)
+        body = await resp.json()
+        assert (resp.status, body["code"], resp.headers["X-Inner-Code"]) == (503, 200503, "200503"), body
+        assert client.server.app[REGISTRY].get("slow").inflight == 0
+    finally:
+        req.cancel()
+
+
 async def test_timeout_keeps_events_written_before_the_deadline(deploy_dir):
     """A slow client has events waiting in the invocation's buffer when the deadline passes. The
     timeout used channel.cancel(), which empties the buffer: those events (written in time) were

@@ -47,6 +47,9 @@ def _raw_error(status: int, reason: str, message: str) -> bytes:
 class _LimitedHandler(RequestHandler):
     """aiohttp's per-connection protocol plus the header and body deadlines."""
 
+    # Slots, as aiohttp's own: without them every connection carried an instance dict as well.
+    __slots__ = ("_body", "_body_timer", "_head_bytes", "_head_timer", "_limits")
+
     def __init__(self, manager: web.Server, *, limits: FrontendLimits, **kwargs: Any) -> None:
         super().__init__(manager, keepalive_timeout=limits.keepAliveSeconds, max_line_size=limits.maxHeaderFieldSize,
                          max_field_size=limits.maxHeaderFieldSize, max_headers=limits.maxHeaders, **kwargs)

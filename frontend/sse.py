@@ -6,8 +6,11 @@ status. Events already queued are written in one call (coalesced); a lone event 
 """
 from __future__ import annotations
 
+import asyncio
+import math
 import re
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -59,6 +62,65 @@ def frame_raw(batch: list[str]) -> bytes:
     return "".join(batch).encode()
 
 
+class _Beat:
+    """One relayed stream's heartbeat: its channel, its period, and since when it has been quiet."""
+
+    __slots__ = ("channel", "every", "quiet_since")
+
+    def __init__(self, channel: OutputChannel[str], every: float) -> None:
+        self.channel, self.every, self.quiet_since = channel, every, time.monotonic()
+
+
+class _HeartbeatClock:
+    """The heartbeats of every relayed stream on one loop, from one task.
+
+    A timer per stream per batch (`get_batch(timeout=...)`) cost every batch of every stream a
+    timer, and every idle stream the memory of one; the clock instead wakes, a few times per
+    period, each stream quiet for a whole period (its reader gets TimeoutError and pings). A ping
+    thus comes after `every` to `1.25 * every` seconds of quiet. The task ends with the last stream.
+    """
+
+    def __init__(self) -> None:
+        self._beats: set[_Beat] = set()
+        self._tick = math.inf
+        self._task: asyncio.Task[None] | None = None
+
+    def join(self, channel: OutputChannel[str], every: float) -> _Beat:
+        beat = _Beat(channel, every)
+        self._beats.add(beat)
+        if every / 4 < self._tick or self._task is None:
+            self._tick = min(self._tick, every / 4)
+            if self._task is not None:
+                self._task.cancel()  # restart with the shorter tick
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="sse-heartbeats")
+        return beat
+
+    def leave(self, beat: _Beat) -> None:
+        self._beats.discard(beat)
+        if not self._beats and self._task is not None:
+            self._task.cancel()  # nothing left to beat for: no task outlives the streams
+            self._task, self._tick = None, math.inf
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._tick)
+            now = time.monotonic()
+            for beat in self._beats:
+                if now - beat.quiet_since >= beat.every and beat.channel.interrupt_reader():
+                    beat.quiet_since = now
+
+
+_CLOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _HeartbeatClock] = weakref.WeakKeyDictionary()
+
+
+def _clock() -> _HeartbeatClock:
+    loop = asyncio.get_running_loop()
+    clock = _CLOCKS.get(loop)
+    if clock is None:
+        clock = _CLOCKS[loop] = _HeartbeatClock()
+    return clock
+
+
 async def relay(stream: EventStream, channel: OutputChannel[str], heartbeat: float,
                 frame: Callable[[list[str]], bytes]) -> None:
     """Write each batch read from `channel` as one socket write, until the channel closes.
@@ -66,22 +128,32 @@ async def relay(stream: EventStream, channel: OutputChannel[str], heartbeat: flo
     A batch is everything queued since the last write (coalesced; a lone event is not delayed).
     After `heartbeat` seconds without one, a `: ping` comment keeps proxies from timing out.
     """
-    while True:
-        try:
-            batch = await channel.get_batch(timeout=heartbeat)
-        except TimeoutError:
-            await stream.ping()
-            continue
-        if not batch:
-            return
-        if stream.first_event_at is None:
-            stream.first_event_at = time.monotonic()
-        stream.events += len(batch)
-        await stream.write(frame(batch))
+    clock = _clock()
+    beat = clock.join(channel, heartbeat)
+    try:
+        while True:
+            try:
+                batch = await channel.get_batch()
+            except TimeoutError:  # the clock: quiet for `heartbeat` seconds
+                await stream.ping()
+                continue
+            if not batch:
+                return
+            if stream.first_event_at is None:
+                stream.first_event_at = time.monotonic()
+            stream.events += len(batch)
+            await stream.write(frame(batch))
+            beat.quiet_since = time.monotonic()
+    finally:
+        clock.leave(beat)
 
 
 class EventStream:
     """An SSE response whose headers go out with the first write (event, ping or end)."""
+
+    # Slots: one of these per open stream, and thousands may idle at once.
+    __slots__ = ("bytes_sent", "events", "first_event_at", "next_id", "opened_at", "pings", "prepared", "request",
+                 "response")
 
     def __init__(self, request: web.Request, headers: dict[str, str] | None = None) -> None:
         self.request = request
@@ -93,7 +165,14 @@ class EventStream:
         self.pings = 0
         self.opened_at = time.monotonic()
         self.first_event_at: float | None = None  # when relay() wrote the first event (metrics)
+        self.next_id = 1  # the `id:` of the next event framed by `frame_with_ids`
         request[CURRENT_STREAM] = self
+
+    def frame_with_ids(self, batch: list[str]) -> bytes:
+        """A batch of payloads as events numbered on from `next_id` (a relay's `frame`)."""
+        first = self.next_id
+        self.next_id = first + len(batch)
+        return b"".join([encode_event(payload, i) for i, payload in enumerate(batch, first)])
 
     def set_status(self, status: int) -> None:
         if self.prepared:

@@ -119,10 +119,10 @@ class OutputChannel(Generic[T]):
             await waiter
 
     # -- reader ------------------------------------------------------------------------------
-    async def get_batch(self, timeout: float | None = None) -> list[T]:
+    async def get_batch(self) -> list[T]:
         """All queued items, waiting for at least one; [] once closed and drained.
 
-        Raises TimeoutError when nothing arrived within `timeout` (used for heartbeats).
+        Raises TimeoutError when `interrupt_reader` woke it first (a heartbeat is due).
         """
         while True:
             with self._lock:
@@ -141,16 +141,17 @@ class OutputChannel(Generic[T]):
                     return []
                 self._reader = self._loop.create_future()
                 reader = self._reader
-            if timeout is None:
-                await reader
-            else:
-                # A timer on the reader future itself: lighter than wait_for's extra future, and
-                # this runs once per batch on every open stream.
-                timer = self._loop.call_later(timeout, _expire, reader)
-                try:
-                    await reader
-                finally:
-                    timer.cancel()
+            await reader
+
+    def interrupt_reader(self) -> bool:
+        """Wake a waiting reader with TimeoutError (a heartbeat is due); False if none waits."""
+        with self._lock:
+            reader = self._reader
+            if reader is None or reader.done():
+                return False
+            self._reader = None
+            reader.set_exception(TimeoutError())
+            return True
 
     # -- ends --------------------------------------------------------------------------------
     def close(self) -> None:
@@ -184,11 +185,6 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-
-
-def _expire(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError())
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import logging
 import time
@@ -122,13 +121,8 @@ _JSON_TYPE = "application/json; charset=utf-8"
 async def _stream_response(request: web.Request, inv: InvocationSurface, heartbeat: float) -> web.StreamResponse:
     stream = EventStream(request, headers={"X-Trace-Id": inv.trace_id})
     raw = inv.mode == "raw"
-    ids = itertools.count(1)
-
-    def frame_with_ids(batch: list[str]) -> bytes:
-        return b"".join([encode_event(payload, next(ids)) for payload in batch])
-
-    await relay(stream, inv.channel, heartbeat, frame_raw if raw else frame_with_ids)
-    next_id = next(ids)
+    await relay(stream, inv.channel, heartbeat, frame_raw if raw else stream.frame_with_ids)
+    next_id = stream.next_id
     try:
         result = await inv.encoded_result()
         if result is not None:

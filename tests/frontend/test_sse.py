@@ -108,14 +108,14 @@ async def test_relay_writes_each_batch_once_and_pings_while_idle(aiohttp_client)
     async def handler(request: web.Request) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         channel: OutputChannel[str] = OutputChannel(loop, 10)
-        stream = EventStream(request)
-        original = stream.write
+        class Spy(EventStream):
+            __slots__ = ()
 
-        async def spy(data: bytes) -> None:
-            writes.append(data)
-            await original(data)
+            async def write(self, data: bytes) -> None:
+                writes.append(data)
+                await super().write(data)
 
-        stream.write = spy  # type: ignore[method-assign]
+        stream = Spy(request)
         for i in range(3):
             channel.try_put(f"data: {i}\n\n")  # queued before the relay reads: one batch
 
@@ -142,3 +142,40 @@ async def test_relay_writes_each_batch_once_and_pings_while_idle(aiohttp_client)
     assert writes[0] == first                       # the three queued events went out in one write
     assert writes[-1] == b"data: last\n\n"
     assert PING in writes
+
+
+async def test_one_clock_beats_for_every_relay_and_ends_with_the_last(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    """Heartbeats come from one task per loop (frontend/sse.py), not a timer per stream and batch:
+    each quiet stream gets its pings at its own period, a busy one none, and no task is left
+    once the last relay has ended."""
+    from frontend import sse
+
+    channels: dict[str, OutputChannel[str]] = {}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        name, every = request.query["name"], float(request.query["every"])
+        channel = channels[name] = OutputChannel(asyncio.get_running_loop(), 10)
+        stream = EventStream(request)
+        await relay(stream, channel, every, frame_raw)
+        return await stream.finish()
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    client = await aiohttp_client(app)
+    quiet = asyncio.ensure_future(client.get("/", params={"name": "quiet", "every": "0.05"}))
+    slow = asyncio.ensure_future(client.get("/", params={"name": "slow", "every": "30"}))
+    quiet_resp = await quiet  # its headers go out with its first ping
+    while "slow" not in channels:
+        await asyncio.sleep(0.01)
+    clock = sse._CLOCKS[asyncio.get_running_loop()]
+    assert clock._task is not None and len(clock._beats) == 2  # one task for both streams
+    assert await quiet_resp.content.readuntil(PING) == PING
+    assert await quiet_resp.content.readuntil(PING) == PING  # and again: each quiet period
+    channels["slow"].try_put("data: x\n\n")
+    slow_resp = await slow
+    assert await slow_resp.content.readuntil(b"\n\n") == b"data: x\n\n"  # its first bytes: no ping
+    for channel in channels.values():
+        channel.close()
+    assert not (await quiet_resp.read()).replace(PING, b"")
+    assert await slow_resp.read() == b""
+    assert clock._task is None and not clock._beats

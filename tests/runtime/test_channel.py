@@ -45,12 +45,21 @@ async def test_close_lets_the_reader_drain_then_gives_an_empty_batch_and_refuses
         channel.try_put("late")
 
 
-async def test_get_batch_times_out_for_heartbeats_and_stays_usable() -> None:
+async def test_an_interrupted_reader_gets_timeout_and_the_channel_stays_usable() -> None:
     channel: OutputChannel[str] = OutputChannel(asyncio.get_running_loop(), 5)
+    assert not channel.interrupt_reader()  # nobody waits: nothing to wake
+    reader = asyncio.ensure_future(channel.get_batch())
+    await asyncio.sleep(0)
+    assert channel.interrupt_reader()
     with pytest.raises(TimeoutError):
-        await channel.get_batch(timeout=0.01)
+        await reader
     channel.try_put("after the heartbeat")
-    assert await channel.get_batch(timeout=1) == ["after the heartbeat"]
+    assert await channel.get_batch() == ["after the heartbeat"]
+    reader = asyncio.ensure_future(channel.get_batch())
+    await asyncio.sleep(0)
+    channel.try_put("queued first")  # the reader was woken with it: a later interrupt is too late
+    assert not channel.interrupt_reader()
+    assert await reader == ["queued first"]
 
 
 async def test_put_blocking_waits_while_full_backpressure() -> None:
@@ -67,7 +76,7 @@ async def test_put_blocking_waits_while_full_backpressure() -> None:
     got: list[int] = []
     try:
         while len(got) < 5:
-            batch = await channel.get_batch(timeout=10)
+            batch = await asyncio.wait_for(channel.get_batch(), 10)
             assert len(batch) <= 2  # never more than the capacity is held
             got.extend(batch)
     finally:

@@ -10,7 +10,6 @@ import asyncio
 import math
 import re
 import time
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -80,26 +79,37 @@ class _HeartbeatClock:
     thus comes after `every` to `1.25 * every` seconds of quiet. The task ends with the last stream.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
         self._beats: set[_Beat] = set()
+        self._periods: dict[float, int] = {}  # period -> streams beating at it (a few distinct ones)
         self._tick = math.inf
         self._task: asyncio.Task[None] | None = None
 
     def join(self, channel: OutputChannel[str], every: float) -> _Beat:
         beat = _Beat(channel, every)
         self._beats.add(beat)
+        self._periods[every] = self._periods.get(every, 0) + 1
         if every / 4 < self._tick or self._task is None:
             self._tick = min(self._tick, every / 4)
             if self._task is not None:
                 self._task.cancel()  # restart with the shorter tick
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="sse-heartbeats")
+            self._task = self.loop.create_task(self._run(), name="sse-heartbeats")
         return beat
 
     def leave(self, beat: _Beat) -> None:
         self._beats.discard(beat)
-        if not self._beats and self._task is not None:
-            self._task.cancel()  # nothing left to beat for: no task outlives the streams
-            self._task, self._tick = None, math.inf
+        left = self._periods[beat.every] - 1
+        if left:
+            self._periods[beat.every] = left
+            return
+        del self._periods[beat.every]
+        if self._periods:  # the last stream of its period: tick at the pace of the rest
+            self._tick = min(self._periods) / 4
+            return
+        task, self._task, self._tick = self._task, None, math.inf
+        if task is not None and not self.loop.is_closed():
+            task.cancel()  # nothing left to beat for: no task outlives the streams
 
     async def _run(self) -> None:
         while True:
@@ -110,14 +120,18 @@ class _HeartbeatClock:
                     beat.quiet_since = now
 
 
-_CLOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _HeartbeatClock] = weakref.WeakKeyDictionary()
+_current_clock: _HeartbeatClock | None = None
 
 
 def _clock() -> _HeartbeatClock:
+    """The running loop's clock. One loop runs a server; when another loop asks (a new test's),
+    it gets a new clock, and the old one lives on only as long as relays of its loop hold it
+    (a map of loop to clock would keep a closed loop alive through the clock's task)."""
+    global _current_clock
     loop = asyncio.get_running_loop()
-    clock = _CLOCKS.get(loop)
-    if clock is None:
-        clock = _CLOCKS[loop] = _HeartbeatClock()
+    clock = _current_clock
+    if clock is None or clock.loop is not loop:
+        clock = _current_clock = _HeartbeatClock(loop)
     return clock
 
 

@@ -189,13 +189,13 @@ class Executor:
             in_pool = True
             return await self._run_in_pool(inv, ctx)
         except asyncio.CancelledError as exc:
-            if inline and inv.abort_error is not None:  # fnstream stopped it (shutdown): answer that
-                asyncio.current_task().uncancel()  # type: ignore[union-attr]
-                raise inv.abort_error from None
             if inv.timed_out is not None:  # the deadline watchdog's doing, not the client's
                 asyncio.current_task().uncancel()  # type: ignore[union-attr]
                 dep.failures += 1
                 raise FunctionTimeoutError(inv.timed_out) from None
+            if inline and inv.abort_error is not None:  # fnstream stopped it (shutdown): answer that
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                raise inv.abort_error from None
             if inv.cancel_reason is None and asyncio.current_task().cancelling() == 0:  # type: ignore[union-attr]
                 # Nobody cancelled this task: the handler's own code let a CancelledError escape
                 # (e.g. it awaited a future someone else cancelled). A handler failure, not a cancel.

@@ -75,6 +75,34 @@ async def test_drain_aborts_a_plain_json_call_running_in_the_request_task(make_c
         req.cancel()
 
 
+async def test_an_inline_call_timed_out_then_aborted_in_one_tick_answers_the_timeout(deploy_dir):
+    """The deadline and a shutdown's abort land in the same loop turn: a call in a task of its own
+    answers 504 (its run raises the timeout first); one running in the request's task must too."""
+    from runtime.dispatch import Dispatcher, InvokeOptions
+    from runtime.errors import FunctionTimeoutError, ServiceUnavailableError
+    from runtime.executor import Executor
+    from runtime.manifest import load_deploy_dir
+    from runtime.registry import Registry
+    from tests.support.servers import HANDLERS
+
+    d = deploy_dir(fn("slow", "review_fns.async_slow", timeout=1))
+    registry = Registry([HANDLERS])
+    await asyncio.to_thread(lambda: registry.deploy(load_deploy_dir(d)))  # imports: off the loop
+    executor = Executor(2)
+    try:
+        inv = await Dispatcher(registry, executor).dispatch(None, "slow", {"sleep": 30}, InvokeOptions(inline=True))
+        call = asyncio.ensure_future(inv.encoded_result())
+        await asyncio.sleep(0.05)
+        inv.time_out("function 'slow' timed out after 1 s")
+        inv.abort(ServiceUnavailableError("the server is shutting down"))
+        with pytest.raises(FunctionTimeoutError):
+            await call
+        assert registry.get("slow").failures == 1 and registry.get("slow").inflight == 0
+    finally:
+        await registry.stop_workers(0)
+        executor.shutdown()
+
+
 async def test_timeout_keeps_events_written_before_the_deadline(deploy_dir):
     """A slow client has events waiting in the invocation's buffer when the deadline passes. The
     timeout used channel.cancel(), which empties the buffer: those events (written in time) were

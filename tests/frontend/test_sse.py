@@ -167,7 +167,7 @@ async def test_one_clock_beats_for_every_relay_and_ends_with_the_last(aiohttp_cl
     quiet_resp = await quiet  # its headers go out with its first ping
     while "slow" not in channels:
         await asyncio.sleep(0.01)
-    clock = sse._CLOCKS[asyncio.get_running_loop()]
+    clock = sse._clock()
     assert clock._task is not None and len(clock._beats) == 2  # one task for both streams
     assert await quiet_resp.content.readuntil(PING) == PING
     assert await quiet_resp.content.readuntil(PING) == PING  # and again: each quiet period

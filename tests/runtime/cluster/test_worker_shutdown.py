@@ -23,7 +23,7 @@ def _manifest(marker: Path) -> dict:
 
 async def test_sigterm_on_a_worker_finishes_the_running_invocation_then_runs_pre_stop(
         redis_server, start_server, start_worker, tmp_path):
-    marker = tmp_path / "marker"
+    marker, release = tmp_path / "marker", tmp_path / "release"
     front = start_server(*frontend_args(redis_server.url), "-s", ROOTS, env={"FNSTREAM_LOG": "WARNING"})
     worker = start_worker(redis_server.url, "-s", ROOTS, "-s", "frontend.args.shutdownGraceSeconds=20")
     async with aiohttp.ClientSession() as session:
@@ -32,7 +32,7 @@ async def test_sigterm_on_a_worker_finishes_the_running_invocation_then_runs_pre
         url = f"{front.url}/serverless/v1/functions/stopper/invocations"
 
         async def invoke() -> tuple[int, dict]:
-            async with session.post(url, json={"seconds": 3}) as r:
+            async with session.post(url, json={"until": str(release)}) as r:
                 return r.status, await r.json()
 
         call = asyncio.ensure_future(invoke())
@@ -41,7 +41,7 @@ async def test_sigterm_on_a_worker_finishes_the_running_invocation_then_runs_pre
             st = await status(session, front.url)
             return any(w["running"] for w in st["workers"])
         await wait_until(running, "the worker to run the invocation")
-        assert not marker.exists()  # still sleeping in the handler
+        assert not marker.exists()  # still in the handler: it ends when `release` exists
         worker.proc.send_signal(signal.SIGTERM)
 
         async def draining():  # alive (relaying what it runs) but serving nothing new, or gone
@@ -51,6 +51,8 @@ async def test_sigterm_on_a_worker_finishes_the_running_invocation_then_runs_pre
         async with session.post(url, json={}) as r:  # nothing takes new work: a clear 503, not a hang
             refused = await r.json()
             assert r.status == 503 and "no live worker serves function 'stopper'" in refused["message"], refused
+        assert not call.done()  # the draining worker still runs it
+        release.touch()
 
         code, body = await call
         assert code == 200, body

@@ -90,8 +90,8 @@ class _HeartbeatClock:
         beat = _Beat(channel, every)
         self._beats.add(beat)
         self._periods[every] = self._periods.get(every, 0) + 1
-        if every / 4 < self._tick or self._task is None:
-            self._tick = min(self._tick, every / 4)
+        if every / 4 < self._tick:  # the first stream (no task: the tick is inf) or a faster one
+            self._tick = every / 4
             if self._task is not None:
                 self._task.cancel()  # restart with the shorter tick
             self._task = self.loop.create_task(self._run(), name="sse-heartbeats")

@@ -151,20 +151,14 @@ class Invocation:
     `timeout` shortens the function's own (a job's policy); with `keep_items`, a streaming
     invocation's generator items reach the channel as `Item`s, keeping their values."""
 
-    # What most invocations never change is a class attribute, set on the instance only when it
-    # changes: one store less per field on every request (a plain JSON call sets none of them).
-    keep_items = False
-    _output_closed = False
-    _stream: StreamWriter | None = None
-    _aggregate_bytes = 0
-    task: asyncio.Task[Any] | None = None
-    cancel_reason: str | None = None
-    abort_error: FunctionServiceError | None = None
-    timed_out: str | None = None
-    entered = False  # the executor's run of it began (its cleanup will run)
-    _deferred: Callable[[Invocation], Awaitable[Any]] | None = None
-    session: Session | None = None  # X-Instance-Session (runtime/sessions.py)
-    session_restarted = False        # the session's earlier instance died before this turn
+    # Slots: an instance dict grows into a full dict (~0.75 KB) the moment any attribute is set
+    # that __init__ did not set (the task, the stream writer), which every invocation did, and
+    # every open stream kept.
+    __slots__ = ("__weakref__", "_aggregate_bytes", "_buffer_bytes", "_buffer_events", "_channel", "_deferred",
+                 "_output_closed", "_stream", "abort_error", "aggregate", "cancel_reason", "deadline",
+                 "deployment", "entered", "event", "id", "keep_items", "loop", "max_response_size",
+                 "max_write_size", "mode", "session", "session_restarted", "spec", "started", "task", "timed_out",
+                 "trace_id")
 
     def __init__(self, deployment: Deployment, event: Any, *, mode: Mode, loop: asyncio.AbstractEventLoop,
                  buffer_events: int = 100, max_write_size: int = 4 * 1024 * 1024,
@@ -179,8 +173,7 @@ class Invocation:
         self.loop = loop
         self.started = started = time.monotonic()
         self.deadline = started + (spec.timeout if timeout is None else min(timeout, spec.timeout))
-        if keep_items:
-            self.keep_items = True
+        self.keep_items = keep_items
         # The channel and the writer are made on first use: a plain JSON call whose handler never
         # calls `context.get_stream()` needs neither (see `channel`, `stream`).
         self._buffer_events = buffer_events
@@ -190,6 +183,17 @@ class Invocation:
         self.max_write_size = max_write_size
         self.max_response_size = max_response_size
         self.aggregate: list[Any] = []  # a plain JSON call's generator items
+        self._aggregate_bytes = 0
+        self._output_closed = False
+        self._stream: StreamWriter | None = None
+        self._deferred: Callable[[Invocation], Awaitable[Any]] | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.cancel_reason: str | None = None
+        self.abort_error: FunctionServiceError | None = None
+        self.timed_out: str | None = None
+        self.entered = False  # the executor's run of it began (its cleanup will run)
+        self.session: Session | None = None  # X-Instance-Session (runtime/sessions.py)
+        self.session_restarted = False        # the session's earlier instance died before this turn
 
     @property
     def streaming(self) -> bool:

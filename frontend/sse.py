@@ -146,10 +146,12 @@ async def relay(stream: EventStream, channel: OutputChannel[str], heartbeat: flo
     beat = clock.join(channel, heartbeat)
     try:
         while True:
-            try:
-                batch = await channel.get_batch()
-            except TimeoutError:  # the clock: quiet for `heartbeat` seconds
-                await stream.ping()
+            batch = channel.take()
+            if batch is None:  # nothing yet: wait here, on the channel's future (no coroutine of its own)
+                try:
+                    await channel.ready()
+                except TimeoutError:  # the clock: quiet for `heartbeat` seconds
+                    await stream.ping()
                 continue
             if not batch:
                 return

@@ -124,24 +124,40 @@ class OutputChannel(Generic[T]):
 
         Raises TimeoutError when `interrupt_reader` woke it first (a heartbeat is due).
         """
-        while True:
-            with self._lock:
-                if self._items:
-                    batch = self._items
-                    self._items = []
-                    self._bytes = 0
-                    if self._space is not None:
-                        self._space.notify_all()
-                    if self._async_writers:
-                        for w in self._async_writers:
-                            _resolve(w)
-                        self._async_writers.clear()
-                    return batch
-                if self._closed or self._cancel_reason is not None:
-                    return []
-                self._reader = self._loop.create_future()
-                reader = self._reader
-            await reader
+        while (batch := self.take()) is None:
+            await self.ready()
+        return batch
+
+    def take(self) -> list[T] | None:
+        """All queued items now; [] once closed and drained; None when there is nothing yet
+        (await `ready()`). `get_batch` without a coroutine, for a reader that is one itself
+        (the SSE relay: one frame less for every open stream to hold)."""
+        with self._lock:
+            if self._items:
+                batch = self._items
+                self._items = []
+                self._bytes = 0
+                if self._space is not None:
+                    self._space.notify_all()
+                if self._async_writers:
+                    for w in self._async_writers:
+                        _resolve(w)
+                    self._async_writers.clear()
+                return batch
+            if self._closed or self._cancel_reason is not None:
+                return []
+            return None
+
+    def ready(self) -> asyncio.Future[None]:
+        """Done once `take()` has something to give (items, or the end); raises TimeoutError when
+        `interrupt_reader` wakes it first (a heartbeat is due)."""
+        reader = self._loop.create_future()
+        with self._lock:
+            if self._items or self._closed or self._cancel_reason is not None:
+                reader.set_result(None)  # it came between take() and now
+            else:
+                self._reader = reader
+        return reader
 
     def interrupt_reader(self) -> bool:
         """Wake a waiting reader with TimeoutError (a heartbeat is due); False if none waits."""

@@ -62,6 +62,28 @@ async def test_an_interrupted_reader_gets_timeout_and_the_channel_stays_usable()
     assert await reader == ["queued first"]
 
 
+async def test_take_and_ready_read_without_a_coroutine_and_miss_no_write() -> None:
+    """The SSE relay's read: take() what is there (None: nothing yet), else await ready()."""
+    channel: OutputChannel[str] = OutputChannel(asyncio.get_running_loop(), 5)
+    assert channel.take() is None
+    waiting = channel.ready()
+    assert not waiting.done()
+    await asyncio.to_thread(channel.try_put, "from a thread")
+    await asyncio.wait_for(waiting, 10)
+    assert channel.take() == ["from a thread"]
+    assert channel.take() is None
+    channel.try_put("came between take() and ready()")
+    assert channel.ready().done()  # no wait for what is already there
+    assert channel.take() == ["came between take() and ready()"]
+    interrupted = channel.ready()
+    assert channel.interrupt_reader()
+    with pytest.raises(TimeoutError):
+        await interrupted
+    channel.close()
+    assert channel.ready().done()
+    assert channel.take() == []
+
+
 async def test_put_blocking_waits_while_full_backpressure() -> None:
     channel: OutputChannel[int] = OutputChannel(asyncio.get_running_loop(), 2)
     done = threading.Event()

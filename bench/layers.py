@@ -11,7 +11,8 @@ of `bench-echo-async` (bench/cpu.py's method) and, with `--memory`, KB per idle 
   aiohttp adds to every request once an app has any middleware)
 - `limits`: the listener's header/body/keep-alive hooks (frontend/server.py) replaced by aiohttp's own
 - `logcontext`: no log context set per request and per invocation (runtime/logs.py)
-- `counted`: no per-invocation metrics wrapper (frontend/metrics.py)
+- `counted`: no wrapper counting each invocation and cancelling it when its client leaves
+  (`@invocation_route`, frontend/respond.py)
 - `runtime`: the route calls the handler itself: no dispatch, Invocation, executor, answer()
 - `route`: the invoke route is the ceiling's echo (parse, dump) inside fnstream's app and server
 """
@@ -44,9 +45,9 @@ def _patch(layers: set[str]) -> None:
     from aiohttp import web
     from aiohttp.web_protocol import RequestHandler
 
-    if "counted" in layers:  # before the routes are imported: @counted is applied at import
-        import frontend.metrics
-        frontend.metrics.counted = lambda route: route  # type: ignore[assignment]
+    if "counted" in layers:  # before the routes are imported: @invocation_route is applied at import
+        import frontend.respond
+        frontend.respond.invocation_route = lambda route: route  # type: ignore[assignment]
     import frontend.app
     import frontend.routes.invoke as invoke
     import frontend.server

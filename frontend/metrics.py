@@ -1,10 +1,11 @@
 """`GET /metrics`: Prometheus text exposition (prometheus_client) of invocations, streams, jobs,
 sessions, pools, cluster.
 
-Cheap on the hot path: the invoke routes (`@counted`) only add to plain ints and histogram buckets in
-`InvocationStats` (everything runs on the event loop thread, so no locks); finished jobs are counted
-by the job manager's `on_final` hook; the rest (inflight, jobs by status, sessions, named streams,
-worker pools, cluster queues) is read from the runtime's own state at scrape time by a custom
+Cheap on the hot path: the invoke routes (their `@invocation_route`, frontend/respond.py) only add
+to plain ints and histogram buckets in `InvocationStats` (everything runs on the event loop thread,
+so no locks); finished jobs are counted by the job manager's `on_final` hook; the rest (inflight,
+jobs by status, sessions, named streams, worker pools, cluster queues) is read from the runtime's
+own state at scrape time by a custom
 collector. prometheus_client writes the exposition format.
 
 A tenant boundary: every series that names something carries its `tenant` label, and the collector
@@ -13,13 +14,11 @@ built, nothing copied). `admin`, no auth, and `metrics.public: true` see every t
 """
 from __future__ import annotations
 
-import asyncio
 import bisect
-import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from time import monotonic
-from typing import Any, Concatenate, ParamSpec
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -38,8 +37,8 @@ from .jobs import JOBS
 from .keys import BROKER, CONFIG, EXECUTOR, REGISTRY
 from .sse import CURRENT_STREAM
 
-__all__ = ("InvocationStats", "JobStats", "METRICS", "JOB_METRICS", "INVOCATION", "FUNCTION", "counted",
-           "install_metrics", "routes")
+__all__ = ("InvocationStats", "JobStats", "METRICS", "JOB_METRICS", "INVOCATION", "FUNCTION", "CLIENT_GONE",
+           "DISCONNECTED", "count_answered", "count_refused", "install_metrics", "routes")
 
 log = logging.getLogger("fnstream.frontend")
 routes = web.RouteTableDef()
@@ -53,6 +52,7 @@ DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 FIRST_EVENT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 JOB_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400)
 DISCONNECTED = "disconnected"
+CLIENT_GONE = "client disconnected"  # the cancel reason of an invocation whose client left (frontend/respond.py)
 # A job's status (runtime/jobs/model.py) as the `status` label.
 JOB_STATUS = {"IN_QUEUE": "queued", "IN_PROGRESS": "running", "COMPLETED": "completed", "FAILED": "failed",
               "CANCELLED": "cancelled", "TIMED_OUT": "timed_out"}
@@ -156,7 +156,7 @@ JOB_METRICS = web.AppKey("job_metrics", JobStats)
 
 def _code_of(request: web.Request, inv: Any, response: web.StreamResponse | None) -> int | str:
     """How the invocation ended, as an error code (0 = success) or 'disconnected'."""
-    if inv.cancel_reason == "client disconnected" or (response is not None and response.status == 499):
+    if inv.cancel_reason == CLIENT_GONE or (response is not None and response.status == 499):
         return DISCONNECTED
     if getattr(inv, "timed_out", None):
         return FunctionTimeoutError.code
@@ -176,35 +176,9 @@ def _code_of(request: web.Request, inv: Any, response: web.StreamResponse | None
     return 0
 
 
-P = ParamSpec("P")
-Route = Callable[Concatenate[web.Request, P], Awaitable[web.StreamResponse]]
-
-
-def counted(route: Route[P]) -> Route[P]:
-    """Wrap an invoke route's core (`(request, ...) -> response`): count the invocation it started
-    once it has answered, failed, or lost its client. A decorator, not a middleware: only the
-    invoke paths pay for it, and nothing is wrapped per request."""
-
-    @functools.wraps(route)
-    async def run(request: web.Request, /, *args: P.args, **kwargs: P.kwargs) -> web.StreamResponse:
-        started = monotonic()
-        try:
-            response = await route(request, *args, **kwargs)
-        except asyncio.CancelledError:
-            _maybe_record(request, DISCONNECTED, started)
-            raise
-        except FunctionServiceError as exc:
-            _maybe_record(request, exc.code, started)
-            raise
-        inv = request.get(INVOCATION)
-        if inv is not None:
-            _record(request, inv, _code_of(request, inv, response), started)
-        return response
-
-    return run
-
-
-def _maybe_record(request: web.Request, code: int | str, started: float) -> None:
+def count_refused(request: web.Request, code: int | str, started: float) -> None:
+    """Count an invoke route that ended with an error or lost its client before answering (its
+    invocation's, or, refused before one started (404 aside), its function's)."""
     inv = request.get(INVOCATION)
     if inv is not None:
         _record(request, inv, code, started)
@@ -212,6 +186,13 @@ def _maybe_record(request: web.Request, code: int | str, started: float) -> None
     spec, stats = request.get(FUNCTION), request.app.get(METRICS)
     if spec is not None and stats is not None:
         stats.record(spec, code, monotonic() - started, None, 0)
+
+
+def count_answered(request: web.Request, response: web.StreamResponse, started: float) -> None:
+    """Count the invocation an invoke route answered with `response` (how it ended: `_code_of`)."""
+    inv = request.get(INVOCATION)
+    if inv is not None:
+        _record(request, inv, _code_of(request, inv, response), started)
 
 
 def _record(request: web.Request, inv: Any, code: int | str, started: float) -> None:

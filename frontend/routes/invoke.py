@@ -23,9 +23,9 @@ from runtime.surface import InvocationSurface, Mode
 from ..auth import principal_of
 from ..body import read_json_body
 from ..keys import CONFIG, DISPATCHER, TRACE_ID
-from ..metrics import FUNCTION, INVOCATION, counted
+from ..metrics import FUNCTION, INVOCATION
 from ..negotiation import parse_accept, quality
-from ..respond import answer, client_left
+from ..respond import invocation_route
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 from .jobs import submit_async
 
@@ -60,11 +60,11 @@ def negotiate_mode(accept: str | None, enable_event: bool) -> Mode:
 
 @routes.post("/serverless/v1/functions/{ref}/invocations")
 @routes.post("/invocations/{tenant}/{namespace}/{function}/")
-@counted  # frontend/metrics.py: one count per invocation, by function and outcome
+@invocation_route  # frontend/respond.py: cancelled if the client leaves, counted once it ends
 async def invoke(request: web.Request) -> web.StreamResponse:
     """Invoke the function the path names with the request's body and answer as its Accept header asks.
 
-    One coroutine from the route to the answer (the counting wrapper aside): each level of await
+    One coroutine from the route to the answer (its ending's wrapper aside): each level of await
     costs every request CPU and every open stream memory."""
     app = request.app  # a property chain: looked up once
     principal = principal_of(request)
@@ -83,8 +83,8 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     inv = await dispatcher.dispatch(principal, function, event, options)
     request[INVOCATION] = inv
     if inv.streaming:
-        return await answer(inv, _stream_response(request, inv, args.heartbeatSeconds), client_left)
-    return await answer(inv, _json_response(inv), client_left)
+        return await _stream_response(request, inv, args.heartbeatSeconds)
+    return await _json_response(inv)
 
 
 def _ref_of(match: Mapping[str, str]) -> str:

@@ -35,8 +35,8 @@ from ..auth import principal_of
 from ..body import read_json_body
 from ..errors import openai_error_body
 from ..keys import CONFIG, DISPATCHER, TRACE_ID
-from ..metrics import FUNCTION, INVOCATION, counted
-from ..respond import answer, client_left
+from ..metrics import FUNCTION, INVOCATION
+from ..respond import invocation_route
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 
 __all__ = ("routes", "CHAT_ROUTE", "COMPLETIONS_ROUTE", "serve_openai", "model_object")
@@ -59,7 +59,7 @@ def _model_not_found(model: str) -> web.Response:
     return web.json_response(body, status=404)
 
 
-@counted  # frontend/metrics.py: one count per invocation, by function and outcome
+@invocation_route  # frontend/respond.py: cancelled if the client leaves, counted once it ends
 async def _serve(request: web.Request, route: str, function_name: str | None = None) -> web.StreamResponse:
     """`function_name`: [jobs hook] RunPod's `/v2/{function}/openai/v1/...` names the function itself."""
     body = await read_json_body(request)
@@ -87,8 +87,8 @@ async def _serve(request: web.Request, route: str, function_name: str | None = N
     if stream:
         sse = EventStream(request, headers={"X-Trace-Id": inv.trace_id})
         heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds
-        return await answer(inv, _stream(sse, inv, heartbeat), lambda: sse.response)
-    return await answer(inv, _whole(inv), client_left)
+        return await _stream(sse, inv, heartbeat)
+    return await _whole(inv)
 
 
 def _error_event(exc: FunctionServiceError) -> bytes:

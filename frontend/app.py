@@ -130,11 +130,11 @@ async def serve(app: web.Application, host: str, port: int, *, shutdown_timeout:
     raise_fd_limit(config.frontend.limits.maxConnections)
     runner = FnstreamRunner(app, config.frontend.limits, shutdown_timeout=shutdown_timeout, **SERVER_KWARGS)
     await runner.setup()
-    await start_site(runner, config, host, port)
-    log.info("fnstream listening on http://%s:%d (%d functions, %s loop)", host, port, len(app[REGISTRY]),
-             loop_name(asyncio.get_running_loop()))
-    print(f"fnstream listening on http://{host}:{port}", flush=True)
-    try:
+    try:  # a listener that cannot start still stops what setup started (a cluster node's tasks)
+        await start_site(runner, config, host, port)
+        log.info("fnstream listening on http://%s:%d (%d functions, %s loop)", host, port, len(app[REGISTRY]),
+                 loop_name(asyncio.get_running_loop()))
+        print(f"fnstream listening on http://{host}:{port}", flush=True)
         await wait_for_stop_signal()
     finally:
         log.info("shutting down")

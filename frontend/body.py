@@ -5,11 +5,13 @@ import json
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from runtime.errors import BadRequestError, BodyTooLargeError
 
 from . import safe_json
 from .keys import CONFIG
+from .server import close_after_answer
 
 __all__ = ("read_body", "read_json_body", "max_body_bytes")
 
@@ -19,8 +21,12 @@ def max_body_bytes(app: web.Application) -> int:
 
 
 async def read_body(request: web.Request) -> bytes:
+    """The request's body, whole; 413 past `maxRequestBodySize` (decompressed), 400 when it cannot be
+    read (a corrupt `Content-Encoding`). A refused body is not read on: the connection closes after
+    the answer."""
     limit = max_body_bytes(request.app)
     if request.content_length is not None and request.content_length > limit:
+        close_after_answer(request)
         raise BodyTooLargeError(f"request body of {request.content_length} bytes exceeds "
                                 f"frontend.args.maxRequestBodySize ({limit} bytes)")
     payload = request.content
@@ -29,12 +35,17 @@ async def read_body(request: web.Request) -> bytes:
         # without request.read()'s chunk loop. Every route reads its body here, once.
         raw = payload.read_nowait()
         if len(raw) > limit:  # decompressed (Content-Encoding), so larger than its Content-Length
+            close_after_answer(request)
             raise BodyTooLargeError(f"request body exceeds frontend.args.maxRequestBodySize ({limit} bytes)")
         return raw
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
+        close_after_answer(request)
         raise BodyTooLargeError(f"request body exceeds frontend.args.maxRequestBodySize ({limit} bytes)") from None
+    except RequestPayloadError as exc:  # e.g. a body whose gzip/deflate encoding is corrupt
+        close_after_answer(request)
+        raise BadRequestError(f"request body could not be read: {exc}") from None
 
 
 async def read_json_body(request: web.Request) -> Any:

@@ -24,13 +24,18 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from runtime.config import Config, FrontendLimits
+from runtime.errors import ConfigError
 
 from .errors import http_error_code
 from .tracing import add_trace_headers
 
-__all__ = ("FnstreamRunner", "raise_fd_limit", "start_site")
+__all__ = ("FnstreamRunner", "ListenError", "close_after_answer", "raise_fd_limit", "start_site")
 
 log = logging.getLogger("fnstream.frontend")
+
+
+class ListenError(ConfigError):
+    """The listening address cannot be had: a startup error, as a bad config is (exit 2)."""
 
 
 def _raw_error(status: int, reason: str, message: str) -> bytes:
@@ -42,6 +47,15 @@ def _raw_error(status: int, reason: str, message: str) -> bytes:
     if status == 503:
         head += "Retry-After: 1\r\n"
     return (head + "\r\n").encode() + body
+
+
+def close_after_answer(request: web.BaseRequest) -> None:
+    """Close the connection once the answer is out, without reading what is left of the request's
+    body: a refused body (413, 408) is not read on, and decompressed, for aiohttp's 10 s lingering
+    close (a gzip bomb would inflate on the event loop after its 413 went out)."""
+    protocol = request.protocol
+    if isinstance(protocol, RequestHandler):
+        protocol._lingering_time = 0.0
 
 
 class _LimitedHandler(RequestHandler):
@@ -135,7 +149,7 @@ class _LimitedHandler(RequestHandler):
         payload.set_exception(web.HTTPRequestTimeout(
             text=f"request body did not arrive within frontend.limits.bodyTimeoutSeconds "
                  f"({self._limits.bodyTimeoutSeconds:g} s)"))
-        self._lingering_time = 0.0  # do not wait for the rest of a body that is not coming
+        self._lingering_time = 0.0  # do not wait for the rest of a body that is not coming (close_after_answer)
         self.close()
 
     def _cancel_head_timer(self) -> None:
@@ -176,8 +190,9 @@ class _Overloaded(asyncio.Protocol):
                         self._limits.maxConnections)
 
     def data_received(self, data: bytes) -> None:
-        self._seen = (self._seen + data)[-4:]
-        if b"\r\n\r\n" in self._seen or b"\n\n" in self._seen:
+        seen = self._seen + data  # the head's end may straddle reads, or be followed by a body
+        self._seen = seen[-3:]
+        if b"\r\n\r\n" in seen or b"\n\n" in seen:
             self._answer()
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -222,10 +237,14 @@ class FnstreamRunner(web.AppRunner):
 
 
 async def start_site(runner: web.BaseRunner, config: Config, host: str, port: int) -> web.TCPSite:
-    """Listen with `frontend.backlog` and, when `frontend.reusePort`, SO_REUSEPORT."""
+    """Listen with `frontend.backlog` and, when `frontend.reusePort`, SO_REUSEPORT; ListenError
+    (exit 2, the message naming the address) when the address cannot be had."""
     site = web.TCPSite(runner, host, port, backlog=config.frontend.backlog,
                        reuse_port=True if config.frontend.reusePort else None)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:  # in use, not this machine's address, no permission
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     return site
 
 

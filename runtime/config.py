@@ -74,7 +74,8 @@ class CorsConfig(_Strict):
 class FrontendConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8888, ge=0, le=65535)
-    backlog: int = Field(2048, ge=1, description="listen backlog: connections the kernel queues before accept")
+    backlog: int = Field(2048, ge=1, le=2**31 - 1,  # listen() takes a C int; the kernel caps it at somaxconn
+                         description="listen backlog: connections the kernel queues before accept")
     loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", description="event loop; auto = uvloop when "
                                                       "importable (serve and worker)")
     reusePort: bool = Field(False, description="SO_REUSEPORT: several cluster-mode frontends share one port")

@@ -138,3 +138,26 @@ def test_a_frontend_failing_with_a_bad_deploy_dir_stops_the_group_with_2(redis_s
         assert "bad config or deploy directory" in group.output()
     finally:
         group.stop()
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["embedded", "cluster"])
+def test_a_port_in_use_ends_serve_with_2_and_says_so(redis_server, cluster):
+    """The listener is started after the app (and a cluster node's tasks): a port that cannot be had
+    used to leave a cluster-mode server running with nothing listening, and no message."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["--cluster", redis_server.url, *FAST] if cluster else []
+        out = subprocess.run([sys.executable, "-m", "frontend.cli", "serve", "--port", str(port), *args],
+                             check=False, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert "Traceback" not in out.stderr and "Task was destroyed" not in out.stderr
+
+
+def test_a_backlog_listen_cannot_take_is_a_config_error():
+    out = subprocess.run([sys.executable, "-m", "frontend.cli", "serve", "--port", str(free_port()),
+                          "-s", "frontend.backlog=2147483648"], check=False, cwd=ROOT, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 2 and "frontend.backlog" in out.stderr

@@ -3,9 +3,10 @@
 A server in front of the internet must bound what a client can hold: an idle keep-alive connection
 (`keepAliveSeconds`), the time to send a request's headers (`headerTimeoutSeconds`, so a slowloris
 client sending one byte a second, or nothing, is closed) and its body (`bodyTimeoutSeconds`), the
-size of its headers, and the number of open connections (`maxConnections`: past it a new one is
-answered 503 instead of running the process out of file descriptors). None of these cut a response:
-an SSE stream runs as long as its handler writes. Errors that never reach the app (bad or too large
+size of its headers, a response it stops taking (`sendTimeoutSeconds`), and the number of open
+connections (`maxConnections`: past it a new one is answered 503 instead of running the process out
+of file descriptors). None of these cut a response a client keeps reading: an SSE stream runs as
+long as its handler writes. Errors that never reach the app (bad or too large
 headers, timeouts, overload) are answered in fnstream's JSON shape, not aiohttp's text pages.
 """
 from __future__ import annotations
@@ -62,7 +63,7 @@ class _LimitedHandler(RequestHandler):
     """aiohttp's per-connection protocol plus the header and body deadlines."""
 
     # Slots, as aiohttp's own: without them every connection carried an instance dict as well.
-    __slots__ = ("_body", "_body_timer", "_head_bytes", "_head_timer", "_limits")
+    __slots__ = ("_body", "_body_timer", "_head_bytes", "_head_timer", "_limits", "_send_timer", "_unsent")
 
     def __init__(self, manager: web.Server, *, limits: FrontendLimits, **kwargs: Any) -> None:
         super().__init__(manager, keepalive_timeout=limits.keepAliveSeconds, max_line_size=limits.maxHeaderFieldSize,
@@ -72,6 +73,8 @@ class _LimitedHandler(RequestHandler):
         self._head_bytes = 0
         self._body_timer: asyncio.TimerHandle | None = None
         self._body: StreamReader | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
+        self._unsent = 0  # bytes the transport held when the send timer was armed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -97,6 +100,37 @@ class _LimitedHandler(RequestHandler):
             self._arm_head_timer(counted=len(data))
         if self._body is not None and self._body.is_eof():
             self._cancel_body_timer()
+
+    def pause_writing(self) -> None:
+        # The transport's buffer is full: the client is not taking what we send. Paused for a whole
+        # sendTimeoutSeconds with nothing taken, the connection is aborted (a client that never reads
+        # would hold it, its response and maxConnections' slot forever); one that takes some is slow,
+        # and is given another period.
+        super().pause_writing()
+        self._arm_send_timer()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _arm_send_timer(self) -> None:
+        transport = self.transport
+        self._unsent = transport.get_write_buffer_size() if transport is not None else 0
+        self._send_timer = self._loop.call_later(self._limits.sendTimeoutSeconds, self._send_timeout)
+
+    def _send_timeout(self) -> None:
+        self._send_timer = None
+        transport = self.transport
+        if transport is None or not self._paused:
+            return
+        if transport.get_write_buffer_size() < self._unsent:  # slow, not stalled
+            self._arm_send_timer()
+            return
+        log.info("aborting a connection whose client took nothing for %g s (frontend.limits.sendTimeoutSeconds)",
+                 self._limits.sendTimeoutSeconds)
+        transport.abort()  # close() would wait to flush what the client will not take
 
     def _idle(self) -> bool:
         """aiohttp's request loop is parked waiting for the next request (its own state, read
@@ -166,6 +200,9 @@ class _LimitedHandler(RequestHandler):
     def _cancel_timers(self) -> None:
         self._cancel_head_timer()
         self._cancel_body_timer()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
 
 
 class _Overloaded(asyncio.Protocol):

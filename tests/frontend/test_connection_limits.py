@@ -246,7 +246,7 @@ def test_a_gzip_bomb_is_refused_413_and_its_connection_closed_unread(start_serve
         except (BrokenPipeError, ConnectionResetError):
             pass  # closed before it read everything: what this asks for
         data, took = _read_until_closed(sock, limit=30)
-    status, headers, body = _split(data)
+    status, _headers, body = _split(data)
     assert status == 413 and json.loads(body)["code"] == 4140
     assert took < 8  # not aiohttp's 10 s lingering read of the rest
 
@@ -260,3 +260,46 @@ def test_a_corrupt_compressed_body_is_400_not_500(start_server):
         assert status == 400 and json.loads(body)["code"] == 200400, body
         assert "could not be read" in json.loads(body)["message"]
     assert "Traceback" not in server.output()
+
+
+def _echo_request(size: int) -> bytes:
+    body = json.dumps({"pad": "x" * size}).encode()
+    return (b"POST /serverless/v1/functions/echo/invocations HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def _small_receiver(server) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window stays small
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", server.port))
+    return sock
+
+
+def test_a_client_that_takes_none_of_its_response_is_aborted_after_the_send_timeout(start_server):
+    """It used to hold its connection (and the response, and a maxConnections slot) for ever."""
+    server = start_server("-s", "frontend.limits.sendTimeoutSeconds=1", "-s", "frontend.limits.keepAliveSeconds=30")
+    size = 4 * 1024 * 1024
+    with _small_receiver(server) as sock:
+        sock.sendall(_echo_request(size))
+        time.sleep(4)  # reads nothing for four send timeouts
+        data, _ = _read_until_closed(sock)
+    assert data.startswith(b"HTTP/1.1 200") and len(data) < size  # cut short: the server aborted it
+    assert "sendTimeoutSeconds" in server.output()
+
+
+def test_a_slow_reader_that_keeps_taking_gets_its_whole_response(start_server):
+    server = start_server("-s", "frontend.limits.sendTimeoutSeconds=1")
+    size = 1024 * 1024
+    with _small_receiver(server) as sock:
+        sock.sendall(_echo_request(size))
+        data = b""
+        while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < size + 10:
+            time.sleep(0.02)  # a few kB a read (the small window): far slower than the server writes
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    status, _headers, body = _split(data)
+    assert status == 200 and json.loads(body) == {"pad": "x" * size}
+    assert "sendTimeoutSeconds" not in server.output()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Coroutine
@@ -42,6 +43,9 @@ from .settings import REDIS_DOWN, AnyRedis, ClusterUnavailableError, Keys, Outpu
 __all__ = ("RemoteInvocation", "WorkQueue", "error_from_fields")
 
 log = logging.getLogger("fnstream.cluster")
+
+# Seconds a cancel marker outlives its invocation's deadline (other nodes' clocks may be behind).
+CANCEL_MARGIN = 5
 
 
 def error_from_fields(fields: dict[str, str]) -> FunctionServiceError:
@@ -98,11 +102,16 @@ class WorkQueue:
             inv.start()
         return inv
 
-    async def cancel(self, inv_id: str, reason: str) -> None:
-        """Tell whichever worker runs (or will take) the invocation to stop, then drop its keys."""
+    async def cancel(self, inv_id: str, reason: str, remaining: float = 0.0) -> None:
+        """Tell whichever worker runs (or will take) the invocation to stop, then drop its keys.
+
+        The marker lasts as long as the entry may still be taken (`remaining` seconds to its
+        deadline, after which a worker skips it anyway): a call that waits in its queue longer than
+        the keys' TTL must still find it, or the call whose client left runs after all."""
+        ttl = max(self.key_ttl, math.ceil(remaining) + CANCEL_MARGIN)
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.set(self.keys.cancelled(inv_id), reason, ex=self.key_ttl)
+                pipe.set(self.keys.cancelled(inv_id), reason, ex=ttl)
                 pipe.delete(self.keys.output(inv_id), self.keys.ack(inv_id), self.keys.ack_chars(inv_id))
                 await pipe.execute()
             # After the marker is set; outside the pipeline (a cluster pipeline cannot PUBLISH).
@@ -224,7 +233,7 @@ class RemoteInvocation:
                 self.task.cancel(reason)
         if not self._finished:
             log.info("remote invocation %s of %s cancelled: %s", self.id, self.spec.name, reason)
-            self.queue.background(self.queue.cancel(self.id, reason))
+            self.queue.background(self.queue.cancel(self.id, reason, self.remaining()))
 
     async def _pump(self) -> str | None:
         keys, redis = self.queue.keys, self.queue.redis
@@ -290,7 +299,7 @@ class RemoteInvocation:
         first = int(index)
         if first > self.events:
             self._finished = True
-            self.queue.background(self.queue.cancel(self.id, "output lost"))
+            self.queue.background(self.queue.cancel(self.id, "output lost", self.remaining()))
             raise OutputLostError(f"events {self.events + 1} to {first} of {self.spec.name!r} were lost on their "
                                   f"way through Redis (expired or evicted); the invocation was not retried")
         return self.events - first
@@ -332,6 +341,6 @@ class RemoteInvocation:
         alive = await self.queue.redis.exists(self.queue.keys.worker(self.worker))
         if not alive:
             self._finished = True
-            self.queue.background(self.queue.cancel(self.id, "worker lost"))
+            self.queue.background(self.queue.cancel(self.id, "worker lost", self.remaining()))
             raise WorkerLostError(f"worker {self.worker} running {self.spec.name!r} was lost after "
                                   f"{self.events} events; the invocation was not retried")

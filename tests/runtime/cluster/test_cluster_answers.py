@@ -132,6 +132,21 @@ async def test_an_answer_after_the_client_left_is_dropped(work_queue):
     assert inv.answer is not None and inv.answer.cancelled()
 
 
+async def test_a_cancel_marker_lasts_as_long_as_its_queued_call_may_still_be_taken(redis_server, work_queue):
+    """A call whose client left while it waited in its queue: a worker that takes it later must
+    still find the cancel marker. It lived the keys' TTL (60 s) only, so a call queued longer than
+    that (functions may run 900 s) ran after all."""
+    queue = work_queue()
+    inv = await _queued(queue, timeout=600)
+    inv.cancel("client disconnected")
+    key = f"fnstream:{{inv:{inv.id}}}:cancel"
+
+    async def marked():
+        return redis_server.client().exists(key)
+    await wait_until(marked, "the cancel marker")
+    assert 600 <= redis_server.client().ttl(key) <= 600 + 10   # to the deadline, not the keys' 60 s
+
+
 async def test_redis_lost_fails_the_waiting_invocations_at_once(redis_server, work_queue):
     inv = await _queued(work_queue())
     await asyncio.sleep(0.1)   # the reader is blocked in its XREAD

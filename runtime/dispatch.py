@@ -78,7 +78,8 @@ class ClusterRoute(Protocol):
     def should_enqueue(self, function: FunctionRef) -> bool: ...
     async def submit(self, function: FunctionRef, event: Any, *, mode: Mode, buffer_events: int,
                      max_write_size: int, max_response_size: int, trace_id: str | None,
-                     timeout: float | None = None, buffer_bytes: int | None = None) -> InvocationSurface: ...
+                     timeout: float | None = None, buffer_bytes: int | None = None,
+                     keep_items: bool = False) -> InvocationSurface: ...
 
 
 class JobQueue(Protocol):
@@ -123,7 +124,8 @@ class Dispatcher:
             return await cluster.submit(function, event, mode=options.mode, buffer_events=limits.buffer_events,
                                         max_write_size=limits.max_write_size,
                                         max_response_size=limits.max_response_size, trace_id=options.trace_id,
-                                        timeout=options.timeout, buffer_bytes=limits.buffer_bytes)
+                                        timeout=options.timeout, buffer_bytes=limits.buffer_bytes,
+                                        keep_items=options.keep_items)
         assert isinstance(function, Deployment)  # a RemoteFunction is always enqueued
         inv = Invocation(function, event, mode=options.mode, loop=asyncio.get_running_loop(),
                          buffer_events=limits.buffer_events, max_write_size=limits.max_write_size,

@@ -144,6 +144,14 @@ class Item(str):
         text.value = text if isinstance(item, (str, bytes, bytearray, memoryview)) else item
         return text
 
+    @classmethod
+    def decoded(cls, text: str, is_json: bool) -> Item:
+        """The item `of` made, again from its text: its value JSON-decoded, or the text itself
+        (a cluster worker's write, relayed by the frontend)."""
+        item = cls(text)
+        item.value = json.loads(text) if is_json else item
+        return item
+
 
 class Invocation:
     """A single call of a deployed function, run here (satisfies InvocationSurface and HandlerInvocation).

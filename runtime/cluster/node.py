@@ -102,7 +102,8 @@ class ClusterNode:
 
     async def submit(self, function: FunctionRef, event: Any, *, mode: Mode, buffer_events: int,
                      max_write_size: int, max_response_size: int, trace_id: str | None,
-                     timeout: float | None = None, buffer_bytes: int | None = None) -> RemoteInvocation:
+                     timeout: float | None = None, buffer_bytes: int | None = None,
+                     keep_items: bool = False) -> RemoteInvocation:
         """Queue it for the workers; 503 when Redis is down or no live worker serves the function."""
         dep = function
         if not self.serving(dep.spec.name):
@@ -113,7 +114,7 @@ class ClusterNode:
         return await self.queue.submit(dep.spec, event, mode=mode, buffer_events=buffer_events,
                                        max_write_size=max_write_size, max_response_size=max_response_size,
                                        trace_id=trace_id, timeout=timeout, buffer_bytes=buffer_bytes,
-                                       reply=self._all_answer(dep.spec.name))
+                                       keep_items=keep_items, reply=self._all_answer(dep.spec.name))
 
     async def require(self) -> None:
         """503 unless Redis answers (for admin changes, which must reach every node)."""

@@ -31,7 +31,7 @@ from redis.typing import EncodableT
 
 from runtime.channel import OutputChannel
 from runtime.errors import FunctionServiceError
-from runtime.invocation import new_trace_id
+from runtime.invocation import Item, new_trace_id
 from runtime.manifest import FunctionSpec
 from runtime.surface import Mode, resolve_mode
 from runtime.tasks import checkpoint, retrieve
@@ -72,10 +72,13 @@ class WorkQueue:
 
     async def submit(self, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int, max_write_size: int,
                      max_response_size: int, trace_id: str | None, timeout: float | None = None,
-                     buffer_bytes: int | None = None, reply: bool = False) -> RemoteInvocation:
+                     buffer_bytes: int | None = None, keep_items: bool = False,
+                     reply: bool = False) -> RemoteInvocation:
         """Queue one invocation; `timeout` shortens the function's own (a job's executionTimeout);
         `buffer_events` / `buffer_bytes` bound its output channel here as a local one's; with
-        `reply`, a JSON invocation's answer comes on this node's answers stream."""
+        `keep_items` its generator items reach the channel as `Item`s with their values (a job's
+        output), as a local invocation's do; with `reply`, a JSON invocation's answer comes on this
+        node's answers stream."""
         seconds = spec.timeout if timeout is None else min(timeout, spec.timeout)
         inv = RemoteInvocation(self, spec, event, mode=mode, buffer_events=buffer_events,
                                max_response_size=max_response_size, trace_id=trace_id, timeout=seconds,
@@ -86,6 +89,8 @@ class WorkQueue:
             "maxWrite", max_write_size, "maxResponse", max_response_size)
         if buffer_bytes is not None:
             entry += ("bufferBytes", buffer_bytes)  # the worker's own Invocation is bounded alike
+        if keep_items:
+            entry += ("items", "1")  # the worker says which writes carry a JSON value (`v`, _relay)
         if reply and inv.mode == "json":
             entry += ("reply", self.answers.key)
             inv.answer = self.answers.wait(inv)  # before the entry exists: its answer may come first
@@ -260,7 +265,8 @@ class RemoteInvocation:
                     if "w" in fields:
                         self.worker = fields["w"]
                     if kind == "data":
-                        await self._relay(fields["n"], fields["d"], self._already_relayed(fields.get("i")))
+                        await self._relay(fields["n"], fields["d"], self._already_relayed(fields.get("i")),
+                                          fields.get("v"))
                     elif kind == "result":
                         self._finished = True
                         return fields.get("d") or None
@@ -274,16 +280,19 @@ class RemoteInvocation:
             if self._finished:
                 self.queue.drop(keys.output(self.id), keys.ack(self.id), keys.ack_chars(self.id))
 
-    async def _relay(self, lengths: str, payloads: str, skip: int = 0) -> None:
+    async def _relay(self, lengths: str, payloads: str, skip: int = 0, values: str | None = None) -> None:
         """Put a data entry's payloads (`payloads` end to end, `lengths` in characters) in the channel,
-        but the first `skip` (already relayed: the entry was written twice)."""
+        but the first `skip` (already relayed: the entry was written twice). `values` (a `keep_items`
+        call's): per payload, `j` if the item the handler yielded was the JSON value of its text, `s`
+        if it was the text itself; the channel then gets `Item`s carrying those values."""
         channel, at = self.channel, 0
-        for n in map(int, lengths.split(",")):
-            item = payloads[at:at + n]
+        for index, n in enumerate(map(int, lengths.split(","))):
+            text = payloads[at:at + n]
             at += n
             if skip:
                 skip -= 1
                 continue
+            item = text if values is None else Item.decoded(text, values[index:index + 1] == "j")
             if not channel.try_put(item):
                 await self._put_renewing(item)
             self.events += 1

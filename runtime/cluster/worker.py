@@ -33,7 +33,7 @@ from redis.typing import EncodableT, StreamIdT
 from runtime.deployment import Deployment
 from runtime.errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError
 from runtime.executor import Executor
-from runtime.invocation import Invocation
+from runtime.invocation import Invocation, Item
 from runtime.registry import Registry
 from runtime.surface import Mode
 
@@ -495,7 +495,7 @@ class QueueWorker:
                              loop=asyncio.get_running_loop(), buffer_events=int(fields.get("buffer", 100)),
                              max_write_size=int(fields.get("maxWrite", 4 * 1024 * 1024)),
                              max_response_size=int(fields.get("maxResponse", 6 * 1024 * 1024)),
-                             trace_id=fields.get("trace"),
+                             trace_id=fields.get("trace"), keep_items=fields.get("items") == "1",
                              buffer_bytes=int(fields["bufferBytes"]) if "bufferBytes" in fields else None)
             inv.id = inv_id
             inv.deadline = min(inv.deadline, time.monotonic() + float(fields.get("deadline", "inf")) - time.time())
@@ -540,6 +540,8 @@ class QueueWorker:
             # far more than its bytes do, so a batch of any size is four of them.
             entry = {"t": "data", **first, "i": str(window.written_events),  # its first event's index
                      "n": ",".join(map(str, lengths)), "d": "".join(batch)}
+            if inv.keep_items:  # which writes' values are their JSON (RemoteInvocation._relay)
+                entry["v"] = "".join("j" if isinstance(p, Item) and p.value is not p else "s" for p in batch)
             first = {}
             if not await self._write(inv_id, [entry]):
                 inv.cancel("cancelled")  # the frontend gave up: stop now, even if its message is late

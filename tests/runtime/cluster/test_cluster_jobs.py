@@ -279,3 +279,31 @@ async def test_a_job_taken_over_while_being_dispatched_is_not_run_and_the_queue_
     r = await client.post("/v2/acount/runsync", json={"input": {"n": 2}})
     assert r.status == 200, await r.text()
     assert (await r.json())["status"] == "COMPLETED"       # the function's queue still runs jobs
+
+
+async def test_a_job_run_by_a_cluster_worker_keeps_its_items_values_and_runpods_error_item(
+        redis_server, start_server, start_worker):
+    """A job's generator items are its output as values (dicts stay dicts), and RunPod's yielded
+    `{"error": ...}` fails the job — on a cluster worker as in one process. Through the queue the
+    items used to arrive as their JSON text: strings in the output, and the error item unseen."""
+    from tests.support.cluster import workers_serving
+
+    roots = ["-s", f"runtime.codeRoots={json.dumps([str(FUNCTIONS), str(HANDLERS)])}"]
+    frontend = start_server("--cluster", redis_server.url, *FAST, *roots, "-s", "cluster.role=frontend",
+                            env={"FNSTREAM_LOG": "WARNING"})
+    start_worker(redis_server.url, *roots)
+    async with aiohttp.ClientSession() as s:
+        for manifest in (fn("count", "job_fns.count"), fn("yields-error", "job_fns.yields_error"),
+                         fn("acount", "job_fns.acount")):
+            async with s.post(f"{frontend.url}/admin/v1/functions", json=manifest) as r:
+                assert r.status == 201, await r.text()
+            await workers_serving(s, frontend.url, manifest["name"])
+        async with s.post(f"{frontend.url}/v2/count/runsync?wait=20000", json={"input": {"n": 3}}) as r:
+            body = await r.json()
+        assert body["status"] == "COMPLETED", body
+        assert [item["i"] for item in body["output"]] == [0, 1, 2]           # values, not JSON text
+        async with s.post(f"{frontend.url}/v2/acount/runsync?wait=20000", json={"input": {"n": 2}}) as r:
+            assert (await r.json())["output"] == ["token-0", "token-1"]       # text items stay text
+        async with s.post(f"{frontend.url}/v2/yields-error/runsync?wait=20000", json={"input": {}}) as r:
+            body = await r.json()
+        assert body["status"] == "FAILED" and "went wrong after one item" in body["error"], body

@@ -140,8 +140,17 @@ class _LimitedHandler(RequestHandler):
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
-        """aiohttp's answer to an unparsable request or an unhandled error, as fnstream JSON."""
-        super().handle_error(request, status, exc, message)  # logs; refuses once a response started
+        """aiohttp's answer to an unparsable request or an unhandled error, as fnstream JSON.
+
+        A malformed request is the client's doing, and anyone on the internet can send them: logged
+        at debug, one line (aiohttp's own handler logs each as an error with its traceback, which
+        lets a client flood the logs). A server error keeps its traceback."""
+        if status >= 500:
+            self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
+        else:
+            log.debug("malformed request from %s: %s", request.remote, exc)
+        if request.writer.output_size > 0:  # part of a response went out: no other can follow
+            raise ConnectionError("Response is sent already, cannot send another response with the error message")
         if isinstance(exc, LineTooLong) or "Too many headers" in str(exc):
             status = 431
             message = (f"request headers too large: at most {self._limits.maxHeaders} header lines of "

@@ -183,6 +183,11 @@ def test_malformed_request_is_answered_400_json_not_a_text_page(start_server):
         status, headers, body = _split(_read_until_closed(sock)[0])
     assert status == 400 and headers["content-type"].startswith("application/json")
     assert json.loads(body)["code"] == 200400
+    with _connect(server) as sock:
+        sock.sendall(_get(extra=f"X-Big: {'a' * 9000}\r\n"))
+        assert _split(_read_until_closed(sock)[0])[0] == 431
+    # The client's doing, which anyone can send: no ERROR line with a traceback per request.
+    assert "Traceback" not in server.output() and "ERROR" not in server.output()
 
 
 async def test_a_body_arriving_before_its_request_task_runs_arms_no_header_timeout():

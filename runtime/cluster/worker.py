@@ -531,9 +531,21 @@ class QueueWorker:
                 return first
             lengths = [len(p) for p in batch]
             pause = 0.002
+            stalled_since = time.monotonic()
             while window.full() and inv.cancel_reason is None:
+                acked = window.acked_events, window.acked_chars
                 window.acked(*await self.redis.mget(self.keys.ack(inv_id), self.keys.ack_chars(inv_id)))
                 if window.full():
+                    now = time.monotonic()
+                    if (window.acked_events, window.acked_chars) != acked:
+                        stalled_since = now  # the frontend reads on: slowly
+                    elif now - stalled_since > self.ttl:
+                        # No ack for as long as the invocation's keys live: its frontend is gone (killed,
+                        # or cut off from Redis), and nothing will read this output again.
+                        log.warning("worker %s: stopping invocation %s: its frontend read none of its output "
+                                    "for %g s (cluster.outputTtlSeconds)", self.id, inv_id, self.ttl)
+                        inv.cancel("its frontend stopped reading")
+                        break
                     await asyncio.sleep(pause)
                     pause = min(0.05, pause * 1.5)  # a client that stalls costs Redis less and less
             # One entry for the batch, its payloads in one field: a command argument costs the client

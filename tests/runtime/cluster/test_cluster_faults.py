@@ -9,7 +9,7 @@ import json
 import aiohttp
 
 from frontend.client import iter_sse
-from tests.support.cluster import frontend_args
+from tests.support.cluster import RELAY, deploy, frontend_args, wait_until, workers_serving
 
 STREAMS = "/serverless/v1/streams"
 
@@ -42,3 +42,24 @@ async def test_redis_restart_mid_stream(redis_server, start_server):
 
 async def _events(resp: aiohttp.ClientResponse) -> list[dict]:
     return [e async for e in iter_sse(resp)]
+
+
+async def test_a_worker_stops_a_stream_whose_frontend_is_gone(redis_server, start_server, start_worker):
+    """The frontend relaying a stream is killed: nothing acks its output any more. The worker used
+    to wait for acks until the function's timeout, its handler and slot held; it stops it once no
+    ack came for as long as the invocation's keys live (cluster.outputTtlSeconds)."""
+    ttl = ["-s", "cluster.outputTtlSeconds=2"]
+    frontend = start_server(*frontend_args(redis_server.url), *ttl)
+    worker = start_worker(redis_server.url, *ttl)
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, frontend.url, {**RELAY, "timeout": 300})
+        await workers_serving(s, frontend.url, "relay")
+        async with s.post(f"{frontend.url}/serverless/v1/functions/relay/invocations",
+                          json={"count": 10_000_000, "delay_ms": 0}, headers={"Accept": "text/event-stream"}) as r:
+            assert r.status == 200
+            await r.content.readline()  # the stream runs
+            frontend.kill()
+
+    async def stopped():
+        return "its frontend read none of its output" in worker.output()
+    await wait_until(stopped, "the worker to stop the orphaned stream", limit=30)

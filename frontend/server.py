@@ -153,8 +153,8 @@ class _LimitedHandler(RequestHandler):
             raise ConnectionError("Response is sent already, cannot send another response with the error message")
         if isinstance(exc, LineTooLong) or "Too many headers" in str(exc):
             status = 431
-            message = (f"request headers too large: at most {self._limits.maxHeaders} header lines of "
-                       f"{self._limits.maxHeaderFieldSize} bytes each (frontend.limits)")
+            message = (f"request headers too large: at most {self._limits.maxHeaders} header lines, and a URL, "
+                       f"header name or value of at most {self._limits.maxHeaderFieldSize} bytes (frontend.limits)")
         elif status == 500:
             message = "internal server error"
         code = http_error_code(status)

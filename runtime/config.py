@@ -61,7 +61,8 @@ class FrontendLimits(_Strict):
                                       "headers did; never applies to the response (SSE runs as long as it needs)")
     sendTimeoutSeconds: float = Field(60, gt=0, description="a response the client takes none of for this long "
                                       "(its socket full) is aborted; a slow reader that keeps taking is not")
-    maxHeaderFieldSize: int = Field(8190, ge=256, description="bytes of the request line and of each header line")
+    maxHeaderFieldSize: int = Field(8190, ge=256, description="bytes of the URL, and of each header's name and "
+                                    "of its value")
     maxHeaders: int = Field(128, ge=1, description="header lines per request")
     maxConnections: int = Field(10000, ge=1, description="open connections; past it new ones get 503")
 class CorsConfig(_Strict):

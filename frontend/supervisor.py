@@ -42,6 +42,7 @@ class _Child:
         self.started = 0.0
         self.quick_deaths = 0
         self.restart_at = 0.0
+        self.signalled = False  # the stop signal was forwarded to its current process
 
     def start(self) -> None:
         # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which forwards it once.
@@ -50,7 +51,14 @@ class _Child:
                                      process_group=0,
                                      preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         self.started = time.monotonic()
+        self.signalled = False
         log.info("frontend %d started (pid %d)", self.slot, self.proc.pid)
+
+    def forward(self, signum: int) -> None:
+        """Send it the stop signal, once (a second SIGTERM while it drains would end it abruptly)."""
+        if self.proc is not None and self.proc.poll() is None and not self.signalled:
+            self.signalled = True
+            self.proc.send_signal(signum)
 
 
 def _exit_code(returncode: int) -> int:
@@ -65,8 +73,7 @@ def supervise(cmd: list[str], processes: int, stop_timeout: float) -> int:
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         stopping.append(signum)
         for child in children:
-            if child.proc is not None and child.proc.poll() is None:
-                child.proc.send_signal(signum)
+            child.forward(signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in _FORWARDED}
     fatal: int | None = None
@@ -94,18 +101,17 @@ def supervise(cmd: list[str], processes: int, stop_timeout: float) -> int:
                             code, delay)
                 child.proc, child.restart_at = None, now + delay
             time.sleep(0.1)
-        if fatal is not None:
-            for child in children:
-                if child.proc is not None and child.proc.poll() is None:
-                    child.proc.terminate()
-        return _wait_all(children, stop_timeout, fatal)
+        for child in children:  # each still running gets one stop signal: after a fatal exit, or when
+            child.forward(stopping[0] if stopping else signal.SIGTERM)  # it was being started as one came
+        return _wait_all(children, stop_timeout, fatal, stopping)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _wait_all(children: list[_Child], timeout: float, fatal: int | None) -> int:
-    """Wait for every child to exit (SIGKILL after `timeout`); the group's exit code."""
+def _wait_all(children: list[_Child], timeout: float, fatal: int | None, forwarded: list[int]) -> int:
+    """Wait for every child to exit (SIGKILL after `timeout`); the group's exit code. A child ended
+    by the stop signal forwarded to it (one still starting has no handler for it yet) stopped as asked."""
     deadline = time.monotonic() + timeout
     codes = []
     for child in children:
@@ -117,7 +123,8 @@ def _wait_all(children: list[_Child], timeout: float, fatal: int | None) -> int:
             log.error("frontend %d (pid %d) did not stop in %.0f s; killing it", child.slot, child.proc.pid, timeout)
             child.proc.kill()
             child.proc.wait()
-        codes.append(_exit_code(child.proc.returncode))
+        returncode = child.proc.returncode
+        codes.append(0 if -returncode in forwarded else _exit_code(returncode))
     if fatal is not None:
         return fatal
     return next((c for c in codes if c != 0), 0)

@@ -161,3 +161,19 @@ def test_a_backlog_listen_cannot_take_is_a_config_error():
                           "-s", "frontend.backlog=2147483648"], check=False, cwd=ROOT, capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 2 and "frontend.backlog" in out.stderr
+
+
+def test_a_stop_while_the_frontends_still_start_exits_0(redis_server):
+    """SIGTERM forwarded to children that have not installed their handlers yet ends them by the
+    signal itself (-15): that is the stop asked for, not a failure (the group used to exit 143)."""
+    port = free_port()
+    group = FnstreamProcess("serve", "--processes", "2", "--cluster", redis_server.url, "--port", str(port), *FAST)
+    try:
+        deadline = time.monotonic() + 30
+        while len(_children(group.proc.pid)) < 2:  # both started, and still importing (a second or more)
+            assert time.monotonic() < deadline, group.output()
+            time.sleep(0.01)
+        group.proc.send_signal(signal.SIGTERM)
+        assert group.proc.wait(30) == 0, group.output()
+    finally:
+        group.stop()

@@ -184,11 +184,19 @@ class _LimitedHandler(RequestHandler):
         self._body_timer = self._loop.call_later(self._limits.bodyTimeoutSeconds, self._body_timeout)
 
     def _body_timeout(self) -> None:
-        """A body still incomplete: its reader raises 408 (the route answers it); then the connection closes."""
+        """A body still incomplete: its reader raises 408 (the route answers it); then the connection closes.
+
+        Not while this server has stopped reading (its buffer full, e.g. a pipelined request waiting
+        behind a long one): then the client is not slow, we are, and the deadline starts again."""
         self._body_timer = None
-        payload, self._body = self._body, None
+        payload = self._body
         if payload is None or payload.is_eof() or self.transport is None:
+            self._body = None
             return
+        if self._reading_paused:
+            self._body_timer = self._loop.call_later(self._limits.bodyTimeoutSeconds, self._body_timeout)
+            return
+        self._body = None
         payload.set_exception(web.HTTPRequestTimeout(
             text=f"request body did not arrive within frontend.limits.bodyTimeoutSeconds "
                  f"({self._limits.bodyTimeoutSeconds:g} s)"))

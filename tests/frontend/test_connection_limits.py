@@ -308,3 +308,20 @@ def test_a_slow_reader_that_keeps_taking_gets_its_whole_response(start_server):
     status, _headers, body = _split(data)
     assert status == 200 and json.loads(body) == {"pad": "x" * size}
     assert "sendTimeoutSeconds" not in server.output()
+
+
+def test_a_pipelined_request_whose_body_waits_behind_a_long_one_is_answered(start_server):
+    """Its whole body was sent; the server stopped reading it (its buffer full) while the request
+    ahead ran longer than bodyTimeoutSeconds. The client was not slow: it used to be dropped (RST)."""
+    server = start_server(*LIMITS, "-s", "frontend.limits.keepAliveSeconds=30")
+    first = b'{"count": 3, "delay_ms": 1000}'  # about 2 s, past the 1 s body timeout
+    second = json.dumps({"x": "a" * (1 << 20)}).encode()
+    requests = (b"POST /serverless/v1/functions/ticker/invocations HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Length: " + str(len(first)).encode() + b"\r\n\r\n" + first +
+                b"POST /serverless/v1/functions/echo/invocations HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                b"Content-Length: " + str(len(second)).encode() + b"\r\n\r\n" + second)
+    with _connect(server) as sock:
+        sock.sendall(requests)
+        data, _ = _read_until_closed(sock, limit=30)
+    assert data.count(b"HTTP/1.1 200 OK") == 2, data[:300]
+    assert json.loads(data.rpartition(b"\r\n\r\n")[2]) == {"x": "a" * (1 << 20)}

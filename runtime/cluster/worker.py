@@ -540,12 +540,16 @@ class QueueWorker:
                     if (window.acked_events, window.acked_chars) != acked:
                         stalled_since = now  # the frontend reads on: slowly
                     elif now - stalled_since > self.ttl:
-                        # No ack for as long as the invocation's keys live: its frontend is gone (killed,
-                        # or cut off from Redis), and nothing will read this output again.
-                        log.warning("worker %s: stopping invocation %s: its frontend read none of its output "
-                                    "for %g s (cluster.outputTtlSeconds)", self.id, inv_id, self.ttl)
-                        inv.cancel("its frontend stopped reading")
-                        break
+                        # No ack for as long as the invocation's keys live. A frontend whose client
+                        # stalls renews the output stream's TTL while it waits; if the stream expired,
+                        # nobody did: its frontend is gone (killed, or cut off from Redis).
+                        if not await self.redis.exists(self.keys.output(inv_id)):
+                            log.warning("worker %s: stopping invocation %s: its frontend stopped reading its "
+                                        "output (none read, nor its TTL renewed, for %g s: "
+                                        "cluster.outputTtlSeconds)", self.id, inv_id, self.ttl)
+                            inv.cancel("its frontend stopped reading")
+                            break
+                        stalled_since = now  # its client is slow: look again a TTL later
                     await asyncio.sleep(pause)
                     pause = min(0.05, pause * 1.5)  # a client that stalls costs Redis less and less
             # One entry for the batch, its payloads in one field: a command argument costs the client

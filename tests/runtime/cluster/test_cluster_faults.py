@@ -45,9 +45,10 @@ async def _events(resp: aiohttp.ClientResponse) -> list[dict]:
 
 
 async def test_a_worker_stops_a_stream_whose_frontend_is_gone(redis_server, start_server, start_worker):
-    """The frontend relaying a stream is killed: nothing acks its output any more. The worker used
-    to wait for acks until the function's timeout, its handler and slot held; it stops it once no
-    ack came for as long as the invocation's keys live (cluster.outputTtlSeconds)."""
+    """The frontend relaying a stream is killed: nothing acks its output, nor renews its TTL, any
+    more. The worker used to wait for acks until the function's timeout, its handler and slot held;
+    it stops it once its output stream expired (cluster.outputTtlSeconds). A live frontend whose
+    client stalls keeps it alive (test_cluster.py: a client stalled past the TTL loses nothing)."""
     ttl = ["-s", "cluster.outputTtlSeconds=2"]
     frontend = start_server(*frontend_args(redis_server.url), *ttl)
     worker = start_worker(redis_server.url, *ttl)
@@ -61,5 +62,5 @@ async def test_a_worker_stops_a_stream_whose_frontend_is_gone(redis_server, star
             frontend.kill()
 
     async def stopped():
-        return "its frontend read none of its output" in worker.output()
+        return "its frontend stopped reading its output" in worker.output()
     await wait_until(stopped, "the worker to stop the orphaned stream", limit=30)

@@ -11,7 +11,7 @@ from runtime.errors import BadRequestError, BodyTooLargeError
 
 from . import safe_json
 from .keys import CONFIG
-from .server import close_after_answer
+from .server import refuse_rest_of_body
 
 __all__ = ("read_body", "read_json_body", "max_body_bytes")
 
@@ -22,11 +22,11 @@ def max_body_bytes(app: web.Application) -> int:
 
 async def read_body(request: web.Request) -> bytes:
     """The request's body, whole; 413 past `maxRequestBodySize` (decompressed), 400 when it cannot be
-    read (a corrupt `Content-Encoding`). A refused body is not read on: the connection closes after
-    the answer."""
+    read (a corrupt `Content-Encoding`). What is left of a refused compressed body is not read on
+    (`refuse_rest_of_body`)."""
     limit = max_body_bytes(request.app)
     if request.content_length is not None and request.content_length > limit:
-        close_after_answer(request)
+        refuse_rest_of_body(request)
         raise BodyTooLargeError(f"request body of {request.content_length} bytes exceeds "
                                 f"frontend.args.maxRequestBodySize ({limit} bytes)")
     payload = request.content
@@ -35,16 +35,16 @@ async def read_body(request: web.Request) -> bytes:
         # without request.read()'s chunk loop. Every route reads its body here, once.
         raw = payload.read_nowait()
         if len(raw) > limit:  # decompressed (Content-Encoding), so larger than its Content-Length
-            close_after_answer(request)
+            refuse_rest_of_body(request)
             raise BodyTooLargeError(f"request body exceeds frontend.args.maxRequestBodySize ({limit} bytes)")
         return raw
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
-        close_after_answer(request)
+        refuse_rest_of_body(request)
         raise BodyTooLargeError(f"request body exceeds frontend.args.maxRequestBodySize ({limit} bytes)") from None
     except RequestPayloadError as exc:  # e.g. a body whose gzip/deflate encoding is corrupt
-        close_after_answer(request)
+        refuse_rest_of_body(request)
         raise BadRequestError(f"request body could not be read: {exc}") from None
 
 

@@ -30,7 +30,7 @@ from runtime.errors import ConfigError
 from .errors import http_error_code
 from .tracing import add_trace_headers
 
-__all__ = ("FnstreamRunner", "ListenError", "close_after_answer", "raise_fd_limit", "start_site")
+__all__ = ("FnstreamRunner", "ListenError", "raise_fd_limit", "refuse_rest_of_body", "start_site")
 
 log = logging.getLogger("fnstream.frontend")
 
@@ -50,12 +50,14 @@ def _raw_error(status: int, reason: str, message: str) -> bytes:
     return (head + "\r\n").encode() + body
 
 
-def close_after_answer(request: web.BaseRequest) -> None:
-    """Close the connection once the answer is out, without reading what is left of the request's
-    body: a refused body (413, 408) is not read on, and decompressed, for aiohttp's 10 s lingering
-    close (a gzip bomb would inflate on the event loop after its 413 went out)."""
+def refuse_rest_of_body(request: web.BaseRequest) -> None:
+    """The route refused the request's body (413, 400): a compressed body is not read on once the
+    answer is out (aiohttp's lingering close reads what is left for up to 10 s so that the client
+    can finish sending and read the answer, and would inflate a gzip bomb on the event loop). An
+    identity body is still drained so: closing with unread bytes would reset the connection, and
+    the client would see a reset instead of its 413."""
     protocol = request.protocol
-    if isinstance(protocol, RequestHandler):
+    if request.headers.get("Content-Encoding") and isinstance(protocol, RequestHandler):
         protocol._lingering_time = 0.0
 
 
@@ -193,14 +195,14 @@ class _LimitedHandler(RequestHandler):
         if payload is None or payload.is_eof() or self.transport is None:
             self._body = None
             return
-        if self._reading_paused:
+        if self._reading_paused or self._buffer_paused:  # the body's buffer, or aiohttp's queue of requests
             self._body_timer = self._loop.call_later(self._limits.bodyTimeoutSeconds, self._body_timeout)
             return
         self._body = None
         payload.set_exception(web.HTTPRequestTimeout(
             text=f"request body did not arrive within frontend.limits.bodyTimeoutSeconds "
                  f"({self._limits.bodyTimeoutSeconds:g} s)"))
-        self._lingering_time = 0.0  # do not wait for the rest of a body that is not coming (close_after_answer)
+        self._lingering_time = 0.0  # do not wait for the rest of a body that is not coming
         self.close()
 
     def _cancel_head_timer(self) -> None:

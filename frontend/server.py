@@ -15,6 +15,8 @@ import asyncio
 import json
 import logging
 import resource
+import socket
+import struct
 import time
 from typing import Any, cast
 
@@ -61,11 +63,33 @@ def refuse_rest_of_body(request: web.BaseRequest) -> None:
         protocol._lingering_time = 0.0
 
 
+# Offset of `tcpi_bytes_acked` (u64) in Linux's struct tcp_info (since Linux 4.1).
+_TCPI_BYTES_ACKED = 120
+
+
+def _bytes_taken(transport: asyncio.BaseTransport | None) -> int:
+    """How much of what was sent the client has taken: the bytes its TCP acknowledged (Linux), which
+    move however large the kernel's send queue in between is; elsewhere, less held in the
+    transport's buffer (negated), a coarser sign (the kernel's queue may hide a slow reader's reads)."""
+    if transport is None:
+        return 0
+    sock = transport.get_extra_info("socket")
+    if sock is not None and hasattr(socket, "TCP_INFO"):
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+        except OSError:
+            pass
+        else:
+            if len(info) >= _TCPI_BYTES_ACKED + 8:
+                return int(struct.unpack_from("=Q", info, _TCPI_BYTES_ACKED)[0])
+    return -cast(asyncio.WriteTransport, transport).get_write_buffer_size()
+
+
 class _LimitedHandler(RequestHandler):
     """aiohttp's per-connection protocol plus the header and body deadlines."""
 
     # Slots, as aiohttp's own: without them every connection carried an instance dict as well.
-    __slots__ = ("_body", "_body_timer", "_head_bytes", "_head_timer", "_limits", "_send_timer", "_unsent")
+    __slots__ = ("_body", "_body_timer", "_head_bytes", "_head_timer", "_limits", "_send_timer", "_taken")
 
     def __init__(self, manager: web.Server, *, limits: FrontendLimits, **kwargs: Any) -> None:
         super().__init__(manager, keepalive_timeout=limits.keepAliveSeconds, max_line_size=limits.maxHeaderFieldSize,
@@ -76,7 +100,7 @@ class _LimitedHandler(RequestHandler):
         self._body_timer: asyncio.TimerHandle | None = None
         self._body: StreamReader | None = None
         self._send_timer: asyncio.TimerHandle | None = None
-        self._unsent = 0  # bytes the transport held when the send timer was armed
+        self._taken = 0  # what the client had taken when the send timer was armed (_bytes_taken)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -104,10 +128,10 @@ class _LimitedHandler(RequestHandler):
             self._cancel_body_timer()
 
     def pause_writing(self) -> None:
-        # The transport's buffer is full: the client is not taking what we send. Paused for a whole
-        # sendTimeoutSeconds with nothing taken, the connection is aborted (a client that never reads
-        # would hold it, its response and maxConnections' slot forever); one that takes some is slow,
-        # and is given another period.
+        # The transport's buffer is full: the client is not taking what we send as fast. Paused for
+        # a whole sendTimeoutSeconds with nothing taken, the connection is aborted (a client that
+        # never reads would hold it, its response and maxConnections' slot forever); one that took
+        # some is slow, and is given another period.
         super().pause_writing()
         self._arm_send_timer()
 
@@ -118,8 +142,7 @@ class _LimitedHandler(RequestHandler):
             self._send_timer = None
 
     def _arm_send_timer(self) -> None:
-        transport = self.transport
-        self._unsent = transport.get_write_buffer_size() if transport is not None else 0
+        self._taken = _bytes_taken(self.transport)
         self._send_timer = self._loop.call_later(self._limits.sendTimeoutSeconds, self._send_timeout)
 
     def _send_timeout(self) -> None:
@@ -127,7 +150,7 @@ class _LimitedHandler(RequestHandler):
         transport = self.transport
         if transport is None or not self._paused:
             return
-        if transport.get_write_buffer_size() < self._unsent:  # slow, not stalled
+        if _bytes_taken(transport) != self._taken:  # slow, not stalled
             self._arm_send_timer()
             return
         log.info("aborting a connection whose client took nothing for %g s (frontend.limits.sendTimeoutSeconds)",

@@ -47,16 +47,17 @@ class _Child:
     def start(self) -> None:
         # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which forwards it once.
         # preexec_fn is safe here: the supervisor runs no other threads.
+        self.signalled = False
         self.proc = subprocess.Popen(self.cmd, env={**os.environ, "FNSTREAM_PROCESS_SLOT": str(self.slot)},
                                      process_group=0,
                                      preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         self.started = time.monotonic()
-        self.signalled = False
         log.info("frontend %d started (pid %d)", self.slot, self.proc.pid)
 
-    def forward(self, signum: int) -> None:
-        """Send it the stop signal, once (a second SIGTERM while it drains would end it abruptly)."""
-        if self.proc is not None and self.proc.poll() is None and not self.signalled:
+    def forward(self, signum: int, *, unless_signalled: bool = False) -> None:
+        """Send it `signum` (a second Ctrl-C reaches it too: that stops it at once); with
+        `unless_signalled`, only if no stop signal reached its current process yet."""
+        if self.proc is not None and self.proc.poll() is None and not (unless_signalled and self.signalled):
             self.signalled = True
             self.proc.send_signal(signum)
 
@@ -101,8 +102,9 @@ def supervise(cmd: list[str], processes: int, stop_timeout: float) -> int:
                             code, delay)
                 child.proc, child.restart_at = None, now + delay
             time.sleep(0.1)
-        for child in children:  # each still running gets one stop signal: after a fatal exit, or when
-            child.forward(stopping[0] if stopping else signal.SIGTERM)  # it was being started as one came
+        for child in children:  # each still running gets a stop signal: after a fatal exit, or when
+            # it was being started as the signal came (and so missed it)
+            child.forward(stopping[0] if stopping else signal.SIGTERM, unless_signalled=True)
         return _wait_all(children, stop_timeout, fatal, stopping)
     finally:
         for sig, handler in previous.items():

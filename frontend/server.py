@@ -28,8 +28,11 @@ from aiohttp.web_request import BaseRequest
 
 from runtime.config import Config, FrontendLimits
 from runtime.errors import ConfigError
+from runtime.invocation import new_trace_id
+from runtime.tracing import new_span_id
 
 from .errors import http_error_code
+from .keys import TRACE_ID
 from .tracing import add_trace_headers
 
 __all__ = ("FnstreamRunner", "ListenError", "raise_fd_limit", "refuse_rest_of_body", "start_site")
@@ -42,11 +45,15 @@ class ListenError(ConfigError):
 
 
 def _raw_error(status: int, reason: str, message: str) -> bytes:
-    """A whole HTTP/1.1 error response, for connections the app never sees."""
+    """A whole HTTP/1.1 error response, for connections the app never sees (with a trace id of its
+    own, as every answer has)."""
     code = http_error_code(status)
     body = json.dumps({"code": code, "message": message}).encode()
+    trace_id = new_trace_id()
     head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json; charset=utf-8\r\n"
-            f"Content-Length: {len(body)}\r\nX-Inner-Code: {code}\r\nConnection: close\r\n")
+            f"Content-Length: {len(body)}\r\nX-Inner-Code: {code}\r\nConnection: close\r\n"
+            f"X-Trace-Id: {trace_id}\r\nX-Request-Id: {trace_id}\r\n"
+            f"traceparent: 00-{trace_id}-{new_span_id()}-01\r\n")
     if status == 503:
         head += "Retry-After: 1\r\n"
     return (head + "\r\n").encode() + body
@@ -185,7 +192,9 @@ class _LimitedHandler(RequestHandler):
         code = http_error_code(status)
         resp = web.json_response({"code": code, "message": message or "bad request"}, status=status,
                                  headers={"X-Inner-Code": str(code)})
-        add_trace_headers(request, resp)  # a request the error middleware saw has a trace id
+        if TRACE_ID not in request:  # one the app never saw (unparsable): a trace id of its own
+            request[TRACE_ID] = new_trace_id()
+        add_trace_headers(request, resp)
         resp.force_close()
         return resp
 

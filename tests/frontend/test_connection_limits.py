@@ -70,6 +70,7 @@ def test_slowloris_headers_one_byte_a_time_are_cut_with_408(start_server):
     status, headers, body = _split(data)
     assert status == 408 and headers["content-type"].startswith("application/json")
     assert "headerTimeoutSeconds" in json.loads(body)["message"]
+    assert len(headers["x-trace-id"]) == 32 and headers["x-request-id"] == headers["x-trace-id"]
     assert took < 5
 
 
@@ -120,7 +121,7 @@ def test_connections_past_the_cap_get_503_json_and_the_held_ones_still_work(star
             extra.sendall(_get())
             data, _ = _read_until_closed(extra)
         status, headers, body = _split(data)
-        assert status == 503 and headers["retry-after"] == "1"
+        assert status == 503 and headers["retry-after"] == "1" and headers["traceparent"].startswith("00-")
         assert "maxConnections" in json.loads(body)["message"]
         held[0].sendall(_get())  # the held connections are untouched
         assert _split(held[0].recv(65536))[0] == 200
@@ -183,6 +184,7 @@ def test_malformed_request_is_answered_400_json_not_a_text_page(start_server):
         status, headers, body = _split(_read_until_closed(sock)[0])
     assert status == 400 and headers["content-type"].startswith("application/json")
     assert json.loads(body)["code"] == 200400
+    assert len(headers["x-trace-id"]) == 32  # a trace id of its own, as every answer has
     with _connect(server) as sock:
         sock.sendall(_get(extra=f"X-Big: {'a' * 9000}\r\n"))
         assert _split(_read_until_closed(sock)[0])[0] == 431

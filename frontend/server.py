@@ -29,7 +29,7 @@ from aiohttp.web_request import BaseRequest
 from runtime.config import Config, FrontendLimits
 from runtime.errors import ConfigError
 from runtime.invocation import new_trace_id
-from runtime.tracing import new_span_id
+from runtime.tracing import make_traceparent
 
 from .errors import http_error_code
 from .keys import TRACE_ID
@@ -52,8 +52,7 @@ def _raw_error(status: int, reason: str, message: str) -> bytes:
     trace_id = new_trace_id()
     head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json; charset=utf-8\r\n"
             f"Content-Length: {len(body)}\r\nX-Inner-Code: {code}\r\nConnection: close\r\n"
-            f"X-Trace-Id: {trace_id}\r\nX-Request-Id: {trace_id}\r\n"
-            f"traceparent: 00-{trace_id}-{new_span_id()}-01\r\n")
+            f"X-Trace-Id: {trace_id}\r\nX-Request-Id: {trace_id}\r\ntraceparent: {make_traceparent(trace_id)}\r\n")
     if status == 503:
         head += "Retry-After: 1\r\n"
     return (head + "\r\n").encode() + body
@@ -144,9 +143,7 @@ class _LimitedHandler(RequestHandler):
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        if self._send_timer is not None:
-            self._send_timer.cancel()
-            self._send_timer = None
+        self._cancel_send_timer()
 
     def _arm_send_timer(self) -> None:
         self._taken = _bytes_taken(self.transport)
@@ -248,12 +245,15 @@ class _LimitedHandler(RequestHandler):
             self._body_timer = None
         self._body = None
 
-    def _cancel_timers(self) -> None:
-        self._cancel_head_timer()
-        self._cancel_body_timer()
+    def _cancel_send_timer(self) -> None:
         if self._send_timer is not None:
             self._send_timer.cancel()
             self._send_timer = None
+
+    def _cancel_timers(self) -> None:
+        self._cancel_head_timer()
+        self._cancel_body_timer()
+        self._cancel_send_timer()
 
 
 class _Overloaded(asyncio.Protocol):

@@ -238,7 +238,11 @@ class RemoteInvocation:
                 self.task.cancel(reason)
         if not self._finished:
             log.info("remote invocation %s of %s cancelled: %s", self.id, self.spec.name, reason)
-            self.queue.background(self.queue.cancel(self.id, reason, self.remaining()))
+            self._tell_workers_to_stop(reason)
+
+    def _tell_workers_to_stop(self, reason: str) -> None:
+        """Whichever worker runs it, or will take it from the queue before its deadline, stops (or skips it)."""
+        self.queue.background(self.queue.cancel(self.id, reason, self.remaining()))
 
     async def _pump(self) -> str | None:
         keys, redis = self.queue.keys, self.queue.redis
@@ -308,7 +312,7 @@ class RemoteInvocation:
         first = int(index)
         if first > self.events:
             self._finished = True
-            self.queue.background(self.queue.cancel(self.id, "output lost", self.remaining()))
+            self._tell_workers_to_stop("output lost")
             raise OutputLostError(f"events {self.events + 1} to {first} of {self.spec.name!r} were lost on their "
                                   f"way through Redis (expired or evicted); the invocation was not retried")
         return self.events - first
@@ -350,6 +354,6 @@ class RemoteInvocation:
         alive = await self.queue.redis.exists(self.queue.keys.worker(self.worker))
         if not alive:
             self._finished = True
-            self.queue.background(self.queue.cancel(self.id, "worker lost", self.remaining()))
+            self._tell_workers_to_stop("worker lost")
             raise WorkerLostError(f"worker {self.worker} running {self.spec.name!r} was lost after "
                                   f"{self.events} events; the invocation was not retried")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from runtime.errors import BadRequestError
@@ -52,6 +53,25 @@ def has_lone_surrogate(value: Any, depth: int = 0) -> bool:
     return False
 
 
+# The scanner the decoder made (its C one); typeshed does not list the attribute.
+_scan_once: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+_OPENERS = (b"{", b"[")
+_JSON_SPACE = " \t\n\r"
+
+
+def _decode(text: str) -> Any:
+    """`_DECODER.decode(text)`; a value that starts at the first character and is followed by
+    nothing but whitespace is scanned at once (decode's whitespace regexes and method calls are
+    most of what a small body costs). Anything else goes through decode, which raises its errors."""
+    try:
+        value, end = _scan_once(text, 0)
+    except StopIteration:  # no value at the first character: leading whitespace, or an empty text
+        return _DECODER.decode(text)
+    if end == len(text) or not text[end:].strip(_JSON_SPACE):
+        return value
+    return _DECODER.decode(text)  # "Extra data"
+
+
 def loads(raw: bytes | str, what: str = "request body") -> Any:
     """Parse JSON text; raise BadRequestError with a message naming `what` and the problem.
 
@@ -64,9 +84,9 @@ def loads(raw: bytes | str, what: str = "request body") -> Any:
             if raw.startswith("\ufeff"):
                 raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", raw, 0)
             text = raw
-        else:
-            text = raw.decode(json.detect_encoding(raw), "surrogatepass")
-        value = _DECODER.decode(text)
+        else:  # a body that opens an object or array is UTF-8 (no BOM, no UTF-16/32 NUL bytes)
+            text = raw.decode("utf-8" if raw[:1] in _OPENERS else json.detect_encoding(raw), "surrogatepass")
+        value = _decode(text)
     except json.JSONDecodeError:
         raise
     except UnicodeDecodeError:

@@ -41,9 +41,24 @@ log = logging.getLogger("fnstream.runtime")
 
 _LAZY_LOCK = threading.Lock()  # guards the first use of a plain JSON call's channel
 
-# What `json.dumps(x, ensure_ascii=False, separators=(",", ":"))` uses, made once: dumps with
-# options builds a new encoder on every call. Encoding keeps no state in it (thread-safe).
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)  # NaN is not JSON
+def _compact_json_encoder() -> Callable[[Any], str]:
+    """`json.dumps(x, ensure_ascii=False, separators=(",", ":"), allow_nan=False)` (NaN is not JSON),
+    made once: dumps with options builds a new encoder on every call, and even a kept JSONEncoder
+    builds its C encoder on every `encode`. This one is built once, without a circular-reference
+    check (it would keep state; a cycle is refused as RecursionError instead), so it is stateless and
+    may be shared by threads. Raises TypeError, ValueError or RecursionError for what is not JSON."""
+    def refuse(o: Any) -> Any:
+        raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # an interpreter without the C accelerator
+        return json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+    chunks = make(None, refuse, json.encoder.encode_basestring, None, ":", ",", False, False, False)
+    join = "".join
+    return lambda value: join(chunks(value, 0))
+
+
+_encode_compact = _compact_json_encoder()
 
 
 # The bits uuid4 fixes: version 4 and the RFC 4122 variant.
@@ -75,8 +90,8 @@ def encode_payload(data: Any) -> str:
             raise StreamWriteError("stream write: bytes must be UTF-8 text") from None
     else:
         try:
-            text = _ENCODER.encode(data)
-        except (TypeError, ValueError) as exc:
+            text = _encode_compact(data)
+        except (TypeError, ValueError, RecursionError) as exc:
             raise StreamWriteError(f"stream write: {type(data).__name__} is not JSON-serializable: {exc}") from None
     if not text.isascii():
         try:
@@ -103,10 +118,10 @@ def encode_json(value: Any) -> str:
     not mid-response.
     """
     try:
-        text = _ENCODER.encode(value)
+        text = _encode_compact(value)
         if not text.isascii():
             text.encode("utf-8")
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ResultNotSerializableError(f"the handler's result is not JSON-serializable: {exc}") from None
     return text
 

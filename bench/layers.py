@@ -7,14 +7,16 @@ unpatched server and the ceiling (bare aiohttp on uvloop) in one run: server CPU
 of `bench-echo-async` (bench/cpu.py's method) and, with `--memory`, KB per idle open stream
 (bench/scenarios.py's; not for `runtime` and `route`, whose route no longer streams). Layers:
 
+- `frontdoor`: the listener's fast lane (frontend/front_door.py): every request, plain JSON
+  invokes included, goes through the app (router, middlewares, route)
 - `middleware`: the app without middlewares (JSON errors, CORS, trace headers, and the wrapper
-  aiohttp adds to every request once an app has any middleware)
+  aiohttp adds to every request once an app has any middleware); the fast lane never had them
 - `limits`: the listener's header/body/keep-alive hooks (frontend/server.py) replaced by aiohttp's own
 - `logcontext`: no log context set per request and per invocation (runtime/logs.py)
-- `counted`: no wrapper counting each invocation and cancelling it when its client leaves
-  (`@invocation_route`, frontend/respond.py)
-- `runtime`: the route calls the handler itself: no dispatch, Invocation, executor, answer()
-- `route`: the invoke route is the ceiling's echo (parse, dump) inside fnstream's app and server
+- `counted`: no counting of each invocation (the fast lane's metrics record; on the app path the
+  wrapper counting it and cancelling it when its client leaves, `@invocation_route`)
+- `runtime`: the invoke code calls the handler itself: no dispatch, Invocation, executor, answer()
+- `route`: the invoke code is the ceiling's echo (parse, dump) inside fnstream's app and server
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from .servers import BENCH, ServerProc, cpu_plan, free_port, pin_self
 
 __all__ = ("main",)
 
-LAYERS = ("middleware", "limits", "logcontext", "counted", "runtime", "route")
+LAYERS = ("frontdoor", "middleware", "limits", "logcontext", "counted", "runtime", "route")
 _ECHO = "/serverless/v1/functions/bench-echo-async/invocations"
 _STREAM = "/serverless/v1/functions/bench-stream/invocations"
 
@@ -49,11 +51,16 @@ def _patch(layers: set[str]) -> None:
         import frontend.respond
         frontend.respond.invocation_route = lambda route: route  # type: ignore[assignment]
     import frontend.app
+    import frontend.front_door as door
     import frontend.routes.invoke as invoke
     import frontend.server
     import frontend.tracing
     import runtime.executor
 
+    if "frontdoor" in layers:
+        frontend.server.FrontDoor = lambda app, app_handler: app_handler  # type: ignore[assignment,misc]
+    if "counted" in layers:
+        door.METRICS = web.AppKey("no_metrics", object)  # type: ignore[misc]  # the lane finds no stats
     if "middleware" in layers:
         build = web.Application
 
@@ -68,27 +75,40 @@ def _patch(layers: set[str]) -> None:
     if "logcontext" in layers:
         runtime.executor.set_log_context = frontend.tracing.set_log_context = lambda *a: None  # type: ignore
     if "runtime" in layers:
-        async def call_handler(request: web.Request) -> web.StreamResponse:
-            function = request.app[invoke.DISPATCHER].find(None, invoke._ref_of(request.match_info))
-            result = await function.code.handler(await invoke.read_json_body(request), None)
+        async def call_handler(request: web.Request, ref: str | None = None) -> web.StreamResponse:
+            app = request.app if ref is None else app_of[0]
+            function = app[invoke.DISPATCHER].find(None, ref or invoke._ref_of(request.match_info))
+            event = door.parse_json_body(await door.read_body(request, door.max_body_bytes(app)))
+            result = await function.code.handler(event, None)
             return web.Response(body=json.dumps(result, separators=(",", ":")).encode(),
                                 content_type="application/json")
-        _replace_invoke(invoke, call_handler)
+        _replace_invoke(invoke, door, call_handler)
     if "route" in layers:
-        async def echo(request: web.Request) -> web.StreamResponse:
+        async def echo(request: web.Request, ref: str | None = None) -> web.StreamResponse:
             body = await request.json()
             return web.Response(text=json.dumps(body, separators=(",", ":")), content_type="application/json")
-        _replace_invoke(invoke, echo)
+        _replace_invoke(invoke, door, echo)
 
 
-def _replace_invoke(invoke: Any, handler: Any) -> None:
-    """build_app adds `frontend.app.invoke.routes`: the same paths, served by `handler`."""
+app_of: list[Any] = [None]  # the app the fast lane serves (its `runtime` variant finds functions there)
+
+
+def _replace_invoke(invoke: Any, door: Any, handler: Any) -> None:
+    """build_app adds `frontend.app.invoke.routes`: the same paths, served by `handler`; the fast
+    lane's plain JSON calls are `handler(request, ref)`."""
     from aiohttp import web
 
     import frontend.app
     table = [web.route(r.method, r.path, handler) for r in invoke.routes]
     frontend.app.invoke = type(sys)("invoke_replaced")  # type: ignore[assignment]
     frontend.app.invoke.routes = table  # type: ignore[attr-defined]
+    init = door.FrontDoor.__init__
+
+    def remember_app(self: Any, app: web.Application, app_handler: Any) -> None:
+        init(self, app, app_handler)
+        app_of[0] = app
+    door.FrontDoor.__init__ = remember_app
+    door.FrontDoor._invoke = lambda self, request, ref, mode: handler(request, ref)
 
 
 def _serve(layers: str, argv: list[str]) -> int:
@@ -136,8 +156,8 @@ async def _measure(variants: list[str], trials: int, requests: int, memory: bool
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.layers", description=__doc__.split("\n")[0])
-    p.add_argument("--variants", nargs="*", default=["middleware", "limits", "logcontext", "counted", "runtime",
-                                                     "route", "middleware,limits,route"],
+    p.add_argument("--variants", nargs="*", default=["frontdoor", "limits", "logcontext", "counted", "runtime",
+                                                     "route", "limits,route"],
                    help=f"comma-joined subsets of {list(LAYERS)} to take out")
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--requests", type=int, default=10_000)

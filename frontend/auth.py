@@ -18,7 +18,7 @@ from runtime.principal import ROLE_RANK, Principal
 
 from .keys import CONFIG, PRINCIPAL
 
-__all__ = ("auth_middleware", "required_role", "principal_of", "PRINCIPAL")
+__all__ = ("auth_middleware", "authenticate", "required_role", "principal_of", "PRINCIPAL")
 
 # The console's static files and the API description hold no secrets: the console asks for a
 # token and sends it with every API call it makes.
@@ -39,7 +39,7 @@ def required_role(path: str) -> str | None:
     return "developer"
 
 
-def _presented_token(request: web.Request) -> str | None:
+def _presented_token(request: web.BaseRequest) -> str | None:
     header = request.headers.get("Authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer":
@@ -69,14 +69,8 @@ def principal_of(request: web.Request) -> Principal | None:
     return None if token is None else Principal(token.tenant, token.role)
 
 
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    tokens = request.app[CONFIG].auth.tokens
-    role = required_role(request.path)
-    if role == "developer" and request.path == "/metrics" and request.app[CONFIG].metrics.public:
-        role = None  # metrics.public: true lets a Prometheus without a token scrape
-    if not tokens or role is None:
-        return await handler(request)
+def authenticate(request: web.BaseRequest, tokens: list[AuthToken], role: str) -> AuthToken:
+    """The token `request` presents, if it is one of `tokens` with at least `role`; 401 / 403."""
     presented = _presented_token(request)
     if presented is None:
         raise UnauthorizedError("missing credentials: send 'Authorization: Bearer <token>'")
@@ -85,5 +79,16 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         raise UnauthorizedError("invalid token")
     if ROLE_RANK[principal.role] < ROLE_RANK[role]:
         raise ForbiddenError(f"this route needs the 'developer' (or 'admin') role; the token has {principal.role!r}")
-    request[PRINCIPAL] = principal
+    return principal
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    tokens = request.app[CONFIG].auth.tokens
+    role = required_role(request.path)
+    if role == "developer" and request.path == "/metrics" and request.app[CONFIG].metrics.public:
+        role = None  # metrics.public: true lets a Prometheus without a token scrape
+    if not tokens or role is None:
+        return await handler(request)
+    request[PRINCIPAL] = authenticate(request, tokens, role)
     return await handler(request)

@@ -46,7 +46,7 @@ def openai_error_body(status: int, message: str, code: str | int | None = None) 
                       "param": None, "code": code}}
 
 
-def error_response(request: web.Request, exc: FunctionServiceError) -> web.Response:
+def error_response(request: web.BaseRequest, exc: FunctionServiceError) -> web.Response:
     trace_id = request.get(TRACE_ID)
     headers = {"X-Inner-Code": str(exc.code)}
     if trace_id:

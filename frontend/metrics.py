@@ -106,6 +106,9 @@ def outcome_of(code: int | str) -> str:
     return "error"
 
 
+_CODE_NAMES: dict[int | str, str] = {0: "0"}
+
+
 class InvocationStats:
     """Counters the route layer bumps once per invocation (event loop only)."""
 
@@ -117,8 +120,8 @@ class InvocationStats:
         per = self.functions.get(function)
         if per is None:
             per = self.functions[function] = _PerFunction()
-        code = str(code)
-        per.codes[code] = per.codes.get(code, 0) + 1
+        key = _CODE_NAMES.get(code) or str(code)  # (0 -> "0" on every call otherwise)
+        per.codes[key] = per.codes.get(key, 0) + 1
         per.duration.observe(duration)
         if stream is not None:
             per.events += events
@@ -154,7 +157,7 @@ METRICS = web.AppKey("metrics", InvocationStats)
 JOB_METRICS = web.AppKey("job_metrics", JobStats)
 
 
-def _code_of(request: web.Request, inv: Any, response: web.StreamResponse | None) -> int | str:
+def _code_of(inv: Any, response: web.StreamResponse | None) -> int | str:
     """How the invocation ended, as an error code (0 = success) or 'disconnected'."""
     if inv.cancel_reason == CLIENT_GONE or (response is not None and response.status == 499):
         return DISCONNECTED
@@ -176,27 +179,29 @@ def _code_of(request: web.Request, inv: Any, response: web.StreamResponse | None
     return 0
 
 
-def count_refused(request: web.Request, code: int | str, started: float) -> None:
+def count_refused(stats: InvocationStats | None, request: web.BaseRequest, code: int | str, started: float) -> None:
     """Count an invoke route that ended with an error or lost its client before answering (its
-    invocation's, or, refused before one started (404 aside), its function's)."""
+    invocation's, or, refused before one started (404 aside), its function's). `stats` is the app's
+    (None: metrics.enabled false)."""
     inv = request.get(INVOCATION)
     if inv is not None:
-        _record(request, inv, code, started)
+        _record(stats, request, inv, code, started)
         return
-    spec, stats = request.get(FUNCTION), request.app.get(METRICS)
+    spec = request.get(FUNCTION)
     if spec is not None and stats is not None:
         stats.record(spec, code, monotonic() - started, None, 0)
 
 
-def count_answered(request: web.Request, response: web.StreamResponse, started: float) -> None:
+def count_answered(stats: InvocationStats | None, request: web.BaseRequest, response: web.StreamResponse,
+                   started: float) -> None:
     """Count the invocation an invoke route answered with `response` (how it ended: `_code_of`)."""
     inv = request.get(INVOCATION)
     if inv is not None:
-        _record(request, inv, _code_of(request, inv, response), started)
+        _record(stats, request, inv, _code_of(inv, response), started)
 
 
-def _record(request: web.Request, inv: Any, code: int | str, started: float) -> None:
-    stats = request.app.get(METRICS)
+def _record(stats: InvocationStats | None, request: web.BaseRequest, inv: Any, code: int | str,
+            started: float) -> None:
     if stats is None:
         return  # metrics.enabled: false
     stream = request.get(CURRENT_STREAM) if inv.streaming else None

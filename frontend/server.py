@@ -32,10 +32,11 @@ from runtime.invocation import new_trace_id
 from runtime.tracing import make_traceparent
 
 from .errors import http_error_code
+from .front_door import FrontDoor
 from .keys import TRACE_ID
 from .tracing import add_trace_headers
 
-__all__ = ("FnstreamRunner", "ListenError", "raise_fd_limit", "refuse_rest_of_body", "start_site")
+__all__ = ("FnstreamRunner", "ListenError", "raise_fd_limit", "start_site")
 
 log = logging.getLogger("fnstream.frontend")
 
@@ -56,17 +57,6 @@ def _raw_error(status: int, reason: str, message: str) -> bytes:
     if status == 503:
         head += "Retry-After: 1\r\n"
     return (head + "\r\n").encode() + body
-
-
-def refuse_rest_of_body(request: web.BaseRequest) -> None:
-    """The route refused the request's body (413, 400): a compressed body is not read on once the
-    answer is out (aiohttp's lingering close reads what is left for up to 10 s so that the client
-    can finish sending and read the answer, and would inflate a gzip bomb on the event loop). An
-    identity body is still drained so: closing with unread bytes would reset the connection, and
-    the client would see a reset instead of its 413."""
-    protocol = request.protocol
-    if request.headers.get("Content-Encoding") and isinstance(protocol, RequestHandler):
-        protocol._lingering_time = 0.0
 
 
 # Offset of `tcpi_bytes_acked` (u64) in Linux's struct tcp_info (since Linux 4.1).
@@ -311,7 +301,8 @@ class _LimitedServer(web.Server):
 
 
 class FnstreamRunner(web.AppRunner):
-    """`web.AppRunner` whose connections carry `frontend.limits`."""
+    """`web.AppRunner` whose connections carry `frontend.limits`, and whose requests come in by the
+    front door (frontend/front_door.py: plain JSON invokes straight to the dispatcher)."""
 
     def __init__(self, app: web.Application, limits: FrontendLimits, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
@@ -320,7 +311,7 @@ class FnstreamRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         base = await super()._make_server()  # runs the app's startup and freezes it
-        return _LimitedServer(base.request_handler, request_factory=base.request_factory,
+        return _LimitedServer(FrontDoor(self.app, base.request_handler), request_factory=base.request_factory,
                               loop=asyncio.get_running_loop(), limits=self._limits, **self._server_kwargs)
 
 

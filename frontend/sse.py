@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from .tracing import add_trace_headers
+from .tracing import trace_headers
 
 if TYPE_CHECKING:
     from runtime.channel import OutputChannel
@@ -171,9 +171,12 @@ class EventStream:
     __slots__ = ("bytes_sent", "events", "first_event_at", "next_id", "opened_at", "pings", "prepared", "request",
                  "response")
 
-    def __init__(self, request: web.Request, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, request: web.BaseRequest, headers: dict[str, str] | None = None) -> None:
         self.request = request
-        self.response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **(headers or {})})
+        # Every header at once, the trace headers too: a header block that grows later holds more.
+        own = {**SSE_HEADERS, **(headers or {})}
+        own.update(trace_headers(request, own.get("X-Trace-Id")))
+        self.response = web.StreamResponse(status=200, headers=own)
         self.prepared = False
         # Read by frontend/metrics.py: what this response carried.
         self.events = 0
@@ -212,6 +215,5 @@ class EventStream:
         return self.response
 
     async def _prepare(self) -> None:
-        add_trace_headers(self.request, self.response)  # the headers go out now, before the route returns
         await self.response.prepare(self.request)
         self.prepared = True

@@ -4,12 +4,14 @@
 else a new one). `add_trace_headers` sets `X-Trace-Id`, `X-Request-Id` (the same id: the openai
 and other SDKs read it as `request_id`) and a `traceparent` naming this server's span on every
 answer before its headers go out (JSON, SSE, errors, 401s alike): the error middleware calls it
-on what the app answers, `EventStream` before its first write, the listener on its 500s. Not an
+on what the app answers, `EventStream` as it is made (`trace_headers`), the fast lane on its
+answers, the listener on its 500s. Not an
 `on_response_prepare` signal: that costs a coroutine per request on top of the call itself.
 """
 from __future__ import annotations
 
 from aiohttp import web
+from multidict import CIMultiDictProxy, istr
 
 from runtime.invocation import new_trace_id
 from runtime.logs import set_log_context
@@ -17,42 +19,60 @@ from runtime.tracing import is_w3c_trace_id, new_span_id, parse_traceparent
 
 from .keys import TRACE_ID
 
-__all__ = ("trace_id_of", "add_trace_headers", "TRACE_FLAGS")
+__all__ = ("incoming_trace", "trace_id_of", "answer_traceparent", "trace_headers", "add_trace_headers", "TRACE_FLAGS")
+
+# Header names looked up on every request, as case-insensitive keys made once.
+_TRACEPARENT = istr("traceparent")
+_X_TRACE_ID = istr("X-Trace-Id")
+
 
 # The trace flags of the answer's traceparent: the incoming one's, "01" (sampled) for a trace
 # started here, "" when the trace id is not a W3C one (a custom X-Trace-Id) and none can be sent.
 TRACE_FLAGS = web.RequestKey("trace_flags", str)
 
 
-def trace_id_of(request: web.Request) -> str:
-    """The request's trace id; also names it in log records made while the request runs."""
-    headers = request.headers
-    traceparent = headers.get("traceparent")
+def incoming_trace(headers: CIMultiDictProxy[str]) -> tuple[str, str]:
+    """A request's trace id and the flags of its answer's `traceparent` (see TRACE_FLAGS)."""
+    traceparent = headers.get(_TRACEPARENT)
     parent = parse_traceparent(traceparent) if traceparent else None
     if parent is not None:
-        trace_id, flags = parent[0], parent[2]
-    else:
-        custom = headers.get("X-Trace-Id")
-        if custom:
-            trace_id, flags = custom, ("01" if is_w3c_trace_id(custom) else "")
-        else:
-            trace_id, flags = new_trace_id(), "01"
-    request[TRACE_FLAGS] = flags
+        return parent[0], parent[2]
+    custom = headers.get(_X_TRACE_ID)
+    if custom:
+        return custom, ("01" if is_w3c_trace_id(custom) else "")
+    return new_trace_id(), "01"
+
+
+def trace_id_of(request: web.BaseRequest) -> str:
+    """The request's trace id; also names it in log records made while the request runs."""
+    trace_id, request[TRACE_FLAGS] = incoming_trace(request.headers)
     set_log_context(trace_id)
     return trace_id
 
 
-def add_trace_headers(request: web.BaseRequest, response: web.StreamResponse) -> None:
-    try:
-        trace_id = request[TRACE_ID]
-    except KeyError:
-        return  # answered before the error middleware ran
-    headers = response.headers
-    trace_id = headers.setdefault("X-Trace-Id", trace_id)
-    headers["X-Request-Id"] = trace_id
-    try:
-        flags = request[TRACE_FLAGS]
-    except KeyError:  # the trace id was set by other code than trace_id_of
+def answer_traceparent(trace_id: str, flags: str) -> str:
+    """The `traceparent` of an answer: this server's span of the request's trace."""
+    return f"00-{trace_id}-{new_span_id()}-{flags}"
+
+
+def trace_headers(request: web.BaseRequest, trace_id: str | None = None) -> dict[str, str]:
+    """`X-Trace-Id`, `X-Request-Id` and `traceparent` of an answer to `request`, whose answer may
+    already name its `trace_id`; none for a request answered before its trace id was picked."""
+    own = request.get(TRACE_ID)
+    if own is None:
+        return {}
+    trace_id = trace_id or own
+    flags = request.get(TRACE_FLAGS)
+    if flags is None:  # the trace id was set by other code than trace_id_of
         flags = "01" if is_w3c_trace_id(trace_id) else ""
-    if flags and "traceparent" not in headers:
-        headers["traceparent"] = f"00-{trace_id}-{new_span_id()}-{flags}"
+    headers = {"X-Trace-Id": trace_id, "X-Request-Id": trace_id}
+    if flags:
+        headers["traceparent"] = answer_traceparent(trace_id, flags)
+    return headers
+
+
+def add_trace_headers(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """Set `trace_headers` on a response not yet sent (those it already has stay)."""
+    headers = response.headers
+    for name, value in trace_headers(request, headers.get("X-Trace-Id")).items():
+        headers.setdefault(name, value)

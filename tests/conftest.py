@@ -11,9 +11,9 @@ import pytest
 from blockbuster import blockbuster_ctx
 from hypothesis import settings
 
-from frontend.app import SERVER_KWARGS, build_app
+from frontend.app import build_app
 from tests.support.cluster import NO_REDIS, RedisClusterServers, RedisServer, WorkerProcess, require_redis_server
-from tests.support.servers import ServerProcess, make_config
+from tests.support.servers import FnstreamTestServer, ServerProcess, make_config
 
 # Property tests: no example database in the tree, and no per-example deadline (2 shared cores).
 settings.register_profile("fnstream", database=None, deadline=None)
@@ -82,12 +82,12 @@ def blockbuster(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture
 def make_client(aiohttp_client):
-    """Factory: an in-process test client of a fresh app built from config overrides."""
+    """Factory: an in-process test client of a fresh app built from config overrides, served as
+    `fnstream serve` serves it (FnstreamRunner: limits and the front door's fast lane)."""
 
     async def factory(config=None, **overrides):
         cfg = config or make_config(**overrides)
-        app = build_app(cfg)
-        return await aiohttp_client(app, server_kwargs=SERVER_KWARGS)
+        return await aiohttp_client(FnstreamTestServer(build_app(cfg)))
 
     return factory
 

@@ -27,9 +27,10 @@ from ..metrics import FUNCTION, INVOCATION
 from ..negotiation import parse_accept, quality
 from ..respond import invocation_route
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
+from ..tracing import answer_traceparent
 from .jobs import submit_async
 
-__all__ = ("routes", "negotiate_mode")
+__all__ = ("routes", "negotiate_mode", "json_answer", "stream_response")
 
 log = logging.getLogger("fnstream.frontend")
 routes = web.RouteTableDef()
@@ -83,7 +84,7 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     inv = await dispatcher.dispatch(principal, function, event, options)
     request[INVOCATION] = inv
     if inv.streaming:
-        return await _stream_response(request, inv, args.heartbeatSeconds)
+        return await stream_response(request, inv, args.heartbeatSeconds)
     return await _json_response(inv)
 
 
@@ -103,22 +104,30 @@ def _session_of(request: web.Request) -> SessionRequest | None:
 
 
 async def _json_response(inv: InvocationSurface) -> web.Response:
-    body = await inv.encoded_result() or "null"  # a plain JSON call always has an answer
+    return json_answer(inv, await inv.encoded_result())
+
+
+def json_answer(inv: InvocationSurface, result: str | None, trace_flags: str | None = None) -> web.Response:
+    """The answer of a plain JSON call that returned `result` (its JSON text; a plain JSON call
+    always has an answer, `null` for none). With `trace_flags` (frontend/front_door.py: no middleware
+    follows it), the answer's trace headers are set here too."""
+    trace_id = inv.trace_id
+    headers = {"Content-Type": _JSON_TYPE, "X-Inner-Code": "0", "X-Trace-Id": trace_id,
+               "X-Billing-Duration": str(int((time.monotonic() - inv.started) * 1000))}
+    if trace_flags is not None:
+        headers["X-Request-Id"] = trace_id
+        if trace_flags:
+            headers["traceparent"] = answer_traceparent(trace_id, trace_flags)
     # Bytes and a ready Content-Type: what `text=..., content_type=...` would give, without
     # aiohttp parsing the content type back to find the charset on every answer.
-    return web.Response(body=body.encode(), headers=_success_headers(inv))
-
-
-def _success_headers(inv: InvocationSurface) -> dict[str, str]:
-    billing_ms = int((time.monotonic() - inv.started) * 1000)
-    return {"Content-Type": _JSON_TYPE, "X-Inner-Code": "0", "X-Trace-Id": inv.trace_id,
-            "X-Billing-Duration": str(billing_ms)}
+    return web.Response(body=(result or "null").encode(), headers=headers)
 
 
 _JSON_TYPE = "application/json; charset=utf-8"
 
 
-async def _stream_response(request: web.Request, inv: InvocationSurface, heartbeat: float) -> web.StreamResponse:
+async def stream_response(request: web.BaseRequest, inv: InvocationSurface, heartbeat: float) -> web.StreamResponse:
+    """The answer of an SSE (or raw) call: its writes as events, then its result, then [DONE]."""
     stream = EventStream(request, headers={"X-Trace-Id": inv.trace_id})
     raw = inv.mode == "raw"
     await relay(stream, inv.channel, heartbeat, frame_raw if raw else stream.frame_with_ids)

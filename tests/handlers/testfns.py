@@ -6,6 +6,14 @@ import time
 STATE = {"log": [], "writes": {}}
 
 
+async def echo_async(event, context):
+    return event
+
+
+def echo_sync(event, context):
+    return event
+
+
 def raise_early(event, context):
     raise ValueError("bad input: no widgets")
 

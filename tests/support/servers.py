@@ -11,7 +11,13 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+from aiohttp.test_utils import TestServer
+from aiohttp.web_runner import BaseRunner
+
+from frontend.keys import CONFIG
+from frontend.server import FnstreamRunner
 from runtime.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,6 +114,14 @@ class ServerProcess(FnstreamProcess):
                 time.sleep(0.05)
         self.stop()
         raise RuntimeError("server did not become ready")
+
+
+class FnstreamTestServer(TestServer):
+    """An app served as `fnstream serve` serves it: by FnstreamRunner (frontend.limits, the front door's
+    fast lane), where aiohttp's TestServer would use a plain AppRunner (the app path only)."""
+
+    async def _make_runner(self, **kwargs: Any) -> BaseRunner:
+        return FnstreamRunner(self.app, self.app[CONFIG].frontend.limits, **kwargs)
 
 
 def fn(name: str, handler: str, **fields) -> dict:

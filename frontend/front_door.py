@@ -1,0 +1,144 @@
+"""The listener's request handler: a plain invoke goes straight to the dispatcher; every other
+request goes through the app (its router, middlewares and routes).
+
+An invoke is the hot path of a function service, and for it aiohttp's router, the match info, the
+middleware chain (aiohttp's own `current_app` wrapper, then fnstream's error, CORS and auth
+middlewares) cost more than fnstream's whole runtime, and each open stream held their frames. The
+fast lane answers exactly what the app would for the requests it takes
+(`tests/frontend/test_front_door.py` holds the two to the same answers): the same steps in the same
+order, with the same helpers — the trace id (frontend/tracing.py), the token check
+(frontend/auth.py `authenticate`), `Dispatcher.find` (404/403), the body (frontend/body.py),
+`Dispatcher.dispatch`, the invoke route's JSON answer or event stream (frontend/routes/invoke.py),
+JSON errors (frontend/errors.py), and the ending of an invoke route (frontend/respond.py: cancelled
+when its client leaves, counted).
+
+It takes only what it fully understands: `POST /serverless/v1/functions/{ref}/invocations` with no
+percent-escape in the path, a body already whole and not compressed, an Accept that gets JSON or
+SSE, and no `Origin` (CORS), `Expect`, `X-Invoke-Type` (jobs) or `X-Instance-Session` header.
+Anything else — the short route, a browser's request, a body still arriving — takes the app path.
+An app served by a plain `web.AppRunner` has no fast lane and answers the same.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from time import monotonic
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from multidict import istr
+
+from runtime.dispatch import InvokeOptions
+from runtime.errors import FunctionServiceError, NotAcceptableError
+from runtime.principal import Principal
+from runtime.surface import Mode
+
+from .auth import authenticate
+from .body import arrived_body, max_body_bytes, parse_json_body, read_body
+from .errors import error_response
+from .keys import CONFIG, DISPATCHER, TRACE_ID
+from .metrics import CLIENT_GONE, DISCONNECTED, INVOCATION, METRICS
+from .respond import end_invocation
+from .routes.invoke import json_answer, negotiate_mode, stream_response
+from .tracing import TRACE_FLAGS, add_trace_headers, incoming_trace
+
+__all__ = ("FrontDoor",)
+
+_PREFIX = "/serverless/v1/functions/"
+_SUFFIX = "/invocations"
+# Headers that ask for more than a plain invoke: the app path answers them (case-insensitive keys made once).
+_APP_PATH_HEADERS = tuple(istr(name) for name in ("Origin", "Expect", "X-Invoke-Type", "X-Instance-Session",
+                                                  "Content-Encoding"))
+_ACCEPT = istr("Accept")
+
+
+class FrontDoor:
+    """`handler(request)` of the listener (frontend/server.py): the fast lane, or the app."""
+
+    __slots__ = ("_app_handler", "_body_limit", "_dispatcher", "_enable_event", "_heartbeat", "_stats", "_tokens")
+
+    def __init__(self, app: web.Application, app_handler: Handler) -> None:
+        config = app[CONFIG]
+        self._app_handler = app_handler
+        self._dispatcher = app[DISPATCHER]
+        self._tokens = config.auth.tokens
+        self._enable_event = config.frontend.args.enableEvent
+        self._heartbeat = config.frontend.args.heartbeatSeconds
+        self._body_limit = max_body_bytes(app)
+        self._stats = app.get(METRICS)  # None with metrics.enabled: false
+
+    def __call__(self, request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
+        # Not a coroutine itself: a request for the app goes on with no frame of ours around it
+        # (every open SSE stream would hold one).
+        lane = self._lane(request)
+        if lane is None:
+            return self._app_handler(request)  # type: ignore[arg-type]  # the app makes web.Requests
+        return self._invoke(request, *lane)
+
+    def _lane(self, request: web.BaseRequest) -> tuple[str, Mode] | None:
+        """The function `request` names and how the fast lane answers it ('json' or 'sse'); None
+        for a request of the app's."""
+        if request.method != "POST":
+            return None
+        path = request.raw_path
+        if not path.startswith(_PREFIX):
+            return None
+        path = path.partition("?")[0]
+        if not path.endswith(_SUFFIX):
+            return None
+        ref = path[len(_PREFIX):-len(_SUFFIX)]
+        if not ref or "/" in ref or "%" in ref:
+            return None
+        headers = request.headers
+        for name in _APP_PATH_HEADERS:
+            if name in headers:
+                return None
+        if not request.content.is_eof():
+            return None
+        try:
+            return ref, negotiate_mode(headers.get(_ACCEPT), self._enable_event)
+        except NotAcceptableError:
+            return None  # the app answers the 406
+
+    async def _invoke(self, request: web.BaseRequest, ref: str, mode: Mode) -> web.StreamResponse:
+        """The invoke route's call, with the middlewares' work and its ending's."""
+        started = monotonic()
+        trace_id, flags = incoming_trace(request.headers)  # (the run tags log records with it)
+        request[TRACE_ID] = trace_id
+        spec = inv = None
+        try:
+            principal = None
+            if self._tokens:
+                token = authenticate(request, self._tokens, "user")
+                principal = Principal(token.tenant, token.role)
+            dispatcher = self._dispatcher
+            function = dispatcher.find(principal, ref)
+            raw = arrived_body(request, self._body_limit)
+            event = parse_json_body(raw if raw is not None else await read_body(request, self._body_limit))
+            spec = function.spec  # from here on the invocation is counted
+            inv = await dispatcher.dispatch(principal, function, event, InvokeOptions(mode, trace_id, True))
+            if inv.streaming:  # its answer and its ending are the invoke route's
+                request[INVOCATION] = inv
+                request[TRACE_FLAGS] = flags  # the stream sets its trace headers as it starts
+                answer = stream_response(request, inv, self._heartbeat)
+                response = await end_invocation(self._stats, request, answer, started)
+                code: int | str | None = None
+            else:
+                response = json_answer(inv, await inv.encoded_result(), flags)
+                code = 0
+        except asyncio.CancelledError:  # the client left
+            if inv is not None:
+                if inv.streaming:
+                    raise  # cancelled and counted by its ending
+                inv.cancel(CLIENT_GONE)
+            if spec is not None and self._stats is not None:
+                self._stats.record(spec, DISCONNECTED, monotonic() - started, None, 0)
+            raise
+        except FunctionServiceError as exc:
+            request[TRACE_FLAGS] = flags
+            response = error_response(request, exc)
+            add_trace_headers(request, response)
+            code = None if inv is not None and inv.streaming else exc.code  # (a stream's ending counted it)
+        if code is not None and spec is not None and self._stats is not None:
+            self._stats.record(spec, code, monotonic() - started, None, 0)
+        return response

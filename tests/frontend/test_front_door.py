@@ -1,0 +1,200 @@
+"""The front door (frontend/front_door.py): which requests its fast lane takes, and that a plain
+invoke (JSON or SSE) gets the same answer through it as through the app (router, middlewares, route).
+
+The rest of the suite drives the fast lane too: `make_client` serves its app as `fnstream serve`
+does (FnstreamRunner), so every plain JSON call of the invoke tests, metrics, auth and tenancy
+tests goes through it; here each answer is also held to the app path's, over real sockets.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp import web
+from aiohttp.streams import StreamReader
+from aiohttp.test_utils import TestServer, make_mocked_request
+
+from frontend.app import build_app
+from frontend.front_door import FrontDoor
+from frontend.keys import REGISTRY
+from tests.support.servers import FnstreamTestServer, fn, test_config
+
+INVOKE = "/serverless/v1/functions/{}/invocations".format
+TOKENS = [{"token": "user-a", "tenant": "default", "role": "user"},
+          {"token": "user-b", "tenant": "acme", "role": "user"}]
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+# -- which requests the fast lane takes -------------------------------------------------------------
+
+def _request(method: str, path: str, headers: dict[str, str], body: bytes | None) -> web.Request:
+    protocol = make_mocked_request("GET", "/").protocol
+    payload = StreamReader(protocol, 2**16, loop=asyncio.get_running_loop())
+    if body is not None:  # None: the body is still arriving
+        payload.feed_data(body)
+        payload.feed_eof()
+    return make_mocked_request(method, path, headers={"Content-Type": "application/json", **headers},
+                               payload=payload)
+
+
+URN = "sn:cn:yrk:default:function:0-default-echo:latest"
+LANE_CASES = [
+    ("POST", INVOKE("echo"), {}, b"{}", ("echo", "json")),
+    ("POST", INVOKE("echo") + "?x=1", {}, b"{}", ("echo", "json")),
+    ("POST", INVOKE(URN), {}, b"{}", (URN, "json")),
+    ("POST", INVOKE("echo"), {"Accept": "application/json"}, b"", ("echo", "json")),
+    ("POST", INVOKE("echo"), {"Accept": "*/*"}, b"{}", ("echo", "json")),
+    ("POST", INVOKE("echo"), {"Authorization": "Bearer t", "traceparent": "x"}, b"{}", ("echo", "json")),
+    ("POST", INVOKE("echo"), {"Accept": "text/event-stream"}, b"{}", ("echo", "sse")),
+    ("POST", INVOKE("echo"), {"Accept": "application/json;q=0.5, text/event-stream"}, b"{}", ("echo", "sse")),
+    # the app path's
+    ("GET", INVOKE("echo"), {}, b"", None),
+    ("POST", INVOKE("echo"), {"Origin": "http://page.example"}, b"{}", None),
+    ("POST", INVOKE("echo"), {"Expect": "100-continue"}, b"{}", None),
+    ("POST", INVOKE("echo"), {"X-Invoke-Type": "async"}, b"{}", None),
+    ("POST", INVOKE("echo"), {"x-instance-session": '{"sessionID": "s"}'}, b"{}", None),
+    ("POST", INVOKE("echo"), {"Content-Encoding": "gzip"}, b"{}", None),
+    ("POST", INVOKE("echo"), {}, None, None),
+    ("POST", INVOKE("ec%68o"), {}, b"{}", None),
+    ("POST", INVOKE("a/b"), {}, b"{}", None),
+    ("POST", INVOKE(""), {}, b"{}", None),
+    ("POST", INVOKE("echo") + "/", {}, b"{}", None),
+    ("POST", "/invocations/default/default/echo/", {}, b"{}", None),
+    ("POST", "/serverless/v1/functions/async-results/x", {}, b"{}", None),
+]
+
+
+@pytest.mark.parametrize("method, path, headers, body, taken", LANE_CASES)
+async def test_the_fast_lane_takes_plain_invokes_only(method, path, headers, body, taken):
+    door = FrontDoor(build_app(test_config(**{"frontend.args.enableEvent": True})), _never)
+    assert door._lane(_request(method, path, headers, body)) == taken
+
+
+async def test_sse_refused_by_config_is_the_apps_406():
+    door = FrontDoor(build_app(test_config(**{"frontend.args.enableEvent": False})), _never)
+    request = _request("POST", INVOKE("echo"), {"Accept": "text/event-stream"}, b"{}")
+    assert door._lane(request) is None
+
+
+async def _never(request: web.Request) -> web.StreamResponse:
+    raise AssertionError("not called")
+
+
+# -- the same answers as the app path -------------------------------------------------------------
+
+@pytest.fixture
+async def both(aiohttp_client, deploy_dir):
+    """(the app served by FnstreamRunner — the front door —, the same app served by aiohttp's AppRunner)."""
+    deploy = deploy_dir(fn("aecho", "testfns.echo_async"), fn("secho", "testfns.echo_sync"),
+                        fn("raises", "testfns.raise_early"), fn("none", "testfns.returns_none"),
+                        fn("bad-result", "testfns.not_serializable"), fn("gen", "testfns.gen"),
+                        fn("agen", "testfns.agen"), fn("mine-b", "testfns.echo_async", tenant="acme"),
+                        fn("sleeper", "testfns.async_sleep", timeout=0.3), fn("ticker", "testfns.sync_ticker"),
+                        fn("raw", "testfns.self_framed", rawStream=True), fn("mid", "testfns.raise_mid"))
+    config = test_config(deploy, **{"auth.tokens": TOKENS, "frontend.args.maxRequestBodySize": 0.001,
+                                    "jobs.store": "memory", "frontend.args.enableEvent": True})  # two servers
+    door = await aiohttp_client(FnstreamTestServer(build_app(config)))
+    app = await aiohttp_client(TestServer(build_app(config)))
+    return door, app
+
+
+def _shape(status: int, headers, body: bytes, sent_trace: str | None) -> dict:
+    """What an answer says, less what differs on every call (trace ids, durations)."""
+    data = json.loads(body)
+    trace_id = headers["X-Trace-Id"]
+    if isinstance(data, dict) and data.get("trace_id") == trace_id:
+        data["trace_id"] = "<trace id>"
+    traceparent = headers.get("traceparent")
+    return {"status": status, "body": data, "content-type": headers["Content-Type"],
+            "inner-code": headers["X-Inner-Code"], "request-id": headers["X-Request-Id"] == trace_id,
+            "trace-id": trace_id == sent_trace if sent_trace else len(trace_id) == 32,
+            "traceparent": traceparent.split("-")[1::2] == [trace_id, traceparent[-2:]] if traceparent else None,
+            "billing": "X-Billing-Duration" in headers}
+
+
+CALLS = [
+    ("aecho", {"Authorization": "Bearer user-a"}, b'{"a": [1, 2.5, "\\u00e9"]}'),
+    ("secho", {"X-Auth": "user-a"}, b'{"b": null}'),
+    ("aecho", {"Authorization": "Bearer user-a"}, b""),
+    ("aecho", {"Authorization": "Bearer user-a"}, b"  \n"),
+    ("aecho", {"Authorization": "Bearer user-a", "traceparent": f"00-{TRACE}-00f067aa0ba902b7-00"}, b"[]"),
+    ("aecho", {"Authorization": "Bearer user-a", "X-Trace-Id": "my-own-id"}, b"1"),
+    ("aecho", {"Authorization": "Bearer user-a", "X-Trace-Id": TRACE}, b'" x "'),
+    ("aecho", {"Authorization": "Bearer user-a", "Accept": "application/json"}, b"{}"),
+    ("aecho", {}, b"{}"),                                          # 401 missing
+    ("aecho", {"Authorization": "Bearer nope"}, b"{}"),            # 401 invalid
+    ("mine-b", {"Authorization": "Bearer user-a"}, b"{}"),         # another tenant's: 403
+    ("mine-b", {"Authorization": "Bearer user-b"}, b"{}"),
+    ("missing", {"Authorization": "Bearer user-a"}, b"{}"),        # 404
+    ("aecho", {"Authorization": "Bearer user-a"}, b'{"a": '),      # 400
+    ("aecho", {"Authorization": "Bearer user-a"}, b'{"a": NaN}'),  # 400
+    ("aecho", {"Authorization": "Bearer user-a"}, b'{"a": 1} x'),  # 400
+    ("aecho", {"Authorization": "Bearer user-a"}, b"\xff\xfe"),    # 400
+    ("aecho", {"Authorization": "Bearer user-a"}, b'["' + b"x" * 2000 + b'"]'),  # 413
+    ("raises", {"Authorization": "Bearer user-a"}, b"{}"),         # 500, 4001
+    ("none", {"Authorization": "Bearer user-a"}, b"{}"),
+    ("bad-result", {"Authorization": "Bearer user-a"}, b"{}"),
+    ("gen", {"Authorization": "Bearer user-a"}, b'{"count": 3}'),
+    ("agen", {"Authorization": "Bearer user-a"}, b'{"count": 3}'),
+    ("sleeper", {"Authorization": "Bearer user-a"}, b'{"seconds": 5}'),  # 504
+]
+
+
+@pytest.mark.parametrize("function, headers, body", CALLS)
+async def test_a_plain_json_call_gets_the_app_paths_answer(both, function, headers, body):
+    answers = []
+    for client in both:
+        resp = await client.post(INVOKE(function), data=body, headers=headers)
+        answers.append(_shape(resp.status, resp.headers, await resp.read(),
+                              headers.get("X-Trace-Id") or (TRACE if "traceparent" in headers else None)))
+    assert answers[0] == answers[1]
+    assert answers[0]["trace-id"] and answers[0]["request-id"]
+
+
+SSE = {"Authorization": "Bearer user-a", "Accept": "text/event-stream"}
+STREAMS = [
+    ("ticker", SSE, b'{"count": 3, "delay_ms": 1}'),
+    ("ticker", {**SSE, "traceparent": f"00-{TRACE}-00f067aa0ba902b7-01"}, b'{"count": 2, "delay_ms": 1}'),
+    ("raw", SSE, b"{}"),                      # rawStream: the handler's own framing
+    ("mid", SSE, b"{}"),                      # raises after two events: 200, the error event, [DONE]
+    ("raises", SSE, b"{}"),                   # raises before any: 500, the error event, [DONE]
+    ("none", SSE, b"{}"),
+    ("agen", SSE, b'{"count": 3}'),
+    ("aecho", {"Accept": "text/event-stream"}, b"{}"),  # 401
+    ("aecho", SSE, b"{"),                     # 400
+]
+
+
+@pytest.mark.parametrize("function, headers, body", STREAMS)
+async def test_a_streamed_call_gets_the_app_paths_answer(both, function, headers, body):
+    answers = []
+    for client in both:
+        resp = await client.post(INVOKE(function), data=body, headers=headers)
+        h = resp.headers
+        traceparent = h.get("traceparent", "")
+        answers.append((resp.status, h["Content-Type"], h.get("X-Inner-Code"), h.get("Cache-Control"),
+                        h["X-Request-Id"] == h["X-Trace-Id"], traceparent.split("-")[1:2] == [h["X-Trace-Id"]],
+                        h["X-Trace-Id"] == TRACE, (await resp.read()).replace(h["X-Trace-Id"].encode(), b"<id>")))
+    assert answers[0] == answers[1]
+    assert answers[0][4] and answers[0][5] and answers[0][6] == ("traceparent" in headers)
+
+
+async def test_a_client_that_leaves_cancels_its_fast_lane_call(make_client, deploy_dir):
+    client = await make_client(test_config(deploy_dir(fn("forever", "testfns.async_forever"))))
+    state = client.server.app[REGISTRY].get("forever").code.handler.__globals__["STATE"]  # its own module's
+    call = asyncio.ensure_future(client.post(INVOKE("forever"), json={"marker": "door", "sleep": 0.01}))
+    for _ in range(200):
+        if state["writes"].get("door"):
+            break
+        await asyncio.sleep(0.01)
+    assert state["writes"]["door"] > 0  # running, in the request's own task
+    call.cancel()  # the client closes its connection
+    for _ in range(200):
+        if ("cancelled", "door") in state["log"]:
+            break
+        await asyncio.sleep(0.01)
+    assert ("cancelled", "door") in state["log"]
+    resp = await client.get("/metrics")
+    assert 'fnstream_invocations_total{code="disconnected",function="forever",outcome="disconnected",' \
+           'tenant="default"} 1.0' in await resp.text()

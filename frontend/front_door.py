@@ -30,6 +30,7 @@ from multidict import istr
 
 from runtime.dispatch import InvokeOptions
 from runtime.errors import FunctionServiceError, NotAcceptableError
+from runtime.logs import set_log_context
 from runtime.principal import Principal
 from runtime.surface import Mode
 
@@ -50,6 +51,8 @@ _SUFFIX = "/invocations"
 _APP_PATH_HEADERS = tuple(istr(name) for name in ("Origin", "Expect", "X-Invoke-Type", "X-Instance-Session",
                                                   "Content-Encoding"))
 _ACCEPT = istr("Accept")
+# What no function reference holds, but the router reads otherwise (a path segment, an escape, a fragment).
+_PLAIN_REF = frozenset("/%#{}")
 
 
 class FrontDoor:
@@ -87,7 +90,7 @@ class FrontDoor:
         if not path.endswith(_SUFFIX):
             return None
         ref = path[len(_PREFIX):-len(_SUFFIX)]
-        if not ref or "/" in ref or "%" in ref:
+        if not ref or not _PLAIN_REF.isdisjoint(ref):  # escapes, fragments, templates: the router's to read
             return None
         headers = request.headers
         for name in _APP_PATH_HEADERS:
@@ -103,8 +106,9 @@ class FrontDoor:
     async def _invoke(self, request: web.BaseRequest, ref: str, mode: Mode) -> web.StreamResponse:
         """The invoke route's call, with the middlewares' work and its ending's."""
         started = monotonic()
-        trace_id, flags = incoming_trace(request.headers)  # (the run tags log records with it)
+        trace_id, flags = incoming_trace(request.headers)
         request[TRACE_ID] = trace_id
+        set_log_context(trace_id)  # as trace_id_of does: this task's log records name the trace
         spec = inv = None
         try:
             principal = None

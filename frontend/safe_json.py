@@ -84,8 +84,9 @@ def loads(raw: bytes | str, what: str = "request body") -> Any:
             if raw.startswith("\ufeff"):
                 raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", raw, 0)
             text = raw
-        else:  # a body that opens an object or array is UTF-8 (no BOM, no UTF-16/32 NUL bytes)
-            text = raw.decode("utf-8" if raw[:1] in _OPENERS else json.detect_encoding(raw), "surrogatepass")
+        else:  # a body that opens an object or array, and no NUL after it (UTF-16/32-LE), is UTF-8
+            utf8 = raw[:1] in _OPENERS and raw[1:2] != b"\x00"
+            text = raw.decode("utf-8" if utf8 else json.detect_encoding(raw), "surrogatepass")
         value = _decode(text)
     except json.JSONDecodeError:
         raise

@@ -135,8 +135,7 @@ class Deployment:
                                         f"({self.spec.concurrency}); retry later")
         self.inflight += 1
         self.invocations += 1
-        if self.inflight == 1:  # no longer idle (it is set again when the last slot comes back)
-            self._idle.clear()
+        self._idle.clear()
 
     def release(self) -> None:
         self.inflight -= 1

@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import random
+import sys
 import threading
 import time
 import weakref
@@ -45,19 +46,29 @@ def _compact_json_encoder() -> Callable[[Any], str]:
     """`json.dumps(x, ensure_ascii=False, separators=(",", ":"), allow_nan=False)` (NaN is not JSON),
     made once: dumps with options builds a new encoder on every call, and even a kept JSONEncoder
     builds its C encoder on every `encode`. This one is built once, without a circular-reference
-    check (it would keep state; a cycle is refused as RecursionError instead), so it is stateless and
-    may be shared by threads. Raises TypeError, ValueError or RecursionError for what is not JSON."""
+    check (its table of what is being encoded is state, and a failed encode leaves entries in it),
+    so it is stateless and may be shared by threads; a cycle is stopped by the recursion limit
+    instead. Unless a handler raised that limit (some libraries do): then the C stack could run out
+    before it, and the checked encoder is used. Raises TypeError, ValueError or RecursionError for
+    what is not JSON."""
+    checked = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # an interpreter without the C accelerator
+        return checked
+
     def refuse(o: Any) -> Any:
         raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
 
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # an interpreter without the C accelerator
-        return json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
     chunks = make(None, refuse, json.encoder.encode_basestring, None, ":", ",", False, False, False)
     join = "".join
-    return lambda value: join(chunks(value, 0))
+    depth = sys.getrecursionlimit
+
+    def encode(value: Any) -> str:
+        return join(chunks(value, 0)) if depth() <= _UNCHECKED_DEPTH else checked(value)
+    return encode
 
 
+_UNCHECKED_DEPTH = 10_000  # recursion the C stack (8 MB, threads' as the main one's) takes in any case
 _encode_compact = _compact_json_encoder()
 
 

@@ -57,6 +57,8 @@ LANE_CASES = [
     ("POST", INVOKE("echo"), {"Content-Encoding": "gzip"}, b"{}", None),
     ("POST", INVOKE("echo"), {}, None, None),
     ("POST", INVOKE("ec%68o"), {}, b"{}", None),
+    ("POST", INVOKE("echo#"), {}, b"{}", None),        # a fragment, to the router
+    ("POST", INVOKE("ec{ho}"), {}, b"{}", None),
     ("POST", INVOKE("a/b"), {}, b"{}", None),
     ("POST", INVOKE(""), {}, b"{}", None),
     ("POST", INVOKE("echo") + "/", {}, b"{}", None),
@@ -198,3 +200,25 @@ async def test_a_client_that_leaves_cancels_its_fast_lane_call(make_client, depl
     resp = await client.get("/metrics")
     assert 'fnstream_invocations_total{code="disconnected",function="forever",outcome="disconnected",' \
            'tenant="default"} 1.0' in await resp.text()
+
+
+@pytest.mark.allow_blocking
+def test_a_fast_lane_streams_log_lines_name_its_trace(deploy_dir):
+    """The lane sets the request's log context as the error middleware does: the invoke route's own
+    line about a stream that failed mid-way names the trace (a real server; JSON logs)."""
+    import urllib.request
+
+    from tests.support.servers import HANDLERS, ServerProcess
+
+    server = ServerProcess("--deploy-dir", str(deploy_dir(fn("mid", "testfns.raise_mid"))),
+                           "-s", f"runtime.codeRoots={json.dumps([str(HANDLERS)])}", "-s", "logging.format=json")
+    try:
+        req = urllib.request.Request(server.url + INVOKE("mid"), data=b"{}",
+                                     headers={"Accept": "text/event-stream", "X-Trace-Id": "lane-trace-7"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert b"boom after two events" in resp.read()
+    finally:
+        output = server.stop()
+    records = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    failed = [r for r in records if "failed after 2 events" in r["message"]]
+    assert failed and failed[0].get("trace_id") == "lane-trace-7", output[-3000:]

@@ -146,3 +146,13 @@ async def test_parser_level_refusals_answer_json(server):
         raw = await reader.read(4096)
         writer.close()
         assert b"application/json" in raw and b'"code"' in raw
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be", "utf-8-sig"])
+@pytest.mark.parametrize("text", ['{"a": 1}', "[1]", "{}"])
+async def test_a_json_body_in_any_encoding_json_allows_is_read(hclient, encoding, text):
+    """RFC 8259 readers may accept UTF-16/32 (json.loads does, without a BOM too): a body that opens
+    with `{` or `[` in UTF-16/32-LE is not UTF-8, though its first byte says so."""
+    resp = await hclient.post("/serverless/v1/functions/echo/invocations", data=text.encode(encoding))
+    assert resp.status == 200, await resp.text()
+    assert await resp.json() == json.loads(text)

@@ -46,3 +46,38 @@ async def test_plain_json_thread_handler_keeps_its_slot_until_the_thread_ends(ma
     resp = await client.post("/serverless/v1/functions/sleept/invocations", json={"seconds": 0})
     assert resp.status == 200 and await resp.json() == "woke"
     assert resp.headers["X-Inner-Code"] == "0" and resp.headers["Content-Type"] == "application/json; charset=utf-8"
+
+
+def test_a_cycle_in_a_result_is_refused_even_under_a_raised_recursion_limit():
+    """The shared encoder has no cycle check (the recursion limit stops a cycle); a handler that
+    raised the limit (some libraries do) gets the checked encoder, not a crash in the C stack."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.setrecursionlimit(10**6)\n"
+            "from runtime.invocation import encode_json, encode_payload\n"
+            "from runtime.errors import ResultNotSerializableError, StreamWriteError\n"
+            "a = []; a.append(a)\n"
+            "for encode, refused in ((encode_json, ResultNotSerializableError), (encode_payload, StreamWriteError)):\n"
+            "    try:\n"
+            "        encode(a)\n"
+            "    except refused as exc:\n"
+            "        print(type(exc).__name__, exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("Circular reference detected") == 2, proc.stdout
+
+
+def test_a_cycle_at_the_default_limit_is_refused_as_not_json():
+    from runtime.errors import ResultNotSerializableError
+    from runtime.invocation import encode_json
+
+    cycle: dict = {}
+    cycle["self"] = cycle
+    try:
+        encode_json(cycle)
+    except ResultNotSerializableError as exc:
+        assert exc.code == 4007
+    else:
+        raise AssertionError("a cycle was encoded")
+    assert encode_json({"a": [1, 2.5, "é"]}) == '{"a":[1,2.5,"é"]}'  # the encoder is whole after a failure

@@ -80,7 +80,7 @@ class Executor:
         runs in the thread pool; the caller's task awaits its thread.
         """
         dep = inv.deployment
-        if inline and inv.session is None and not inv.streaming and dep.executor != "process":
+        if inline and inv.session is None and inv.mode == "json" and dep.executor != "process":
             dep.acquire()
             inv.defer(self._run_inline)
             return None
@@ -159,7 +159,7 @@ class Executor:
 
     async def _run(self, inv: Invocation, inline: bool = False) -> Any:
         if inline:
-            inv.task = asyncio.current_task()
+            inv.task = asyncio.current_task(inv.loop)  # (its loop named: no lookup of the running one)
             self.active.add(inv)
             self._watch_deadlines()
         inv.entered = True
@@ -174,13 +174,13 @@ class Executor:
             assert dep.code is not None  # in-process deployments have their code loaded
             handler = dep.code.handler
             if dep.kind == "async":
-                self._loop_started.add(dep.name)
+                self._loop_started.add(dep.spec.name)
                 result = await handler(inv.event, ctx)
                 if inv.has_stream:  # a last write the handler did not await must not be lost
                     await inv.stream.flush()
                 return result
             if dep.kind == "asyncgen":
-                self._loop_started.add(dep.name)
+                self._loop_started.add(dep.spec.name)
                 # aclosing: a cancelled generator runs its cleanup now, not at garbage collection
                 async with contextlib.aclosing(handler(inv.event, ctx)) as items:
                     async for item in items:

@@ -9,8 +9,8 @@ fast lane answers exactly what the app would for the requests it takes
 order, with the same helpers — the trace id (frontend/tracing.py), the token check
 (frontend/auth.py `authenticate`), `Dispatcher.find` (404/403), the body (frontend/body.py),
 `Dispatcher.dispatch`, the invoke route's JSON answer or event stream (frontend/routes/invoke.py),
-JSON errors (frontend/errors.py), and the ending of an invoke route (frontend/respond.py: cancelled
-when its client leaves, counted).
+JSON errors (frontend/errors.py), and the ending of an invoke route (as frontend/respond.py's:
+cancelled when its client leaves, counted by frontend/metrics.py).
 
 It takes only what it fully understands: `POST /serverless/v1/functions/{ref}/invocations` with no
 percent-escape in the path, a body already whole and not compressed, an Accept that gets JSON or
@@ -21,6 +21,7 @@ An app served by a plain `web.AppRunner` has no fast lane and answers the same.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable
 from time import monotonic
 
@@ -31,6 +32,7 @@ from multidict import istr
 from runtime.dispatch import InvokeOptions
 from runtime.errors import FunctionServiceError, NotAcceptableError
 from runtime.logs import set_log_context
+from runtime.manifest import FunctionSpec
 from runtime.principal import Principal
 from runtime.surface import Mode
 
@@ -38,12 +40,14 @@ from .auth import authenticate
 from .body import arrived_body, max_body_bytes, parse_json_body, read_body
 from .errors import error_response
 from .keys import CONFIG, DISPATCHER, TRACE_ID
-from .metrics import CLIENT_GONE, DISCONNECTED, INVOCATION, METRICS
-from .respond import end_invocation
+from .metrics import CLIENT_GONE, DISCONNECTED, INVOCATION, METRICS, count_answered, count_refused
+from .respond import client_left
 from .routes.invoke import json_answer, negotiate_mode, stream_response
 from .tracing import TRACE_FLAGS, add_trace_headers, incoming_trace
 
 __all__ = ("FrontDoor",)
+
+log = logging.getLogger("fnstream.frontend")
 
 _PREFIX = "/serverless/v1/functions/"
 _SUFFIX = "/invocations"
@@ -104,7 +108,8 @@ class FrontDoor:
             return None  # the app answers the 406
 
     async def _invoke(self, request: web.BaseRequest, ref: str, mode: Mode) -> web.StreamResponse:
-        """The invoke route's call, with the middlewares' work and its ending's."""
+        """The invoke route's call, with the middlewares' work and the route's ending
+        (frontend/respond.py's, written out here: an open stream holds this one frame, not one more)."""
         started = monotonic()
         trace_id, flags = incoming_trace(request.headers)
         request[TRACE_ID] = trace_id
@@ -119,30 +124,42 @@ class FrontDoor:
             function = dispatcher.find(principal, ref)
             raw = arrived_body(request, self._body_limit)
             event = parse_json_body(raw if raw is not None else await read_body(request, self._body_limit))
+            del raw  # (not held while a stream stays open)
             spec = function.spec  # from here on the invocation is counted
             inv = await dispatcher.dispatch(principal, function, event, InvokeOptions(mode, trace_id, True))
-            if inv.streaming:  # its answer and its ending are the invoke route's
+            if inv.streaming:  # the invoke route's answer
                 request[INVOCATION] = inv
                 request[TRACE_FLAGS] = flags  # the stream sets its trace headers as it starts
-                answer = stream_response(request, inv, self._heartbeat)
-                response = await end_invocation(self._stats, request, answer, started)
-                code: int | str | None = None
+                response = await stream_response(request, inv, self._heartbeat)
+                count_answered(self._stats, request, response, started)
             else:
                 response = json_answer(inv, await inv.encoded_result(), flags)
-                code = 0
+                if self._stats is not None:
+                    self._stats.record(spec, 0, monotonic() - started, None, 0)
         except asyncio.CancelledError:  # the client left
             if inv is not None:
-                if inv.streaming:
-                    raise  # cancelled and counted by its ending
                 inv.cancel(CLIENT_GONE)
-            if spec is not None and self._stats is not None:
-                self._stats.record(spec, DISCONNECTED, monotonic() - started, None, 0)
+            self._count_refused(request, spec, DISCONNECTED, started)
             raise
         except FunctionServiceError as exc:
+            self._count_refused(request, spec, exc.code, started)
             request[TRACE_FLAGS] = flags
             response = error_response(request, exc)
             add_trace_headers(request, response)
-            code = None if inv is not None and inv.streaming else exc.code  # (a stream's ending counted it)
-        if code is not None and spec is not None and self._stats is not None:
-            self._stats.record(spec, code, monotonic() - started, None, 0)
+        except ConnectionError as exc:  # a stream's write failed: the client left
+            if inv is None:
+                raise
+            inv.cancel(CLIENT_GONE)
+            log.info("client of invocation %s of %s left: %s", inv.id, inv.spec.name, exc)
+            response = client_left()
+            self._count_refused(request, spec, DISCONNECTED, started)
         return response
+
+    def _count_refused(self, request: web.BaseRequest, spec: FunctionSpec | None, code: int | str,
+                       started: float) -> None:
+        """Count a call that failed or lost its client once its function was known (a stream with its
+        events and bytes, as the route's ending counts it)."""
+        if INVOCATION in request:
+            count_refused(self._stats, request, code, started)
+        elif spec is not None and self._stats is not None:
+            self._stats.record(spec, code, monotonic() - started, None, 0)

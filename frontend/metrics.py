@@ -163,6 +163,9 @@ def _code_of(inv: Any, response: web.StreamResponse | None) -> int | str:
         return DISCONNECTED
     if getattr(inv, "timed_out", None):
         return FunctionTimeoutError.code
+    aborted: FunctionServiceError | None = getattr(inv, "abort_error", None)  # fnstream stopped it (shutdown)
+    if aborted is not None:
+        return aborted.code
     task = getattr(inv, "task", None)
     if task is not None and task.done() and not task.cancelled():
         exc = task.exception()

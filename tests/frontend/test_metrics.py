@@ -81,6 +81,24 @@ async def test_invocations_by_function_and_outcome(metered):
     assert _fn(s, "fnstream_inflight", "one") == 0
 
 
+async def test_a_stream_aborted_by_a_shutdown_after_its_first_event_counts_as_aborted(metered):
+    """The drain aborts what still runs (503 / 200503): a stream that had sent events ends with the
+    error event, and counts as that error, not as a success (its task was cancelled, its status 200)."""
+    from frontend.keys import EXECUTOR
+    from runtime.errors import ServiceUnavailableError
+
+    client = await metered()
+    resp = await client.post("/serverless/v1/functions/ticker/invocations", json={"count": 50, "delay_ms": 20},
+                             headers={"Accept": "text/event-stream"})
+    assert b"tick" in await resp.content.readuntil(b"\n\n")
+    (inv,) = client.server.app[EXECUTOR].active
+    inv.abort(ServiceUnavailableError("the server is shutting down"))
+    assert b"200503" in await resp.read()
+    s = await _scrape(client)
+    assert _fn(s, "fnstream_invocations_total", "ticker", outcome="error", code="200503") == 1
+    assert _fn(s, "fnstream_invocations_total", "ticker", outcome="ok", code="0") == 0
+
+
 async def test_disconnects_and_heartbeats(metered):
     client = await metered(**{"frontend.args.heartbeatSeconds": 0.05})
     resp = await client.post("/serverless/v1/functions/slow/invocations", json={"seconds": 0.25},

@@ -32,7 +32,6 @@ from multidict import istr
 from runtime.dispatch import InvokeOptions
 from runtime.errors import FunctionServiceError, NotAcceptableError
 from runtime.logs import set_log_context
-from runtime.manifest import FunctionSpec
 from runtime.principal import Principal
 from runtime.surface import Mode
 
@@ -139,10 +138,10 @@ class FrontDoor:
         except asyncio.CancelledError:  # the client left
             if inv is not None:
                 inv.cancel(CLIENT_GONE)
-            self._count_refused(request, spec, DISCONNECTED, started)
+            count_refused(self._stats, request, DISCONNECTED, started, spec)
             raise
         except FunctionServiceError as exc:
-            self._count_refused(request, spec, exc.code, started)
+            count_refused(self._stats, request, exc.code, started, spec)
             request[TRACE_FLAGS] = flags
             response = error_response(request, exc)
             add_trace_headers(request, response)
@@ -152,14 +151,5 @@ class FrontDoor:
             inv.cancel(CLIENT_GONE)
             log.info("client of invocation %s of %s left: %s", inv.id, inv.spec.name, exc)
             response = client_left()
-            self._count_refused(request, spec, DISCONNECTED, started)
+            count_refused(self._stats, request, DISCONNECTED, started, spec)
         return response
-
-    def _count_refused(self, request: web.BaseRequest, spec: FunctionSpec | None, code: int | str,
-                       started: float) -> None:
-        """Count a call that failed or lost its client once its function was known (a stream with its
-        events and bytes, as the route's ending counts it)."""
-        if INVOCATION in request:
-            count_refused(self._stats, request, code, started)
-        elif spec is not None and self._stats is not None:
-            self._stats.record(spec, code, monotonic() - started, None, 0)

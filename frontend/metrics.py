@@ -106,9 +106,6 @@ def outcome_of(code: int | str) -> str:
     return "error"
 
 
-_CODE_NAMES: dict[int | str, str] = {0: "0"}
-
-
 class InvocationStats:
     """Counters the route layer bumps once per invocation (event loop only)."""
 
@@ -120,7 +117,7 @@ class InvocationStats:
         per = self.functions.get(function)
         if per is None:
             per = self.functions[function] = _PerFunction()
-        key = _CODE_NAMES.get(code) or str(code)  # (0 -> "0" on every call otherwise)
+        key = "0" if code == 0 else str(code)  # (success, most calls: no formatting)
         per.codes[key] = per.codes.get(key, 0) + 1
         per.duration.observe(duration)
         if stream is not None:
@@ -182,15 +179,17 @@ def _code_of(inv: Any, response: web.StreamResponse | None) -> int | str:
     return 0
 
 
-def count_refused(stats: InvocationStats | None, request: web.BaseRequest, code: int | str, started: float) -> None:
+def count_refused(stats: InvocationStats | None, request: web.BaseRequest, code: int | str, started: float,
+                  spec: FunctionSpec | None = None) -> None:
     """Count an invoke route that ended with an error or lost its client before answering (its
-    invocation's, or, refused before one started (404 aside), its function's). `stats` is the app's
-    (None: metrics.enabled false)."""
+    invocation's, or, refused before one started (404 aside), its function's: `spec`, or else
+    `request[FUNCTION]`). `stats` is the app's (None: metrics.enabled false)."""
     inv = request.get(INVOCATION)
     if inv is not None:
         _record(stats, request, inv, code, started)
         return
-    spec = request.get(FUNCTION)
+    if spec is None:
+        spec = request.get(FUNCTION)
     if spec is not None and stats is not None:
         stats.record(spec, code, monotonic() - started, None, 0)
 

@@ -302,7 +302,7 @@ class _LimitedServer(web.Server):
 
 class FnstreamRunner(web.AppRunner):
     """`web.AppRunner` whose connections carry `frontend.limits`, and whose requests come in by the
-    front door (frontend/front_door.py: plain JSON invokes straight to the dispatcher)."""
+    front door (frontend/front_door.py: plain invokes, JSON or SSE, straight to the dispatcher)."""
 
     def __init__(self, app: web.Application, limits: FrontendLimits, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)

@@ -19,7 +19,7 @@ from runtime.tracing import is_w3c_trace_id, new_span_id, parse_traceparent
 
 from .keys import TRACE_ID
 
-__all__ = ("incoming_trace", "trace_id_of", "answer_traceparent", "trace_headers", "add_trace_headers", "TRACE_FLAGS")
+__all__ = ("incoming_trace", "trace_id_of", "answer_trace_headers", "trace_headers", "add_trace_headers", "TRACE_FLAGS")
 
 # Header names looked up on every request, as case-insensitive keys made once.
 _TRACEPARENT = istr("traceparent")
@@ -50,9 +50,13 @@ def trace_id_of(request: web.BaseRequest) -> str:
     return trace_id
 
 
-def answer_traceparent(trace_id: str, flags: str) -> str:
-    """The `traceparent` of an answer: this server's span of the request's trace."""
-    return f"00-{trace_id}-{new_span_id()}-{flags}"
+def answer_trace_headers(trace_id: str, flags: str) -> dict[str, str]:
+    """`X-Trace-Id`, `X-Request-Id` and (flags given: a W3C trace) a `traceparent` naming this
+    server's span of the trace."""
+    headers = {"X-Trace-Id": trace_id, "X-Request-Id": trace_id}
+    if flags:
+        headers["traceparent"] = f"00-{trace_id}-{new_span_id()}-{flags}"
+    return headers
 
 
 def trace_headers(request: web.BaseRequest, trace_id: str | None = None) -> dict[str, str]:
@@ -65,10 +69,7 @@ def trace_headers(request: web.BaseRequest, trace_id: str | None = None) -> dict
     flags = request.get(TRACE_FLAGS)
     if flags is None:  # the trace id was set by other code than trace_id_of
         flags = "01" if is_w3c_trace_id(trace_id) else ""
-    headers = {"X-Trace-Id": trace_id, "X-Request-Id": trace_id}
-    if flags:
-        headers["traceparent"] = answer_traceparent(trace_id, flags)
-    return headers
+    return answer_trace_headers(trace_id, flags)
 
 
 def add_trace_headers(request: web.BaseRequest, response: web.StreamResponse) -> None:

@@ -42,6 +42,9 @@ log = logging.getLogger("fnstream.runtime")
 
 _LAZY_LOCK = threading.Lock()  # guards the first use of a plain JSON call's channel
 
+_UNCHECKED_DEPTH = 10_000  # recursion the C stack (8 MB, threads' as the main one's) takes in any case
+
+
 def _compact_json_encoder() -> Callable[[Any], str]:
     """`json.dumps(x, ensure_ascii=False, separators=(",", ":"), allow_nan=False)` (NaN is not JSON),
     made once: dumps with options builds a new encoder on every call, and even a kept JSONEncoder
@@ -68,7 +71,6 @@ def _compact_json_encoder() -> Callable[[Any], str]:
     return encode
 
 
-_UNCHECKED_DEPTH = 10_000  # recursion the C stack (8 MB, threads' as the main one's) takes in any case
 _encode_compact = _compact_json_encoder()
 
 

@@ -27,7 +27,7 @@ from ..metrics import FUNCTION, INVOCATION
 from ..negotiation import parse_accept, quality
 from ..respond import invocation_route
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
-from ..tracing import answer_traceparent
+from ..tracing import answer_trace_headers
 from .jobs import submit_async
 
 __all__ = ("routes", "negotiate_mode", "json_answer", "stream_response")
@@ -111,13 +111,10 @@ def json_answer(inv: InvocationSurface, result: str | None, trace_flags: str | N
     """The answer of a plain JSON call that returned `result` (its JSON text; a plain JSON call
     always has an answer, `null` for none). With `trace_flags` (frontend/front_door.py: no middleware
     follows it), the answer's trace headers are set here too."""
-    trace_id = inv.trace_id
-    headers = {"Content-Type": _JSON_TYPE, "X-Inner-Code": "0", "X-Trace-Id": trace_id,
-               "X-Billing-Duration": str(int((time.monotonic() - inv.started) * 1000))}
-    if trace_flags is not None:
-        headers["X-Request-Id"] = trace_id
-        if trace_flags:
-            headers["traceparent"] = answer_traceparent(trace_id, trace_flags)
+    headers = {"X-Trace-Id": inv.trace_id} if trace_flags is None else answer_trace_headers(inv.trace_id, trace_flags)
+    headers["Content-Type"] = _JSON_TYPE
+    headers["X-Inner-Code"] = "0"
+    headers["X-Billing-Duration"] = str(int((time.monotonic() - inv.started) * 1000))
     # Bytes and a ready Content-Type: what `text=..., content_type=...` would give, without
     # aiohttp parsing the content type back to find the charset on every answer.
     return web.Response(body=(result or "null").encode(), headers=headers)

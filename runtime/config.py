@@ -157,6 +157,8 @@ class WebhookConfig(_Strict):
     attempts: int = Field(4, ge=1, le=10, description="first try plus retries after 1 s, 2 s, 4 s, ...")
     queueSize: int = Field(1000, ge=1, description="deliveries waiting or in progress; beyond, dropped and logged")
     allowedHosts: list[str] = Field(default_factory=list, description="hosts a webhook may call; empty = any")
+    allowPrivate: bool = Field(False, description="let webhooks reach loopback, private, link-local and other "
+                               "non-public addresses (refused by default: any user could make the server call them)")
 
 
 class JobsConfig(_Strict):

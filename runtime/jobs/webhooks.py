@@ -4,8 +4,9 @@ openYuanrong's body `{"requestId","status","statusCode","result" (base64 of the 
 "completedAt"}` with `X-Async-Request-Id`; RunPod jobs get RunPod's status object. Attempts wait
 1 s, 2 s, 4 s ... between them (`jobs.webhook.attempts`, each bounded by `timeoutSeconds`);
 failures are logged, never retried forever. At most `queueSize` deliveries are pending; beyond,
-a delivery is dropped and logged. `allowedHosts` (empty = any) keeps a job from making the server
-call internal addresses.
+a delivery is dropped and logged. `allowedHosts` (empty = any) limits the hosts a webhook may
+name; loopback, private and other non-public addresses are refused unless `allowPrivate`
+(runtime/jobs/webhook_guard.py).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from ..config import WebhookConfig
 from ..tasks import stop_tasks
 from .errors import JobBadRequestError
 from .model import YUANRONG_STATUS, Job
+from .webhook_guard import GuardedResolver, WebhookRefused, literal_address, refusal
 
 __all__ = ("WebhookSender", "webhook_body")
 
@@ -62,7 +64,18 @@ class WebhookSender:
         allowed = [h.lower() for h in self.config.allowedHosts]
         if allowed and parts.hostname.lower() not in allowed:
             raise JobBadRequestError(f"webhook host {parts.hostname!r} is not in jobs.webhook.allowedHosts")
+        reason = self._literal_refusal(parts.hostname)
+        if reason is not None:
+            raise JobBadRequestError(f"webhook {url!r} is refused: {reason}")
         return url
+
+    def _literal_refusal(self, host: str) -> str | None:
+        """Why a webhook may not call `host`, a literal address (names are judged at delivery)."""
+        if self.config.allowPrivate:
+            return None
+        address = literal_address(host)
+        reason = None if address is None else refusal(address)
+        return None if reason is None else f"{reason} (set jobs.webhook.allowPrivate to allow it)"
 
     def job_ended(self, job: Job) -> None:
         """The JobManager's on_final callback."""
@@ -80,7 +93,14 @@ class WebhookSender:
 
     async def _deliver(self, job_id: str, url: str, body: dict[str, Any]) -> None:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            # Names resolve through the guard, and the connection goes to the addresses it checked.
+            connector = None if self.config.allowPrivate else aiohttp.TCPConnector(resolver=GuardedResolver())
+            self._session = aiohttp.ClientSession(connector=connector)
+        reason = self._literal_refusal(urllib.parse.urlsplit(url).hostname or "")
+        if reason is not None:  # a job accepted before the guard, or under another config
+            self.failed += 1
+            log.warning("webhook of job %s to %s refused: %s", job_id, url, reason)
+            return
         headers = {"X-Async-Request-Id": job_id}
         timeout = aiohttp.ClientTimeout(total=self.config.timeoutSeconds)
         for attempt in range(1, self.config.attempts + 1):
@@ -91,6 +111,12 @@ class WebhookSender:
                         self.delivered += 1
                         return
                     problem = f"HTTP {resp.status}"
+            except aiohttp.ClientConnectorError as exc:
+                if isinstance(exc.os_error, WebhookRefused):  # not retried: it would be refused again
+                    self.failed += 1
+                    log.warning("webhook of job %s to %s refused: %s", job_id, url, exc.os_error)
+                    return
+                problem = f"{type(exc).__name__}: {exc}"
             except (aiohttp.ClientError, TimeoutError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             if attempt < self.config.attempts:

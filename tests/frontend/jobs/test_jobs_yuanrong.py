@@ -10,6 +10,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from frontend.jobs import WEBHOOKS
+
 INVOKE = "/serverless/v1/functions/{}/invocations"
 ASYNC = {"X-Invoke-Type": "async"}
 
@@ -82,7 +84,14 @@ async def webhook_receiver():
     await server.close()
 
 
-async def test_webhook_is_retried_after_a_500(jobs, webhook_receiver):
+@pytest.fixture
+async def private_jobs(make_client, job_config):
+    """The job server with webhooks allowed to reach loopback (the tests' receivers listen there)."""
+    return await make_client(config=job_config(**{"jobs.webhook.allowPrivate": True}))
+
+
+async def test_webhook_is_retried_after_a_500(private_jobs, webhook_receiver):
+    jobs = private_jobs
     server, calls, _ = webhook_receiver
     url = str(server.make_url("/hook"))
     resp = await jobs.post(INVOKE.format("writer"), json={"n": 1}, headers={**ASYNC, "X-Webhook-Url": url})
@@ -100,7 +109,8 @@ async def test_webhook_is_retried_after_a_500(jobs, webhook_receiver):
     assert body["error"] == "" and body["completedAt"].endswith("Z")
 
 
-async def test_runpod_webhook_gets_the_status_object(jobs, webhook_receiver):
+async def test_runpod_webhook_gets_the_status_object(private_jobs, webhook_receiver):
+    jobs = private_jobs
     server, calls, state = webhook_receiver
     state["fail_first"] = 0
     resp = await jobs.post("/v2/echo-job/run", json={"input": {"a": 1}, "webhook": str(server.make_url("/hook"))})
@@ -123,6 +133,30 @@ async def test_webhook_allowed_hosts(make_client, job_config):
     resp = await client.post(INVOKE.format("writer"), json={},
                              headers={**ASYNC, "X-Webhook-Url": "https://hooks.example.com/x"})
     assert resp.status == 202
+
+
+async def test_webhook_to_loopback_is_refused_by_default(jobs, webhook_receiver):
+    """A literal loopback URL is refused at submit on both APIs; a name resolving to loopback is
+    refused at delivery: the receiver never gets the POST."""
+    server, calls, state = webhook_receiver
+    state["fail_first"] = 0
+    port = server.port
+    for host in ("127.0.0.1", "[::ffff:127.0.0.1]", "0.0.0.0", "2130706433", "[::1]"):
+        url = f"http://{host}:{port}/hook"
+        resp = await jobs.post(INVOKE.format("writer"), json={}, headers={**ASYNC, "X-Webhook-Url": url})
+        body = await resp.json()
+        assert resp.status == 400 and "allowPrivate" in body["message"], (url, body)
+        resp = await jobs.post("/v2/writer/run", json={"input": {}, "webhook": url})
+        assert resp.status == 400 and "allowPrivate" in (await resp.json())["error"], url
+    sender = jobs.server.app[WEBHOOKS]
+    resp = await jobs.post(INVOKE.format("writer"), json={},
+                           headers={**ASYNC, "X-Webhook-Url": f"http://localhost:{port}/hook"})
+    assert resp.status == 202
+    for _ in range(500):
+        if sender.failed:
+            break
+        await asyncio.sleep(0.02)
+    assert sender.failed == 1 and sender.delivered == 0 and calls == []
 
 
 async def test_yr_imports_and_streams(jobs):

@@ -1,0 +1,77 @@
+"""Which addresses a webhook may reach: public ones only, unless `jobs.webhook.allowPrivate`.
+
+Any user can give a job a webhook URL, and the server POSTs to it: without this guard a token was
+enough to make the server call its own routes (publishing to a stream), the cloud's metadata
+service or anything on the private network. Refused: loopback, private, link-local, multicast,
+unspecified, reserved and every other non-global range, IPv4-mapped IPv6 judged as its IPv4.
+
+Two checks: at submit, a URL whose host is a literal address (in any form the resolver would
+read as one: `127.1`, `2130706433`, `0177.0.0.1`, `[::ffff:127.0.0.1]`) is refused with 400; at
+delivery, a name is resolved and refused when ANY of its addresses is, and the connection goes
+to the addresses that were checked (`GuardedResolver` is the session's resolver), so a name
+cannot resolve to a public address for the check and a private one for the connect.
+"""
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
+
+__all__ = ("WebhookRefused", "GuardedResolver", "literal_address", "refusal")
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class WebhookRefused(OSError):
+    """A webhook destination the guard refuses (an OSError: aiohttp's connector passes it on)."""
+
+
+def literal_address(host: str) -> Address | None:
+    """`host` as the address it literally is (brackets and IPv6 zone allowed, legacy IPv4 forms
+    read as inet_aton reads them), or None for a name."""
+    host = host.strip("[]")
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    if not host or not all(c in "0123456789abcdefxABCDEFX." for c in host):
+        return None  # a name: no inet_aton of "beef.cafe"-like hex is wanted, resolution judges it
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
+def refusal(address: Address) -> str | None:
+    """Why a webhook may not reach `address` (None: it may)."""
+    if isinstance(address, ipaddress.IPv6Address):
+        mapped = address.ipv4_mapped
+        if mapped is not None:
+            address = mapped
+    for kind in ("loopback", "private", "link_local", "multicast", "unspecified", "reserved"):
+        if getattr(address, f"is_{kind}"):
+            return f"{address} is a {kind.replace('_', '-')} address"
+    if not address.is_global:
+        return f"{address} is not a public address"
+    return None
+
+
+class GuardedResolver(AbstractResolver):
+    """aiohttp's resolver, answering only for names whose every address is public."""
+
+    def __init__(self) -> None:
+        self._inner: AbstractResolver = DefaultResolver()
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        results = await self._inner.resolve(host, port, family)
+        for result in results:
+            reason = refusal(ipaddress.ip_address(result["host"]))
+            if reason is not None:
+                raise WebhookRefused(f"webhook host {host!r} resolves to {reason} (jobs.webhook.allowPrivate)")
+        return results  # exactly the addresses checked: the connection goes to one of them
+
+    async def close(self) -> None:
+        await self._inner.close()

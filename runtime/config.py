@@ -270,6 +270,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if cfg.cluster.redisUrl and cfg.streams.slowConsumerPolicy == "block":
         raise ConfigError(f"{source}: streams.slowConsumerPolicy: block is not offered in cluster mode "
                           "(cluster.redisUrl is set; a producer cannot see subscribers on other nodes); use cut")
+    cors = cfg.frontend.cors
+    if cors.allowCredentials and "*" in cors.allowOrigins:
+        raise ConfigError(f"{source}: frontend.cors.allowOrigins ['*'] with frontend.cors.allowCredentials: true "
+                          "would let every site (Origin: null too) call with the user's credentials, which the "
+                          "CORS spec forbids; list the origins allowed, or turn allowCredentials off")
     if cfg.frontend.reusePort and not cfg.cluster.redisUrl:
         raise ConfigError(f"{source}: frontend.reusePort needs cluster mode (cluster.redisUrl): embedded servers "
                           "sharing a port would each hold their own functions, streams and invocations")

@@ -1,6 +1,7 @@
 """CORS (frontend.cors) and the Origin guard: preflights, headers on every answer, foreign pages refused."""
 import pytest
 
+from runtime.errors import ConfigError
 from tests.support.servers import fn, test_config
 
 PAGE = "http://page.example:8080"
@@ -118,7 +119,15 @@ async def test_wildcard_and_credentials(cors_client):
     client = await cors_client(**{"frontend.cors.allowOrigins": ["*"]})
     resp = await client.post(INVOKE, json={}, headers={"Origin": EVIL})
     assert resp.status == 200 and resp.headers["Access-Control-Allow-Origin"] == "*"
-    client = await cors_client(**{"frontend.cors.allowOrigins": ["*"], "frontend.cors.allowCredentials": True})
-    resp = await client.post(INVOKE, json={}, headers={"Origin": EVIL})
-    assert resp.headers["Access-Control-Allow-Origin"] == EVIL
+    assert "Access-Control-Allow-Credentials" not in resp.headers
+    client = await cors_client(**{"frontend.cors.allowCredentials": True})  # a listed origin, with credentials
+    resp = await client.post(INVOKE, json={}, headers={"Origin": PAGE})
+    assert resp.headers["Access-Control-Allow-Origin"] == PAGE
     assert resp.headers["Access-Control-Allow-Credentials"] == "true"
+
+
+def test_wildcard_with_credentials_is_a_config_error():
+    """Any origin, `null` included, with credentials: refused at start, naming both keys."""
+    with pytest.raises(ConfigError) as err:
+        test_config(**{"frontend.cors.allowOrigins": ["*"], "frontend.cors.allowCredentials": True})
+    assert "frontend.cors.allowOrigins" in str(err.value) and "frontend.cors.allowCredentials" in str(err.value)

@@ -168,6 +168,8 @@ class JobsConfig(_Strict):
         "auto", description="auto: redis in cluster mode (cluster.redisUrl), else sqlite")
     path: Path = Field(Path("fnstream-jobs.sqlite3"), description="sqlite file, relative to the config file")
     maxQueued: int = Field(1000, ge=1, description="jobs waiting to start; beyond, 429")
+    maxQueuedPerTenant: int = Field(250, ge=1, description="jobs of one tenant waiting to start; beyond, 429 "
+                                    "(one tenant's backlog leaves room for the others')")
     maxOutputBytes: int = Field(10 * 1024 * 1024, ge=1, description="output bytes per job; beyond, FAILED")
     retentionSeconds: float = Field(3600, gt=0, description="finished jobs and their output expire after this")
     runsyncWaitMs: int = Field(90_000, ge=0, description="default and maximum wait of /runsync")

@@ -62,6 +62,7 @@ class JobManager:
         self._sweeper: asyncio.Task[None] | None = None
         self.on_final: list[Callable[[Job], None]] = []
         self.queued = 0
+        self.queued_by_tenant: collections.Counter[str] = collections.Counter()  # jobs.maxQueuedPerTenant
         self.stopping = False
         # A shared store (Redis, cluster mode): jobs of other nodes are read from it.
         self.shared: SharedStore | None = store if isinstance(store, SharedStore) else None
@@ -146,8 +147,7 @@ class JobManager:
         stored (429 beyond jobs.maxQueued)."""
         if self.stopping:
             raise ServiceUnavailableError("the server is shutting down")
-        if self.queued >= self.config.maxQueued:
-            raise JobQueueFullError(f"{self.queued} jobs are queued (jobs.maxQueued); retry later")
+        self._check_queue_room(function.spec.tenant)
         spec = function.spec
         limit = spec.timeout if request.execution_timeout is None else min(request.execution_timeout, spec.timeout)
         job = Job(id=new_job_id(), function=spec.name, tenant=spec.tenant, event=event, api=request.api,
@@ -163,16 +163,31 @@ class JobManager:
             raise
         return job
 
+    def _check_queue_room(self, tenant: str) -> None:
+        """429 when the node (jobs.maxQueued) or the tenant (jobs.maxQueuedPerTenant) has no room:
+        one tenant's backlog never refuses another tenant's jobs before the node is full."""
+        if self.queued_by_tenant[tenant] >= self.config.maxQueuedPerTenant:
+            raise JobQueueFullError(f"{self.queued_by_tenant[tenant]} jobs of tenant {tenant!r} are queued "
+                                    "(jobs.maxQueuedPerTenant); retry later")
+        if self.queued >= self.config.maxQueued:
+            raise JobQueueFullError(f"{self.queued} jobs are queued (jobs.maxQueued); retry later")
+
+    def _count_queued(self, job: Job, delta: int) -> None:
+        self.queued += delta
+        self.queued_by_tenant[job.tenant] += delta
+        if self.queued_by_tenant[job.tenant] <= 0:
+            del self.queued_by_tenant[job.tenant]
+
     def _drop_queued(self, job: Job) -> None:
         self.jobs.pop(job.id, None)
         queue = self._queues.get(job.function)
         if queue is not None and job.id in queue:
             queue.remove(job.id)
-            self.queued -= 1
+            self._count_queued(job, -1)
 
     def _enqueue(self, job: Job) -> None:
         self._queues.setdefault(job.function, collections.deque()).append(job.id)
-        self.queued += 1
+        self._count_queued(job, 1)
         task = self._dispatchers.get(job.function)
         if task is None or task.done():
             self._dispatchers[job.function] = asyncio.get_running_loop().create_task(
@@ -318,8 +333,7 @@ class JobManager:
             raise JobStateError(f"job {job.id!r} is {job.status}; only a FAILED or TIMED_OUT job can be retried")
         if job.remote:
             raise JobStateError(f"job {job.id!r} ran on another node; retry it through that node")
-        if self.queued >= self.config.maxQueued:
-            raise JobQueueFullError(f"{self.queued} jobs are queued (jobs.maxQueued); retry later")
+        self._check_queue_room(job.tenant)
         job.status, job.started_at, job.completed_at = "IN_QUEUE", None, None
         job.result = job.error = job.status_code = None
         job.aggregated = False
@@ -399,7 +413,7 @@ class JobManager:
             return True
         queue = self._queues[job.function]
         queue.remove(job.id)  # the first, unless the queue changed while a cluster submit was awaited
-        self.queued -= 1
+        self._count_queued(job, -1)
         self._running[job.id] = inv
         self.store.save(job)
         self._notify(job)
@@ -489,7 +503,7 @@ class JobManager:
         if not self._ours(job):
             return  # another node took it over (_taken_from_us): its end is the taker's to record
         if job.status == "IN_QUEUE":
-            self.queued -= 1
+            self._count_queued(job, -1)
         assert status in FINAL
         job.status, job.completed_at = status, time.time()
         job.result = result

@@ -170,6 +170,11 @@ class JobsConfig(_Strict):
     maxQueued: int = Field(1000, ge=1, description="jobs waiting to start; beyond, 429")
     maxQueuedPerTenant: int = Field(250, ge=1, description="jobs of one tenant waiting to start; beyond, 429 "
                                     "(one tenant's backlog leaves room for the others')")
+    maxInputBytes: int = Field(10 * 1024 * 1024, ge=1, description="input bytes (JSON) per job; beyond, 413 at "
+                               "submit (RunPod's /run limit)")
+    maxInputBytesSync: int = Field(20 * 1024 * 1024, ge=1, description="the same for /runsync (RunPod's limit)")
+    tenantQuotaBytes: int = Field(1024 * 1024 * 1024, ge=1, description="bytes (inputs and outputs) one "
+                                  "tenant's kept jobs may hold; beyond, 507 at submit")
     maxOutputBytes: int = Field(10 * 1024 * 1024, ge=1, description="output bytes per job; beyond, FAILED")
     retentionSeconds: float = Field(3600, gt=0, description="finished jobs and their output expire after this")
     runsyncWaitMs: int = Field(90_000, ge=0, description="default and maximum wait of /runsync")

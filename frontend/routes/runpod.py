@@ -44,7 +44,7 @@ def _milliseconds(policy: dict[str, Any], key: str) -> float | None:
     return value / 1000
 
 
-async def _submit(request: web.Request) -> Job:
+async def _submit(request: web.Request, *, sync: bool = False) -> Job:
     function = _function(request)
     body = await read_json_body(request)
     if not isinstance(body, dict) or "input" not in body:
@@ -58,7 +58,7 @@ async def _submit(request: web.Request) -> Job:
         webhook = request.app[WEBHOOKS].check_url(webhook)
     event = {"id": None, "input": body["input"]}
     job_request = JobRequest(api="runpod", webhook=webhook, execution_timeout=_milliseconds(policy, "executionTimeout"),
-                             ttl=_milliseconds(policy, "ttl"))
+                             ttl=_milliseconds(policy, "ttl"), sync=sync)
     return await request.app[DISPATCHER].submit_job(principal_of(request), function, event, job_request)
 
 
@@ -79,7 +79,7 @@ async def runsync(request: web.Request) -> web.Response:
         raise JobBadRequestError(f"wait must be an integer of milliseconds (got {raw!r})") from None
     if wait < 0:
         raise JobBadRequestError(f"wait must not be negative (got {wait})")
-    job = await _submit(request)
+    job = await _submit(request, sync=True)
     await request.app[JOBS].wait(job, min(wait, limit) / 1000)
     return web.json_response(job.runpod())
 

@@ -9,10 +9,12 @@ from ..errors import BadRequestError, ConcurrencyLimitError, FunctionServiceErro
 
 __all__ = (
     "JobBadRequestError",
+    "JobInputTooLargeError",
     "JobItemError",
     "JobNotFoundError",
     "JobOutputTooLargeError",
     "JobQueueFullError",
+    "JobQuotaError",
     "JobStateError",
 )
 
@@ -43,3 +45,15 @@ class JobOutputTooLargeError(FunctionServiceError):
 
 class JobItemError(HandlerError):
     """A RunPod-style handler returned or yielded a dict with an `error` key."""
+
+
+class JobInputTooLargeError(FunctionServiceError):
+    """The job's input passed jobs.maxInputBytes (jobs.maxInputBytesSync for /runsync)."""
+
+    code, status = 200413, 413
+
+
+class JobQuotaError(FunctionServiceError):
+    """The tenant's stored jobs hold jobs.tenantQuotaBytes already."""
+
+    code, status = 200507, 507

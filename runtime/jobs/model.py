@@ -40,6 +40,7 @@ class JobRequest:
     webhook: str | None = None                # already checked against jobs.webhook.allowedHosts
     execution_timeout: float | None = None    # seconds; capped at the function's timeout
     ttl: float | None = None                  # seconds from creation until it must have started
+    sync: bool = False                        # RunPod's /runsync: jobs.maxInputBytesSync applies
 
 
 @dataclass

@@ -25,6 +25,7 @@ from ..invocation import Invocation, Item, encode_payload
 from ..principal import Principal
 from ..tasks import stop_tasks
 from .errors import JobItemError, JobNotFoundError, JobOutputTooLargeError, JobQueueFullError, JobStateError
+from .limits import JobBytes, input_size
 from .model import FINAL, Job, JobRequest, Status, new_job_id
 from .store import JobStore, SharedStore
 
@@ -64,6 +65,7 @@ class JobManager:
         self.queued = 0
         self.queued_by_tenant: collections.Counter[str] = collections.Counter()  # jobs.maxQueuedPerTenant
         self.stopping = False
+        self.bytes = JobBytes(config)  # each tenant's stored bytes (jobs.tenantQuotaBytes)
         # A shared store (Redis, cluster mode): jobs of other nodes are read from it.
         self.shared: SharedStore | None = store if isinstance(store, SharedStore) else None
         if self.shared is not None:
@@ -97,6 +99,8 @@ class JobManager:
         cluster node): a job that had written output is FAILED — never run twice where a client may
         have seen half of it — and any other unfinished job is queued to run (again) here."""
         self.jobs[job.id] = job
+        self.bytes.add_input(job, input_size(job.event))
+        self.bytes.outputs(job)
         if job.status == "IN_PROGRESS":
             if job.outputs:
                 self._finish(job, "FAILED", error=ServiceUnavailableError(
@@ -148,6 +152,8 @@ class JobManager:
         if self.stopping:
             raise ServiceUnavailableError("the server is shutting down")
         self._check_queue_room(function.spec.tenant)
+        size = input_size(event)
+        self.bytes.check(function.spec.tenant, size, sync=request.sync)  # 413, 507
         spec = function.spec
         limit = spec.timeout if request.execution_timeout is None else min(request.execution_timeout, spec.timeout)
         job = Job(id=new_job_id(), function=spec.name, tenant=spec.tenant, event=event, api=request.api,
@@ -155,6 +161,7 @@ class JobManager:
         if request.api == "runpod" and isinstance(event, dict):
             event["id"] = job.id  # the handler's event is RunPod's job: {"id", "input"}
         self.jobs[job.id] = job
+        self.bytes.add_input(job, size)
         self._enqueue(job)
         try:
             await self.store.save(job)
@@ -180,6 +187,7 @@ class JobManager:
 
     def _drop_queued(self, job: Job) -> None:
         self.jobs.pop(job.id, None)
+        self.bytes.forget(job.id)
         queue = self._queues.get(job.function)
         if queue is not None and job.id in queue:
             queue.remove(job.id)
@@ -338,6 +346,7 @@ class JobManager:
         job.result = job.error = job.status_code = None
         job.aggregated = False
         job.outputs, job.output_bytes, job.stream_cursor = [], 0, 0
+        self.bytes.outputs(job)
         job.retried += 1
         job.created_at = time.time()
         self.store.clear_outputs(job.id)
@@ -455,6 +464,7 @@ class JobManager:
                     break
                 first = len(job.outputs) + 1
                 job.outputs.extend(values)
+                self.bytes.outputs(job)
                 self._notify(job)
                 self.store.add_outputs(job.id, first, values)
                 if stopped:
@@ -531,6 +541,7 @@ class JobManager:
         for job_id in old:
             del self.jobs[job_id]
             self._changed.pop(job_id, None)
+            self.bytes.forget(job_id)
         if old:
             self.store.delete(old)
         return len(old)

@@ -32,3 +32,29 @@ async def test_one_tenants_backlog_does_not_refuse_another_tenants_jobs(make_cli
     assert resp.status == 429 and (await resp.json())["code"] == 200429
     for name, headers in (("alice-sleep", ALICE), ("bob-sleep", BOB)):
         assert (await client.post(f"/v2/{name}/purge-queue", headers=headers)).status == 200
+
+
+async def test_input_size_and_tenant_quota_are_answered_at_submit(make_client, deploy_dir):
+    config = two_tenants(deploy_dir, **{"jobs.maxInputBytes": 1000, "jobs.maxInputBytesSync": 2000,
+                                        "jobs.tenantQuotaBytes": 5000})
+    client = await make_client(config=config)
+    mid = {"seconds": 0, "pad": "x" * 1500}
+    resp = await client.post("/v2/alice-sleep/run", json={"input": mid}, headers=ALICE)
+    assert resp.status == 413 and "jobs.maxInputBytes" in (await resp.json())["error"]
+    resp = await client.post("/v2/alice-sleep/runsync", json={"input": mid}, headers=ALICE)
+    assert resp.status == 200 and (await resp.json())["status"] == "COMPLETED"
+    resp = await client.post("/v2/alice-sleep/runsync", json={"input": {"pad": "x" * 2500}}, headers=ALICE)
+    assert resp.status == 413 and "jobs.maxInputBytesSync" in (await resp.json())["error"]
+    resp = await client.post("/serverless/v1/functions/alice-sleep/invocations", json=mid,
+                             headers={**ALICE, "X-Invoke-Type": "async"})
+    assert resp.status == 413 and (await resp.json())["code"] == 200413
+    for _ in range(2):  # with the first, about 4.5 kB of alice's 5 kB kept
+        resp = await client.post("/v2/alice-sleep/runsync", json={"input": mid}, headers=ALICE)
+        assert resp.status == 200
+    resp = await client.post("/v2/alice-sleep/runsync", json={"input": mid}, headers=ALICE)
+    assert resp.status == 507 and "jobs.tenantQuotaBytes" in (await resp.json())["error"]
+    resp = await client.post("/serverless/v1/functions/alice-sleep/invocations", json={"pad": "x" * 900},
+                             headers={**ALICE, "X-Invoke-Type": "async"})
+    assert resp.status == 507 and (await resp.json())["code"] == 200507
+    resp = await client.post("/v2/bob-sleep/runsync", json={"input": mid}, headers=BOB)  # bob's quota is his own
+    assert resp.status == 200 and (await resp.json())["status"] == "COMPLETED"

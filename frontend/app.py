@@ -25,6 +25,7 @@ from . import (
 from .auth import auth_middleware
 from .cors import cors_middleware, install_cors
 from .errors import error_middleware
+from .hosts import HOST_POLICY, HostPolicy, host_middleware
 from .jobs import attach_jobs
 from .keys import BROKER, CONFIG, DISPATCHER, EXECUTOR, LIFECYCLE, REGISTRY, TRACE_ID
 from .metrics import install_metrics
@@ -66,10 +67,13 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     body_limit = int(config.frontend.args.maxRequestBodySize * 1024 * 1024)
     # Without tokens auth is off: no middleware at all rather than one that checks and passes.
     # The Origin guard runs before auth: a foreign page's request is refused before anything else.
-    middlewares = [error_middleware, cors_middleware, auth_middleware] if config.auth.tokens \
-        else [error_middleware, cors_middleware]
+    # The Host guard (DNS rebinding) runs first of all, right after the JSON error shape.
+    hosts = HostPolicy(config)
+    middlewares = [error_middleware, *(() if hosts.any else (host_middleware,)), cors_middleware,
+                   *((auth_middleware,) if config.auth.tokens else ())]
     app = web.Application(middlewares=middlewares, client_max_size=body_limit)
     app[CONFIG] = config
+    app[HOST_POLICY] = hosts
     app[REGISTRY] = registry if registry is not None else build_registry(config)
     app[EXECUTOR] = executor if executor is not None else Executor(config.runtime.threadPoolSize,
                                                                      config.runtime.threadsPerFunction)

@@ -21,6 +21,7 @@ from aiohttp import web
 from runtime.config import CorsConfig
 from runtime.errors import ForbiddenError
 
+from .hosts import HOST_POLICY
 from .keys import CONFIG
 
 __all__ = ("CorsPolicy", "cors_middleware", "add_cors_headers", "install_cors", "ALLOW_HEADERS", "CORS_POLICY")
@@ -71,9 +72,9 @@ def _is_own_origin(request: web.Request, origin: str) -> bool:
     if not netloc:
         return False  # `Origin: null` (sandboxed frames, file:// pages) is nobody's own
     hosts = {request.host.lower()}
-    forwarded = request.headers.get("X-Forwarded-Host")  # a simple request cannot set it
+    forwarded = request.app[HOST_POLICY].forwarded_host(request)  # only a frontend.trustedProxies peer's
     if forwarded:
-        hosts.add(forwarded.split(",")[0].strip().lower())
+        hosts.add(forwarded.lower())
     return netloc in hosts
 
 

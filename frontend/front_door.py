@@ -14,7 +14,8 @@ cancelled when its client leaves, counted by frontend/metrics.py).
 
 It takes only what it fully understands: `POST /serverless/v1/functions/{ref}/invocations` with no
 percent-escape in the path, a body already whole and not compressed, an Accept that gets JSON or
-SSE, and no `Origin` (CORS), `Expect`, `X-Invoke-Type` (jobs) or `X-Instance-Session` header.
+SSE, a Host that frontend/hosts.py allows (the app answers the 421), and no `Origin` (CORS),
+`Expect`, `X-Invoke-Type` (jobs) or `X-Instance-Session` header.
 Anything else — the short route, a browser's request, a body still arriving — takes the app path.
 An app served by a plain `web.AppRunner` has no fast lane and answers the same.
 """
@@ -38,6 +39,7 @@ from runtime.surface import Mode
 from .auth import authenticate
 from .body import arrived_body, max_body_bytes, parse_json_body, read_body
 from .errors import error_response
+from .hosts import HOST_POLICY
 from .keys import CONFIG, DISPATCHER, TRACE_ID
 from .metrics import CLIENT_GONE, DISCONNECTED, INVOCATION, METRICS, count_answered, count_refused
 from .respond import client_left
@@ -61,7 +63,8 @@ _PLAIN_REF = frozenset("/%#{}")
 class FrontDoor:
     """`handler(request)` of the listener (frontend/server.py): the fast lane, or the app."""
 
-    __slots__ = ("_app_handler", "_body_limit", "_dispatcher", "_enable_event", "_heartbeat", "_stats", "_tokens")
+    __slots__ = ("_app_handler", "_body_limit", "_dispatcher", "_enable_event", "_heartbeat", "_hosts", "_stats",
+                 "_tokens")
 
     def __init__(self, app: web.Application, app_handler: Handler) -> None:
         config = app[CONFIG]
@@ -72,6 +75,8 @@ class FrontDoor:
         self._heartbeat = config.frontend.args.heartbeatSeconds
         self._body_limit = max_body_bytes(app)
         self._stats = app.get(METRICS)  # None with metrics.enabled: false
+        hosts = app[HOST_POLICY]
+        self._hosts = None if hosts.any else hosts  # a Host not allowed: the app's host guard answers 421
 
     def __call__(self, request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
         # Not a coroutine itself: a request for the app goes on with no frame of ours around it
@@ -100,6 +105,8 @@ class FrontDoor:
             if name in headers:
                 return None
         if not request.content.is_eof():
+            return None
+        if self._hosts is not None and not self._hosts.allows(request):
             return None
         try:
             return ref, negotiate_mode(headers.get(_ACCEPT), self._enable_event)

@@ -5,6 +5,7 @@ what was expected. Relative paths are resolved against the directory of the conf
 """
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
@@ -85,6 +86,11 @@ class FrontendConfig(_Strict):
     limits: FrontendLimits = FrontendLimits()
     args: FrontendArgs = FrontendArgs()
     cors: CorsConfig = CorsConfig()
+    allowedHosts: list[str] | None = Field(None, description="Host header values served (421 otherwise); unset = "
+                                           "localhost, the listening host and IP literals (any Host when bound to "
+                                           "a wildcard with auth on); ['*'] = any")
+    trustedProxies: list[str] = Field(default_factory=list, description="addresses/CIDRs whose X-Forwarded-* "
+                                      "headers are believed; empty = none")
 
 
 class RuntimeConfig(_Strict):
@@ -277,6 +283,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if cfg.cluster.redisUrl and cfg.streams.slowConsumerPolicy == "block":
         raise ConfigError(f"{source}: streams.slowConsumerPolicy: block is not offered in cluster mode "
                           "(cluster.redisUrl is set; a producer cannot see subscribers on other nodes); use cut")
+    for proxy in cfg.frontend.trustedProxies:
+        try:
+            ipaddress.ip_network(proxy, strict=False)
+        except ValueError:
+            raise ConfigError(f"{source}: frontend.trustedProxies: {proxy!r} is not an address or CIDR") from None
     cors = cfg.frontend.cors
     if cors.allowCredentials and "*" in cors.allowOrigins:
         raise ConfigError(f"{source}: frontend.cors.allowOrigins ['*'] with frontend.cors.allowCredentials: true "

@@ -12,6 +12,7 @@ __all__ = (
     "BadRequestError",
     "UnauthorizedError",
     "ForbiddenError",
+    "MisdirectedRequestError",
     "FunctionNotFoundError",
     "NotAcceptableError",
     "BodyTooLargeError",
@@ -61,6 +62,12 @@ class UnauthorizedError(FunctionServiceError):
 
 class ForbiddenError(FunctionServiceError):
     code, status = 200403, 403
+
+
+class MisdirectedRequestError(FunctionServiceError):
+    """The request's Host is not one this server answers for (frontend.allowedHosts)."""
+
+    code, status = 200421, 421
 
 
 class FunctionNotFoundError(FunctionServiceError, LookupError):

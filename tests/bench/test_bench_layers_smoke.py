@@ -36,7 +36,7 @@ def test_a_layer_taken_out_is_gone(tmp_path, layers, status):
     try:
         async def post() -> int:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"POST /serverless/v1/functions/bench-echo-async/invocations HTTP/1.1\r\nHost: x\r\n"
+            writer.write(b"POST /serverless/v1/functions/bench-echo-async/invocations HTTP/1.1\r\nHost: localhost\r\n"
                          b"Content-Type: application/json\r\nContent-Length: 1\r\nConnection: close\r\n\r\n{")
             data = await reader.read()
             writer.close()

@@ -42,7 +42,7 @@ def _split(response: bytes) -> tuple[int, dict[str, str], bytes]:
 
 
 def _get(path: str = "/healthz", extra: str = "") -> bytes:
-    return f"GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode()
+    return f"GET {path} HTTP/1.1\r\nHost: localhost\r\n{extra}\r\n".encode()
 
 
 def test_client_sending_nothing_is_closed_after_the_header_timeout(start_server):
@@ -77,7 +77,7 @@ def test_slowloris_headers_one_byte_a_time_are_cut_with_408(start_server):
 def test_slowloris_body_is_answered_408_and_closed(start_server):
     server = start_server(*LIMITS)
     with _connect(server) as sock:
-        sock.sendall(b"POST /serverless/v1/functions/echo/invocations HTTP/1.1\r\nHost: x\r\n"
+        sock.sendall(b"POST /serverless/v1/functions/echo/invocations HTTP/1.1\r\nHost: localhost\r\n"
                      b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a\":")
         data, took = _read_until_closed(sock)
     status, _headers, body = _split(data)
@@ -214,7 +214,7 @@ async def test_a_body_arriving_before_its_request_task_runs_arms_no_header_timeo
         handler = runner.server.connections[0]
         body = b'{"a": 1}'
         # Fed straight to the connection's protocol, so the loop turn each part lands in is certain.
-        handler.data_received(b"POST /serverless/v1/functions/echo/invocations HTTP/1.1\r\nHost: x\r\n"
+        handler.data_received(b"POST /serverless/v1/functions/echo/invocations HTTP/1.1\r\nHost: localhost\r\n"
                               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
         while handler._messages:                 # aiohttp's loop took the request; its task has not run
             await asyncio.sleep(0)
@@ -233,7 +233,7 @@ async def test_a_body_arriving_before_its_request_task_runs_arms_no_header_timeo
 
 
 def _post_gzip(body: bytes, encoding: str = "gzip") -> bytes:
-    return (b"POST /serverless/v1/functions/echo/invocations HTTP/1.1\r\nHost: x\r\n"
+    return (b"POST /serverless/v1/functions/echo/invocations HTTP/1.1\r\nHost: localhost\r\n"
             b"Content-Type: application/json\r\nContent-Encoding: " + encoding.encode() +
             b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
@@ -271,7 +271,7 @@ def test_a_corrupt_compressed_body_is_400_not_500(start_server):
 
 def _echo_request(size: int) -> bytes:
     body = json.dumps({"pad": "x" * size}).encode()
-    return (b"POST /serverless/v1/functions/echo/invocations HTTP/1.1\r\nHost: x\r\n"
+    return (b"POST /serverless/v1/functions/echo/invocations HTTP/1.1\r\nHost: localhost\r\n"
             b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
@@ -303,7 +303,7 @@ def test_a_slow_reader_that_keeps_taking_is_never_cut(start_server):
     server = start_server("-s", "frontend.limits.sendTimeoutSeconds=3", "-s", "frontend.limits.keepAliveSeconds=30")
     body = json.dumps({"count": 200000, "delay_ms": 0}).encode()
     with _small_receiver(server) as sock:
-        sock.sendall(b"POST /serverless/v1/functions/ticker/invocations HTTP/1.1\r\nHost: x\r\n"
+        sock.sendall(b"POST /serverless/v1/functions/ticker/invocations HTTP/1.1\r\nHost: localhost\r\n"
                      b"Accept: text/event-stream\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         got, start = 0, time.monotonic()
         while time.monotonic() - start < 9:  # three send timeouts
@@ -320,9 +320,9 @@ def test_a_pipelined_request_whose_body_waits_behind_a_long_one_is_answered(star
     server = start_server(*LIMITS, "-s", "frontend.limits.keepAliveSeconds=30")
     first = b'{"count": 3, "delay_ms": 1000}'  # about 2 s, past the 1 s body timeout
     second = json.dumps({"x": "a" * (1 << 20)}).encode()
-    requests = (b"POST /serverless/v1/functions/ticker/invocations HTTP/1.1\r\nHost: x\r\n"
+    requests = (b"POST /serverless/v1/functions/ticker/invocations HTTP/1.1\r\nHost: localhost\r\n"
                 b"Content-Length: " + str(len(first)).encode() + b"\r\n\r\n" + first +
-                b"POST /serverless/v1/functions/echo/invocations HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                b"POST /serverless/v1/functions/echo/invocations HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
                 b"Content-Length: " + str(len(second)).encode() + b"\r\n\r\n" + second)
     with _connect(server) as sock:
         sock.sendall(requests)

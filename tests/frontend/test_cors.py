@@ -102,10 +102,13 @@ async def test_requests_without_origin_or_from_the_own_origin_keep_working(cors_
     own = f"http://{client.server.host}:{client.server.port}"
     resp = await client.post(INVOKE, data=b"{}", headers={"Origin": own, "Content-Type": "text/plain"})
     assert resp.status == 200
-    # Behind a proxy that rewrites Host: the page's origin is the proxy's, named in X-Forwarded-Host.
-    resp = await client.post(INVOKE, json={}, headers={"Origin": "https://fn.example.com",
-                                                       "X-Forwarded-Host": "fn.example.com"})
-    assert resp.status == 200
+    # Behind a proxy that rewrites Host: the page's origin is the proxy's, named in X-Forwarded-Host,
+    # believed from a frontend.trustedProxies peer only.
+    forwarded = {"Origin": "https://fn.example.com", "X-Forwarded-Host": "fn.example.com"}
+    assert (await client.post(INVOKE, json={}, headers=forwarded)).status == 403
+    proxied = await cors_client(**{"frontend.trustedProxies": ["127.0.0.1"],
+                                   "frontend.allowedHosts": ["fn.example.com", "127.0.0.1"]})
+    assert (await proxied.post(INVOKE, json={}, headers=forwarded)).status == 200
     # CORS off (the default): the guard still refuses other origins, the own origin passes.
     off = await make_client(config=test_config(deploy_dir(fn("record", "observed_fns.record"))))
     own = f"http://{off.server.host}:{off.server.port}"

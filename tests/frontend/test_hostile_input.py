@@ -142,7 +142,7 @@ async def test_parser_level_refusals_answer_json(server):
                 body = await r.json()
                 assert body["code"] >= 200400 and body["message"]
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(b"GARBAGE / HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(b"GARBAGE / HTTP/1.1\r\nHost: localhost\r\n\r\n")
         raw = await reader.read(4096)
         writer.close()
         assert b"application/json" in raw and b'"code"' in raw

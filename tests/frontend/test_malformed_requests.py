@@ -63,7 +63,7 @@ async def test_non_utf8_token_is_401(make_client, header):
     UnicodeEncodeError in the token check: 500 "Server got itself in trouble" (not JSON)."""
     tokens = [{"token": "secret", "tenant": "default", "role": "developer"}]
     client = await make_client(test_config(**{"auth.tokens": tokens}))
-    answer = await _raw_http(client, b"GET /serverless/v1/streams HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    answer = await _raw_http(client, b"GET /serverless/v1/streams HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
                                      + header + b"\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
     assert b'"code": 200401' in answer
@@ -73,7 +73,7 @@ async def test_non_utf8_terminator_header_is_400(make_client):
     """terminator_set() encodes the terminator inside the pump, after the 200 and the first
     comment went out: the UnicodeEncodeError aborted the response mid-chunk (no end, no error)."""
     client = await make_client(test_config())
-    answer = await _raw_http(client, b"GET /serverless/v1/stream/subscribe HTTP/1.1\r\nHost: x\r\n"
+    answer = await _raw_http(client, b"GET /serverless/v1/stream/subscribe HTTP/1.1\r\nHost: localhost\r\n"
                                      b"Connection: close\r\nX-Stream-Name: s\r\nX-Timeout-Ms: 300\r\n"
                                      b"X-Stream-Terminator: \xff\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 400 "), answer[:300]

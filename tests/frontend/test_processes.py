@@ -49,7 +49,7 @@ def _socket_inodes(pid: int) -> set[int]:
 
 
 def _healthz(sock: socket.socket) -> int:
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
     return int(sock.recv(65536).split()[1])
 
 

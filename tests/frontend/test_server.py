@@ -29,7 +29,7 @@ async def test_hello_over_real_socket(server):
             assert await r.read() == HELLO_BYTES
     # and on the wire: chunked, no compression even when the client offers it
     raw = await raw_http(server.port, b"POST /serverless/v1/functions/hello/invocations HTTP/1.1\r\n"
-                         b"Host: x\r\nAccept: text/event-stream\r\nAccept-Encoding: gzip\r\n"
+                         b"Host: localhost\r\nAccept: text/event-stream\r\nAccept-Encoding: gzip\r\n"
                          b"Connection: close\r\nContent-Length: 0\r\n\r\n")
     head, _, body = raw.partition(b"\r\n\r\n")
     assert b"content-encoding" not in head.lower()

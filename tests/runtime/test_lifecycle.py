@@ -106,7 +106,7 @@ async def test_backpressure_reader_that_stops_reading(make_client, deploy_dir):
     sock = socket.create_connection((client.server.host, client.server.port))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     body = json.dumps({"marker": "bp", "size": 10000, "sleep": 0}).encode()
-    sock.sendall(b"POST /serverless/v1/functions/flood/invocations HTTP/1.1\r\nHost: x\r\n"
+    sock.sendall(b"POST /serverless/v1/functions/flood/invocations HTTP/1.1\r\nHost: localhost\r\n"
                  b"Accept: text/event-stream\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     try:

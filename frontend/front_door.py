@@ -31,7 +31,7 @@ from aiohttp.typedefs import Handler
 from multidict import istr
 
 from runtime.dispatch import InvokeOptions
-from runtime.errors import FunctionServiceError, NotAcceptableError
+from runtime.errors import BadRequestError, FunctionServiceError, NotAcceptableError
 from runtime.logs import set_log_context
 from runtime.principal import Principal
 from runtime.surface import Mode
@@ -56,6 +56,7 @@ _SUFFIX = "/invocations"
 _APP_PATH_HEADERS = tuple(istr(name) for name in ("Origin", "Expect", "X-Invoke-Type", "X-Instance-Session",
                                                   "Content-Encoding"))
 _ACCEPT = istr("Accept")
+_TRANSFER_ENCODING = istr("Transfer-Encoding")
 # What no function reference holds, but the router reads otherwise (a path segment, an escape, a fragment).
 _PLAIN_REF = frozenset("/%#{}")
 
@@ -81,10 +82,23 @@ class FrontDoor:
     def __call__(self, request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
         # Not a coroutine itself: a request for the app goes on with no frame of ours around it
         # (every open SSE stream would hold one).
+        coding = request.headers.get(_TRANSFER_ENCODING)
+        if coding is not None and coding.strip().lower() != "chunked":
+            return self._refuse_coding(request, coding)
         lane = self._lane(request)
         if lane is None:
             return self._app_handler(request)  # type: ignore[arg-type]  # the app makes web.Requests
         return self._invoke(request, *lane)
+
+    async def _refuse_coding(self, request: web.BaseRequest, coding: str) -> web.StreamResponse:
+        """400 for a transfer coding other than plain `chunked` (aiohttp read `gzip, chunked` as
+        chunked and ignored the gzip): the body would not be what the client sent."""
+        request[TRACE_ID], request[TRACE_FLAGS] = incoming_trace(request.headers)
+        response = error_response(request, BadRequestError(
+            f"Transfer-Encoding {coding[:100]!r} is not supported: only 'chunked'"))
+        add_trace_headers(request, response)
+        response.force_close()  # where this body ends is not known
+        return response
 
     def _lane(self, request: web.BaseRequest) -> tuple[str, Mode] | None:
         """The function `request` names and how the fast lane answers it ('json' or 'sse'); None

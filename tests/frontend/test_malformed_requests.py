@@ -77,3 +77,14 @@ async def test_non_utf8_terminator_header_is_400(make_client):
                                      b"Connection: close\r\nX-Stream-Name: s\r\nX-Timeout-Ms: 300\r\n"
                                      b"X-Stream-Terminator: \xff\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 400 "), answer[:300]
+
+
+@pytest.mark.parametrize("path", ["/serverless/v1/functions/echo/invocations", "/serverless/v1/streams/s"])
+async def test_transfer_coding_other_than_chunked_is_400(make_client, path):
+    """`Transfer-Encoding: gzip, chunked` was read as chunked with the gzip ignored."""
+    client = await make_client(test_config())
+    answer = await _raw_http(client, f"POST {path} HTTP/1.1\r\nHost: localhost\r\n".encode()
+                             + b"Transfer-Encoding: gzip, chunked\r\nContent-Type: application/json\r\n\r\n"
+                             + b"2\r\n{}\r\n0\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:300]
+    assert b'"code": 200400' in answer and b"Transfer-Encoding" in answer

@@ -20,7 +20,6 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ClusterError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
 from runtime.errors import FunctionServiceError, ServiceUnavailableError
 
@@ -109,14 +108,17 @@ AnyRedis = aioredis.Redis | RedisCluster
 def connect(url: str, *, decode: bool = True) -> AnyRedis:
     """An asyncio client that fails fast (two quick retries) so callers can answer 503 at once:
     a RedisCluster for `redis+cluster://` (it discovers every node from the one given), else a Redis."""
+    # redis.asyncio.retry.Retry: the sync redis.retry.Retry returns the coroutine unawaited, so an
+    # asyncio client given one never retries, and a pooled connection a Redis restart left stale
+    # failed its next command (503) instead of reconnecting.
     common: dict[str, Any] = dict(decode_responses=decode, socket_connect_timeout=2, socket_timeout=10,
-                                  health_check_interval=5)
+                                  health_check_interval=5,
+                                  retry=AsyncRetry(ExponentialBackoff(cap=0.2, base=0.05), 2))
     if is_cluster_url(url):
         scheme, _, rest = url.partition("://")
         host = rest.partition("/")[0]          # a Redis Cluster has only database 0
-        return RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme.lower()]}://{host}", **common,
-                                     retry=AsyncRetry(ExponentialBackoff(cap=0.2, base=0.05), 2))
-    return aioredis.Redis.from_url(url, **common, retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 2))
+        return RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme.lower()]}://{host}", **common)
+    return aioredis.Redis.from_url(url, **common)
 
 
 def slot_of(redis: AnyRedis, key: str) -> int:

@@ -162,6 +162,8 @@ class WebhookConfig(_Strict):
     timeoutSeconds: float = Field(10, gt=0, description="per delivery attempt")
     attempts: int = Field(4, ge=1, le=10, description="first try plus retries after 1 s, 2 s, 4 s, ...")
     queueSize: int = Field(1000, ge=1, description="deliveries waiting or in progress; beyond, dropped and logged")
+    tenantQueueSize: int = Field(100, ge=1, description="the same per tenant: one tenant's slow receiver "
+                                 "never gets another tenant's webhooks dropped")
     allowedHosts: list[str] = Field(default_factory=list, description="hosts a webhook may call; empty = any")
     allowPrivate: bool = Field(False, description="let webhooks reach loopback, private, link-local and other "
                                "non-public addresses (refused by default: any user could make the server call them)")

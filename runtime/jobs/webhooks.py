@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import json
 import logging
 import urllib.parse
@@ -53,6 +54,7 @@ class WebhookSender:
         self.delivered = 0
         self.failed = 0
         self.dropped = 0
+        self._pending: collections.Counter[str] = collections.Counter()  # per tenant: jobs.webhook.tenantQueueSize
 
     def check_url(self, url: Any) -> str:
         """The URL if a webhook may call it; 400 otherwise."""
@@ -81,6 +83,12 @@ class WebhookSender:
         """The JobManager's on_final callback."""
         if job.webhook is None:
             return
+        tenant = job.tenant
+        if self._pending[tenant] >= self.config.tenantQueueSize:
+            self.dropped += 1
+            log.warning("webhook of job %s dropped: %d deliveries of tenant %s pending "
+                        "(jobs.webhook.tenantQueueSize)", job.id, self._pending[tenant], tenant)
+            return
         if len(self._tasks) >= self.config.queueSize:
             self.dropped += 1
             log.warning("webhook of job %s dropped: %d deliveries pending (jobs.webhook.queueSize)",
@@ -89,7 +97,14 @@ class WebhookSender:
         task = asyncio.get_running_loop().create_task(self._deliver(job.id, job.webhook, webhook_body(job)),
                                                       name=f"webhook-{job.id}")
         self._tasks.add(task)
+        self._pending[tenant] += 1
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._delivered_for(tenant))
+
+    def _delivered_for(self, tenant: str) -> None:
+        self._pending[tenant] -= 1
+        if self._pending[tenant] <= 0:
+            del self._pending[tenant]
 
     async def _deliver(self, job_id: str, url: str, body: dict[str, Any]) -> None:
         if self._session is None:

@@ -58,3 +58,44 @@ async def test_input_size_and_tenant_quota_are_answered_at_submit(make_client, d
     assert resp.status == 507 and (await resp.json())["code"] == 200507
     resp = await client.post("/v2/bob-sleep/runsync", json={"input": mid}, headers=BOB)  # bob's quota is his own
     assert resp.status == 200 and (await resp.json())["status"] == "COMPLETED"
+
+
+async def test_a_slow_receiver_of_one_tenant_never_drops_another_tenants_webhooks(make_client, deploy_dir):
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    release = asyncio.Event()
+    got: list[str] = []
+
+    async def receive(request):
+        got.append(request.path)
+        if request.path == "/slow":
+            await release.wait()
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/{kind}", receive)
+    receiver = TestServer(app, host="127.0.0.1")
+    await receiver.start_server()
+    try:
+        config = two_tenants(deploy_dir, **{"jobs.webhook.allowPrivate": True, "jobs.webhook.queueSize": 3,
+                                            "jobs.webhook.tenantQueueSize": 2, "jobs.webhook.attempts": 1})
+        client = await make_client(config=config)
+        for _ in range(3):
+            resp = await client.post("/v2/alice-sleep/runsync", headers=ALICE, json={
+                "input": {"seconds": 0}, "webhook": str(receiver.make_url("/slow"))})
+            assert (await resp.json())["status"] == "COMPLETED"
+        resp = await client.post("/v2/bob-sleep/runsync", headers=BOB, json={
+            "input": {"seconds": 0}, "webhook": str(receiver.make_url("/fast"))})
+        assert (await resp.json())["status"] == "COMPLETED"
+        for _ in range(250):
+            if "/fast" in got:
+                break
+            await asyncio.sleep(0.02)
+        assert "/fast" in got  # bob's webhook went out while alice's two (her share) still hang
+        assert got.count("/slow") == 2
+    finally:
+        release.set()
+        await receiver.close()

@@ -10,6 +10,7 @@ from .api import (
     Producer,
     ProducerConfig,
     SubscriptionConfig,
+    SubscriptionType,
     acreate_stream_consumer,
     acreate_stream_producer,
     adelete_stream,
@@ -44,7 +45,7 @@ from .terminators import YUANRONG_END_MARKER, terminator_forms, terminator_set, 
 
 __all__ = (
     # api
-    "Consumer", "Producer", "ProducerConfig", "SubscriptionConfig",
+    "Consumer", "Producer", "ProducerConfig", "SubscriptionConfig", "SubscriptionType",
     "acreate_stream_consumer", "acreate_stream_producer", "adelete_stream",
     "aquery_global_consumers_num", "aquery_global_producers_num",
     "bind_broker", "unbind_broker", "current_broker",

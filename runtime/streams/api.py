@@ -12,7 +12,8 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
+from enum import Enum
 from typing import Any, Literal, TypeVar
 
 from .broker import AbstractBroker, AbstractSubscription, Element, StreamOptions
@@ -21,7 +22,7 @@ from .names import validate_stream_name
 from .tenancy import qualify, scoped_tenant
 
 __all__ = (
-    "Element", "ProducerConfig", "SubscriptionConfig", "Producer", "Consumer",
+    "Element", "ProducerConfig", "SubscriptionConfig", "SubscriptionType", "Producer", "Consumer",
     "bind_broker", "unbind_broker", "current_broker",
     "create_stream_producer", "create_stream_consumer", "delete_stream",
     "query_global_producers_num", "query_global_consumers_num",
@@ -89,9 +90,10 @@ def _to_bytes(element: Any) -> bytes:
     raise TypeError(f"send() takes an Element, bytes or str, not {type(element).__name__}")
 
 
-@dataclass(kw_only=True)
+@dataclass
 class ProducerConfig:
-    """openYuanrong's producer settings, plus fnstream's retention and slow-subscriber policy."""
+    """openYuanrong's producer settings, in its order (so positional arguments mean what they mean
+    there), then fnstream's retention and slow-subscriber policy, keyword-only."""
 
     delay_flush_time: int = 5            # ms: <0 flush only on flush()/close()/full page; 0 at once
     page_size: int = 1024 * 1024         # bytes buffered before a flush is forced
@@ -101,6 +103,7 @@ class ProducerConfig:
     retain_for_num_consumers: int = 0    # keep everything until this many consumers subscribed
     reserve_size: int = 0                # accepted for compatibility
     extend_config: dict[str, Any] = field(default_factory=dict[str, Any])
+    _: KW_ONLY
     retain_num: int = 0                  # keep the last N elements for late / reconnecting readers
     retain_bytes: int = 0                # ... or the last B bytes
     retain_seconds: float = 0.0          # ... or S seconds' worth
@@ -115,19 +118,33 @@ class ProducerConfig:
                              terminator=self.terminator)
 
 
-@dataclass(kw_only=True)
+class SubscriptionType(Enum):
+    """openYuanrong's subscription types; only STREAM is served (as in openYuanrong itself)."""
+
+    STREAM = 0
+    ROUND_ROBIN = 1
+    KEY_PARTITIONS = 2
+
+
+@dataclass
 class SubscriptionConfig:
-    """openYuanrong's subscription settings (only STREAM), plus a resume id and buffer size."""
+    """openYuanrong's subscription settings in its order (`SubscriptionConfig("name")` works as
+    there), then fnstream's resume id and buffer size, keyword-only. `subscriptionType` takes the
+    enum or its name."""
 
     subscription_name: str = ""
-    subscriptionType: str = "STREAM"
+    subscriptionType: SubscriptionType | str = SubscriptionType.STREAM
     extend_config: dict[str, Any] = field(default_factory=dict[str, Any])
+    _: KW_ONLY
     from_id: int | None = None           # replay retained elements with id > from_id first
     buffer: int | None = None            # elements; None: streams.subscriberBuffer
 
     def __post_init__(self) -> None:
-        if self.subscriptionType != "STREAM":
-            raise ValueError(f"subscriptionType {self.subscriptionType!r} is not supported; only 'STREAM'")
+        kind = self.subscriptionType
+        name = kind.name if isinstance(kind, SubscriptionType) else kind
+        if name != "STREAM":
+            raise ValueError(f"subscriptionType {name!r} is not supported; only STREAM")
+        self.subscriptionType = SubscriptionType.STREAM
 
 
 class Producer:

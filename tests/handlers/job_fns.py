@@ -82,8 +82,9 @@ def writes_then_returns(event, context):
 async def uses_yr(event, context):
     """openYuanrong data-stream API through `import yr`."""
     name = f"job-yr-{context.get_invoke_id()}"
-    consumer = await yr.acreate_stream_consumer(name, yr.SubscriptionConfig(subscription_name="s"))
-    producer = await yr.acreate_stream_producer(name, yr.ProducerConfig(delay_flush_time=0))
+    # positional arguments, as openYuanrong writes them
+    consumer = await yr.acreate_stream_consumer(name, yr.SubscriptionConfig("s", yr.SubscriptionType.STREAM))
+    producer = await yr.acreate_stream_producer(name, yr.ProducerConfig(0, 4096))  # delay_flush_time, page_size
     await producer.asend(yr.Element(b"hello-yr"))
     got = await consumer.areceive(1000, 1)
     await producer.aclose()

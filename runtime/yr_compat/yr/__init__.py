@@ -2,7 +2,7 @@
 
 Only what a function-service handler uses: `create_stream_producer`, `create_stream_consumer`,
 `delete_stream`, `query_global_producers_num`, `query_global_consumers_num`, `ProducerConfig`,
-`SubscriptionConfig`, `Element` (and the `a...` async forms fnstream adds). Inside fnstream the
+`SubscriptionConfig`, `SubscriptionType`, `Element` (and the `a...` async forms fnstream adds). Inside fnstream the
 runtime is already up, so `init()` / `finalize()` have nothing to do and `is_initialized()` is true.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from runtime.streams import (
     Producer,
     ProducerConfig,
     SubscriptionConfig,
+    SubscriptionType,
     acreate_stream_consumer,
     acreate_stream_producer,
     adelete_stream,
@@ -34,6 +35,7 @@ __all__ = (
     "Producer",
     "ProducerConfig",
     "SubscriptionConfig",
+    "SubscriptionType",
     "acreate_stream_consumer",
     "acreate_stream_producer",
     "adelete_stream",

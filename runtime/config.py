@@ -129,6 +129,8 @@ class StreamsConfig(_Strict):
     subscribeTimeoutMs: int = Field(0, ge=0, description="idle timeout of a REST subscription; 0 = none")
     terminators: list[str] = Field(default_factory=lambda: ["[DONE]", "\\xE0\\xFF\\xE0\\xFF"])
     maxElementSize: int = Field(4 * 1024 * 1024, ge=1)
+    maxElementsPerPublish: int = Field(10000, ge=1, description="elements in one publish request (413 beyond); "
+                                       "a handler's producer flushes at this many")
     maxStreams: int = Field(10000, ge=1)
     maxSubscribersPerStream: int = Field(10000, ge=1)
     idleStreamSeconds: float = Field(86400, ge=0, description="cluster mode: a stream with no publish and no "

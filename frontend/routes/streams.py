@@ -28,6 +28,7 @@ from runtime.streams import (
     terminator_text,
     validate_stream_name,
 )
+from runtime.streams.errors import TooManyElementsError
 from runtime.streams.tenancy import qualify, tenant_of, unqualify
 
 from .. import safe_json
@@ -281,12 +282,23 @@ async def subscribe_by_path(request: web.Request) -> web.StreamResponse:
 
 
 # -- publish, list, delete -------------------------------------------------------------------
+# Made once: json.dumps with options builds an encoder per call, which cost more than the encoding.
+_ELEMENT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
 def _element_bytes(value: Any) -> bytes:
     if isinstance(value, str):
         return value.encode("utf-8")
     if isinstance(value, (bytes, bytearray)):
         return bytes(value)
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return _ELEMENT_JSON(value).encode("utf-8")
+
+
+def _refuse_count(count: int, limit: int) -> None:
+    if count > limit:
+        raise TooManyElementsError(f"{count} elements in one publish; at most {limit} "
+                                   "(streams.maxElementsPerPublish): send them in several requests; "
+                                   "nothing was published")
 
 
 def _refuse_ext(code: int, data: bytes) -> Any:
@@ -294,9 +306,10 @@ def _refuse_ext(code: int, data: bytes) -> Any:
                           "numbers, booleans, arrays and maps with str keys")
 
 
-def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
+def parse_elements(raw: bytes, content_type: str, max_elements: int = 10000) -> list[bytes]:
     """A JSON array, NDJSON (one JSON value per line) or a msgpack array; strings are sent as
-    their UTF-8 text, other JSON values as their JSON text, msgpack bin as is."""
+    their UTF-8 text, other JSON values as their JSON text, msgpack bin as is. More than
+    `max_elements` is refused (413) before any element is encoded: each costs loop time."""
     if content_type == MSGPACK:
         try:
             values = msgpack.unpackb(raw, raw=False, strict_map_key=True, ext_hook=_refuse_ext, timestamp=0)
@@ -317,7 +330,10 @@ def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
             values = whole if isinstance(whole, list) else [whole]
         except json.JSONDecodeError:
             values = []
-            for n, line in enumerate(text.splitlines(), 1):
+            lines = text.splitlines()
+            if len(lines) > max_elements:
+                _refuse_count(sum(1 for line in lines if line.strip()), max_elements)
+            for n, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
                 try:
@@ -325,6 +341,7 @@ def parse_elements(raw: bytes, content_type: str) -> list[bytes]:
                 except json.JSONDecodeError as exc:
                     raise BadRequestError(f"body is neither a JSON array nor NDJSON: line {n}: {exc.msg} "
                                           f"at column {exc.colno}") from None
+    _refuse_count(len(values), max_elements)
     if not values:
         raise BadRequestError("no elements: send a JSON array, NDJSON or a msgpack array of elements")
     if any(v is None for v in values):
@@ -371,7 +388,8 @@ async def publish(request: web.Request) -> web.Response:
     key = qualify(tenant, name)
     options = _publish_options(request)
     timeout_ms = _int_param(request, "X-Timeout-Ms", "timeout_ms", 0)
-    elements = parse_elements(await read_body(request), request.content_type)
+    elements = parse_elements(await read_body(request), request.content_type,
+                              request.app[CONFIG].streams.maxElementsPerPublish)
     broker = request.app[BROKER]
     broker.check_elements(elements)  # all or nothing: refuse before anything is published
     if options is not None:

@@ -179,7 +179,8 @@ class Producer:
         self._pending.append(data)
         self._pending_bytes += len(data)
         delay = self.config.delay_flush_time
-        if delay == 0 or self._pending_bytes >= self.config.page_size:
+        if (delay == 0 or self._pending_bytes >= self.config.page_size
+                or len(self._pending) >= self._broker.settings.max_elements_per_publish):
             await self._flush(timeout_ms)
         elif delay > 0 and self._timer is None:
             self._timer = self._loop.call_later(delay / 1000, self._timed_flush)

@@ -101,6 +101,7 @@ class BrokerSettings:
     defaults: StreamOptions = StreamOptions()
     max_stream_size: int = 64 * 1024 * 1024
     max_element_size: int = 4 * 1024 * 1024
+    max_elements_per_publish: int = 10000
     max_streams: int = 10000
     max_subscribers: int = 10000
     idle_seconds: float = 86400.0  # Redis broker: forget a stream with no activity this long (0 = never)
@@ -117,6 +118,7 @@ class BrokerSettings:
                                    retain_seconds=cfg.retainSeconds),
             max_stream_size=cfg.maxStreamSize,
             max_element_size=cfg.maxElementSize,
+            max_elements_per_publish=cfg.maxElementsPerPublish,
             max_streams=cfg.maxStreams,
             max_subscribers=cfg.maxSubscribersPerStream,
             idle_seconds=cfg.idleStreamSeconds,

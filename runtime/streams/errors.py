@@ -14,6 +14,7 @@ __all__ = (
     "InvalidStreamNameError",
     "InvalidStreamIdError",
     "ElementTooLargeError",
+    "TooManyElementsError",
     "InvalidElementError",
     "StreamNotFoundError",
     "StreamLimitError",
@@ -43,6 +44,12 @@ class InvalidElementError(BadRequestError, StreamError):
 
 
 class ElementTooLargeError(StreamError, ValueError):
+    code, status = 4140, 413
+
+
+class TooManyElementsError(StreamError, ValueError):
+    """One publish request of more elements than `streams.maxElementsPerPublish`."""
+
     code, status = 4140, 413
 
 

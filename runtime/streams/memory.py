@@ -25,6 +25,9 @@ from .tenancy import shown
 
 __all__ = ("MemoryBroker", "MemorySubscription")
 
+# Element deliveries (to the stream and each subscriber) one publish does before it yields the loop.
+_WORK_PER_TURN = 4096
+
 
 class MemorySubscription(AbstractSubscription):
     """A bounded buffer of live elements behind a (bounded) replay of retained ones."""
@@ -222,10 +225,15 @@ class _Stream:
         async with self._publish_lock:
             ids: list[int] = []
             deadline = time.monotonic() + timeout
+            work = 0
             for data in elements:
                 if self.policy == "block":
                     await self._wait_for_room(deadline, timeout, ids)
                 ids.append(self._append(data))
+                work += 1 + len(self.subscriptions)
+                if work >= _WORK_PER_TURN:  # a large batch to many subscribers lets the loop run between
+                    work = 0
+                    await asyncio.sleep(0)
             return ids
 
     async def _wait_for_room(self, deadline: float, timeout: float, published: list[int]) -> None:

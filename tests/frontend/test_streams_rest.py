@@ -17,6 +17,7 @@ from frontend.keys import BROKER
 from tests.support.servers import ROOT
 
 SUB = "/serverless/v1/stream/subscribe"
+MSGPACK_TYPE = "application/x-msgpack"
 STREAMS = "/serverless/v1/streams"
 
 
@@ -332,6 +333,25 @@ async def test_bad_input_is_a_clear_4xx_and_loses_nothing(make_client, method, p
     assert body["message"] and body["code"]
     stats = (await (await client.get(f"{STREAMS}?stream=s")).json())["streams"][0]
     assert stats["produced"] == 1 and stats["consumers"] == 0
+
+
+@pytest.mark.parametrize("body,content_type", [
+    (json.dumps(list(range(6))).encode(), "application/json"),
+    (b"\n".join(b"%d" % i for i in range(6)), "application/x-ndjson"),
+    (msgpack.packb(list(range(6))), MSGPACK_TYPE),
+])
+async def test_a_publish_of_too_many_elements_is_413_and_publishes_nothing(make_client, body, content_type):
+    """Each element of a publish costs loop time: their number is bounded (streams.maxElementsPerPublish)."""
+    client = await make_client(**{"streams.maxElementsPerPublish": 5})
+    ok = await client.post(f"{STREAMS}/many", json=[1, 2, 3, 4, 5])
+    assert ok.status == 200, await ok.text()
+    r = await client.post(f"{STREAMS}/many", data=body, headers={"Content-Type": content_type})
+    assert r.status == 413, await r.text()
+    answer = await r.json()
+    assert answer["code"] == 4140 and "streams.maxElementsPerPublish" in answer["message"]
+    assert r.headers["X-Inner-Code"] == "4140"
+    stats = (await (await client.get(f"{STREAMS}?stream=many")).json())["streams"][0]
+    assert stats["produced"] == 5
 
 
 async def test_streams_need_the_developer_role(make_client):

@@ -169,6 +169,37 @@ async def test_delay_flush_time_batches_until_flush(api_broker):
     await timed.aclose()
 
 
+async def test_a_producer_flushes_at_max_elements_per_publish(api_broker):
+    """A page of tiny elements is bounded by count too, not only by page_size bytes."""
+    api_broker.settings = api_broker.settings.replace(max_elements_per_publish=3)
+    producer = await acreate_stream_producer("count", ProducerConfig(delay_flush_time=-1))
+    for _ in range(3):
+        await producer.asend(b"x")
+    assert (await api_broker.stats("default/count")).produced == 3
+    await producer.aclose()
+
+
+async def test_a_large_publish_lets_the_loop_run_between(api_broker):
+    """Delivering a big batch to many subscribers yields the loop instead of holding it throughout."""
+    subs = [await api_broker.subscribe("fan", buffer=10_000) for _ in range(20)]
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    ticker = asyncio.create_task(count_turns())
+    await asyncio.sleep(0)
+    before = turns
+    await api_broker.publish("fan", elements(2000))
+    ticker.cancel()
+    assert turns > before
+    for sub in subs:
+        await sub.close()
+
+
 async def test_sync_forms_work_from_threads_and_refuse_the_loop(api_broker):
     def in_thread():
         consumer = create_stream_consumer("sync", SubscriptionConfig())

@@ -70,7 +70,7 @@ def parse_session_header(value: str) -> SessionRequest:
         return BadRequestError(f"header X-Instance-Session: {why}")
     try:
         doc = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's stack: malformed like any other
         raise bad('not JSON; expected {"sessionID": "...", "sessionTTL": seconds, "concurrency": n}') from None
     if not isinstance(doc, dict):
         raise bad("expected a JSON object")

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from runtime.dispatch import InvokeOptions
-from runtime.errors import FunctionServiceError, NotAcceptableError
+from runtime.errors import BadRequestError, FunctionServiceError, NotAcceptableError
 from runtime.manifest import function_urn
 from runtime.sessions import SessionRequest, parse_session_header
 from runtime.surface import InvocationSurface, Mode
@@ -75,6 +75,9 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     headers = request.headers
     invoke_type = headers.get("X-Invoke-Type")
     if invoke_type and invoke_type.strip().lower() == "async":  # [jobs] openYuanrong async
+        if "X-Instance-Session" in headers:  # a job runs later, outside any session: not silently dropped
+            raise BadRequestError("header X-Instance-Session cannot be used with X-Invoke-Type: async "
+                                  "(a background job runs outside any session)")
         return await submit_async(request, principal, function, event)
     args = app[CONFIG].frontend.args
     mode = negotiate_mode(headers.get("Accept"), args.enableEvent)

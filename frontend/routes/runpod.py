@@ -46,6 +46,9 @@ def _milliseconds(policy: dict[str, Any], key: str) -> float | None:
 
 async def _submit(request: web.Request, *, sync: bool = False) -> Job:
     function = _function(request)
+    if "X-Instance-Session" in request.headers:  # a job runs later, outside any session: not silently dropped
+        raise JobBadRequestError("header X-Instance-Session cannot be used with /v2 jobs "
+                                 "(a background job runs outside any session)")
     body = await read_json_body(request)
     if not isinstance(body, dict) or "input" not in body:
         raise JobBadRequestError('the request body must be a JSON object with an "input" key')

@@ -43,3 +43,24 @@ async def test_a_malformed_session_header_is_refused_before_the_function_runs(cl
     assert resp.status == 400 and body["code"] == 200400 and "sessionID" in body["message"]
     resp = await client.get("/admin/v1/functions/echo")
     assert (await resp.json())["function"]["status"]["sessions"] == []
+
+
+async def test_a_session_header_nested_deep_is_a_400_not_a_500(client):
+    deep = '{"sessionID": ' + "[" * 3000 + "]" * 3000 + "}"
+    resp = await client.post("/serverless/v1/functions/echo/invocations", json={},
+                             headers={"X-Instance-Session": deep})
+    body = await resp.json()
+    assert resp.status == 400 and body["code"] == 200400 and "X-Instance-Session" in body["message"]
+
+
+async def test_a_session_header_on_a_background_job_is_refused_not_ignored(client):
+    session = {"X-Instance-Session": json.dumps({"sessionID": "s1"})}
+    resp = await client.post("/serverless/v1/functions/echo/invocations", json={},
+                             headers={**session, "X-Invoke-Type": "async"})
+    assert resp.status == 400 and "X-Instance-Session" in (await resp.json())["message"]
+    for route in ("run", "runsync"):
+        resp = await client.post(f"/v2/echo/{route}", json={"input": {}}, headers=session)
+        assert resp.status == 400, route
+        assert "X-Instance-Session" in await resp.text()  # RunPod's error shape
+    resp = await client.get("/serverless/v1/jobs")
+    assert (await resp.json())["jobs"] == []  # nothing was queued

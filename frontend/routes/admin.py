@@ -54,6 +54,14 @@ def _managed(request: web.Request, name: str) -> Deployment:
     return dep
 
 
+async def _deploy(request: web.Request, specs: list[FunctionSpec], *, replace: bool = True) -> list[Deployment]:
+    """Deploy `specs` and store them (they come back after a restart) before any answer goes out:
+    every route that deploys comes through here, so none can leave a deploy unrecorded."""
+    deps = await request.app[REGISTRY].adeploy(specs, replace=replace)
+    await remember_functions(request.app, deps)  # [jobs hook]
+    return deps
+
+
 def _deployed(deps: Iterable[Deployment]) -> dict[str, Any]:
     functions = [d.describe() for d in deps]
     return {"code": 0, "message": "SUCCESS", "function": functions[0], "functions": functions}
@@ -62,8 +70,7 @@ def _deployed(deps: Iterable[Deployment]) -> dict[str, Any]:
 @routes.post("/admin/v1/functions")
 async def create_functions(request: web.Request) -> web.Response:
     specs = await _specs_from_body(request)
-    deps = await request.app[REGISTRY].adeploy(specs, replace=False)
-    await remember_functions(request.app, deps)  # [jobs hook] comes back after a restart
+    deps = await _deploy(request, specs, replace=False)
     return web.json_response(_deployed(deps), status=201)
 
 
@@ -75,7 +82,7 @@ async def deploy_functions(request: web.Request) -> web.Response:
     for spec in specs:
         if spec.name in registry:
             _managed(request, spec.name)  # never replaces another tenant's function of that name (403)
-    deps = await registry.adeploy(specs)
+    deps = await _deploy(request, specs)
     return web.json_response(_deployed(deps), status=200)
 
 
@@ -94,13 +101,11 @@ async def get_function(request: web.Request) -> web.Response:
 @routes.put("/admin/v1/functions/{name}")
 async def redeploy_function(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    registry = request.app[REGISTRY]
     _managed(request, name)  # 404 when there is nothing to redeploy, 403 when it is another tenant's
     specs = await _specs_from_body(request)
     if len(specs) != 1 or specs[0].name != name:
         raise BadRequestError(f"PUT /admin/v1/functions/{name} takes exactly one function named {name!r}")
-    deps = await registry.adeploy(specs)
-    await remember_functions(request.app, deps)  # [jobs hook]
+    deps = await _deploy(request, specs)
     return web.json_response(_deployed(deps), status=200)
 
 

@@ -3,15 +3,19 @@
 A server in front of the internet must bound what a client can hold: an idle keep-alive connection
 (`keepAliveSeconds`), the time to send a request's headers (`headerTimeoutSeconds`, so a slowloris
 client sending one byte a second, or nothing, is closed) and its body (`bodyTimeoutSeconds`), the
-size of its headers, a response it stops taking (`sendTimeoutSeconds`), and the number of open
-connections (`maxConnections`: past it a new one is answered 503 instead of running the process out
-of file descriptors). None of these cut a response a client keeps reading: an SSE stream runs as
-long as its handler writes. Errors that never reach the app (bad or too large
-headers, timeouts, overload) are answered in fnstream's JSON shape, not aiohttp's text pages.
+size of its headers (each field, and the unfinished heads of one request and of all connections
+together: a client's bytes held before any authentication), a response it stops taking
+(`sendTimeoutSeconds`), and the number of open connections (`maxConnections`: past it a new one
+is answered 503 instead of running the process out of file descriptors). None of these cut a
+response a client keeps reading: an SSE stream runs as long as its handler writes. Errors that
+never reach the app (bad or too large headers, timeouts, overload) are answered in fnstream's JSON
+shape, not aiohttp's text pages.
 """
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import json
 import logging
 import resource
@@ -81,18 +85,70 @@ def _bytes_taken(transport: asyncio.BaseTransport | None) -> int:
     return -cast(asyncio.WriteTransport, transport).get_write_buffer_size()
 
 
+class _HeadBudget:
+    """Bytes of unfinished request heads held across one server's connections.
+
+    Each connection may hold `maxHeaderBytes`; together they may hold `maxHeaderBytesInFlight`, so
+    10,000 connections trickling headers cannot take gigabytes before any of them is authenticated.
+    Once a large amount was held and all of it is released, the C heap is trimmed: the parser's
+    buffers are freed to malloc, which otherwise keeps the pages (RSS stays at its peak)."""
+
+    __slots__ = ("_peak", "_trimmed_at", "held", "limit")
+
+    TRIM_AFTER = 8 * 1024 * 1024
+
+    def __init__(self, limit: int) -> None:
+        self.held = 0
+        self.limit = limit
+        self._peak = 0
+        self._trimmed_at = 0.0
+
+    def add(self, n: int) -> bool:
+        """Hold n more bytes; False when that passes the limit (the caller refuses the connection)."""
+        self.held += n
+        self._peak = max(self._peak, self.held)
+        return self.held <= self.limit
+
+    def release(self, n: int) -> None:
+        self.held -= n
+        if self.held == 0 and self._peak >= self.TRIM_AFTER:
+            now = time.monotonic()
+            if now - self._trimmed_at >= 1.0:  # a trim walks the heap: at most once a second
+                self._trimmed_at = now
+                self._peak = 0
+                _malloc_trim()
+
+
+def _load_malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+def _malloc_trim() -> None:
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
 class _LimitedHandler(RequestHandler):
     """aiohttp's per-connection protocol plus the header and body deadlines."""
 
     # Slots, as aiohttp's own: without them every connection carried an instance dict as well.
-    __slots__ = ("_body", "_body_timer", "_head_bytes", "_head_timer", "_limits", "_send_timer", "_taken")
+    __slots__ = ("_body", "_body_timer", "_budget", "_head_bytes", "_head_held", "_head_timer", "_limits",
+                 "_send_timer", "_taken")
 
-    def __init__(self, manager: web.Server, *, limits: FrontendLimits, **kwargs: Any) -> None:
+    def __init__(self, manager: web.Server, *, limits: FrontendLimits, budget: _HeadBudget, **kwargs: Any) -> None:
         super().__init__(manager, keepalive_timeout=limits.keepAliveSeconds, max_line_size=limits.maxHeaderFieldSize,
                          max_field_size=limits.maxHeaderFieldSize, max_headers=limits.maxHeaders, **kwargs)
         self._limits = limits
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
+        self._budget = budget
+        self._head_held = 0  # of _head_bytes, what this connection holds of the budget
         self._body_timer: asyncio.TimerHandle | None = None
         self._body: StreamReader | None = None
         self._send_timer: asyncio.TimerHandle | None = None
@@ -120,6 +176,9 @@ class _LimitedHandler(RequestHandler):
                 self._arm_body_timer(payload)
         elif self._head_timer is None and data and self._idle():
             self._arm_head_timer(counted=len(data))
+            self._hold_head()
+        elif self._head_timer is not None:  # armed while idle, and no request finished since: a head
+            self._hold_head()
         if self._body is not None and self._body.is_eof():
             self._cancel_body_timer()
 
@@ -185,12 +244,39 @@ class _LimitedHandler(RequestHandler):
         resp.force_close()
         return resp
 
+    def _hold_head(self) -> None:
+        """An unfinished head grew: count it against this request's and the server's bounds."""
+        more = self._head_bytes - self._head_held
+        self._head_held = self._head_bytes
+        within = self._budget.add(more)
+        if self._head_bytes > self._limits.maxHeaderBytes:
+            self._refuse_head(_raw_error(431, "Request Header Fields Too Large", "request headers too large: "
+                                         f"at most {self._limits.maxHeaderBytes} bytes of request line and "
+                                         "headers (frontend.limits.maxHeaderBytes)"))
+        elif not within:
+            log.warning("refusing a connection with 503: unfinished request heads hold %d bytes "
+                        "(frontend.limits.maxHeaderBytesInFlight)", self._budget.held)
+            self._refuse_head(_raw_error(503, "Service Unavailable", "too many unfinished request headers "
+                                         "in flight (frontend.limits.maxHeaderBytesInFlight); retry later"))
+
+    def _refuse_head(self, answer: bytes) -> None:
+        self._cancel_head_timer()
+        if self.transport is not None:
+            self.transport.write(answer)
+        self.force_close()
+
+    def _release_head(self) -> None:
+        if self._head_held:
+            self._budget.release(self._head_held)
+            self._head_held = 0
+
     def _arm_head_timer(self, counted: int = 0) -> None:
         self._head_bytes = counted
         self._head_timer = self._loop.call_later(self._limits.headerTimeoutSeconds, self._head_timeout)
 
     def _head_timeout(self) -> None:
         self._head_timer = None
+        self._release_head()
         if self.transport is None or not self._idle():
             return
         if self._head_bytes:  # a client that sent nothing gets nothing back, as from nginx
@@ -225,6 +311,7 @@ class _LimitedHandler(RequestHandler):
         self.close()
 
     def _cancel_head_timer(self) -> None:
+        self._release_head()
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
@@ -293,11 +380,12 @@ class _LimitedServer(web.Server):
     def __init__(self, *args: Any, limits: FrontendLimits, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._limits = limits
+        self._budget = _HeadBudget(limits.maxHeaderBytesInFlight)
 
     def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
         if len(self._connections) >= self._limits.maxConnections:
             return _Overloaded(self._limits)
-        return _LimitedHandler(self, loop=self._loop, limits=self._limits, **self._kwargs)
+        return _LimitedHandler(self, loop=self._loop, limits=self._limits, budget=self._budget, **self._kwargs)
 
 
 class FnstreamRunner(web.AppRunner):

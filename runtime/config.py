@@ -65,6 +65,11 @@ class FrontendLimits(_Strict):
     maxHeaderFieldSize: int = Field(8190, ge=256, description="bytes of the URL, and of each header's name and "
                                     "of its value")
     maxHeaders: int = Field(128, ge=1, description="header lines per request")
+    maxHeaderBytes: int = Field(64 * 1024, ge=1024, description="bytes of one request's line and headers while "
+                                "they arrive; past it 431")
+    maxHeaderBytesInFlight: int = Field(64 * 1024 * 1024, ge=1024, description="bytes of unfinished request "
+                                        "heads held across all connections; past it the connection adding "
+                                        "more gets 503")
     maxConnections: int = Field(10000, ge=1, description="open connections; past it new ones get 503")
 class CorsConfig(_Strict):
     """Cross-origin access for browser pages on other origins (frontend/cors.py)."""

@@ -4,6 +4,7 @@ answered 503 JSON — and an SSE response longer than every timeout runs to its 
 from __future__ import annotations
 
 import json
+import select
 import socket
 import time
 
@@ -108,6 +109,57 @@ def test_too_large_header_is_answered_431_json(start_server):
     with _connect(server) as sock:  # the limit is per line: many small ones past maxHeaders too
         sock.sendall(_get(extra="".join(f"X-H{i}: v\r\n" for i in range(200))))
         assert _split(_read_until_closed(sock)[0])[0] == 431
+
+
+def _unfinished_head(total: int) -> bytes:
+    """A request line and headers of about `total` bytes, each field small, the final CRLF missing."""
+    fields = "".join(f"X-Pad-{i}: {'a' * 1000}\r\n" for i in range(total // 1012))
+    return f"GET /healthz HTTP/1.1\r\nHost: localhost\r\n{fields}".encode()
+
+
+def test_an_unfinished_head_past_max_header_bytes_is_answered_431(start_server):
+    # Every field is within maxHeaderFieldSize and their number within maxHeaders: only the bytes of
+    # the head as a whole, counted while they arrive, bound what one client holds before auth.
+    server = start_server("-s", "frontend.limits.maxHeaderBytes=16384", "-s", "frontend.limits.maxHeaders=100")
+    head = _unfinished_head(30000)
+    with _connect(server) as sock:
+        try:
+            for i in range(0, len(head), 4096):
+                sock.sendall(head[i:i + 4096])
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        data, _ = _read_until_closed(sock)
+    status, headers, body = _split(data)
+    assert status == 431 and headers["content-type"].startswith("application/json")
+    assert "maxHeaderBytes" in json.loads(body)["message"]
+    with _connect(server) as sock:  # a head within the bound, finished, is served
+        sock.sendall(_unfinished_head(12000) + b"\r\n")
+        assert _split(sock.recv(65536))[0] == 200
+
+
+def test_unfinished_heads_across_connections_are_bounded_and_released(start_server):
+    server = start_server("-s", "frontend.limits.maxHeaderBytesInFlight=65536",
+                          "-s", "frontend.limits.maxHeaderBytes=40000", "-s", "frontend.limits.maxHeaders=100")
+    socks = [_connect(server) for _ in range(3)]
+    try:
+        for sock in socks:  # 3 x 30 KB held at once: the one whose bytes pass 64 KiB is refused
+            sock.sendall(_unfinished_head(30000))
+        readable, _, _ = select.select(socks, [], [], 10)
+        assert len(readable) == 1
+        refused = readable[0]
+        status, _, body = _split(_read_until_closed(refused)[0])
+        assert status == 503 and "maxHeaderBytesInFlight" in json.loads(body)["message"]
+        for sock in socks:  # the others were held, not refused: finished, they are served
+            if sock is not refused:
+                sock.sendall(b"\r\n")
+                assert _split(sock.recv(65536))[0] == 200
+        with _connect(server) as sock:  # what they held was given back
+            sock.sendall(_unfinished_head(30000))
+            sock.sendall(b"\r\n")
+            assert _split(sock.recv(65536))[0] == 200
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def test_connections_past_the_cap_get_503_json_and_the_held_ones_still_work(start_server):

@@ -34,7 +34,7 @@ ALLOW_HEADERS = ("Authorization", "Content-Type", "Accept", "Last-Event-ID", "X-
                  "traceparent", "tracestate")
 _ALLOWED_LOWER = frozenset(h.lower() for h in ALLOW_HEADERS)
 _SAFE_METHODS = frozenset(("GET", "HEAD", "OPTIONS"))
-_ALWAYS_EXPOSED = ("X-Request-Id", "traceparent")
+_ALWAYS_EXPOSED = ("X-Request-Id", "traceparent", "X-Invocation-Id")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

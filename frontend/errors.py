@@ -15,6 +15,7 @@ from aiohttp.typedefs import Handler
 from runtime.errors import FunctionServiceError
 
 from .keys import TRACE_ID
+from .metrics import INVOCATION
 from .tracing import add_trace_headers, trace_id_of
 
 __all__ = ("error_response", "error_middleware", "http_error_code", "is_openai_path", "is_runpod_path",
@@ -51,6 +52,9 @@ def error_response(request: web.BaseRequest, exc: FunctionServiceError) -> web.R
     headers = {"X-Inner-Code": str(exc.code)}
     if trace_id:
         headers["X-Trace-Id"] = trace_id
+    inv = request.get(INVOCATION)  # an invocation that started, then failed: it is named too
+    if inv is not None:
+        headers["X-Invocation-Id"] = inv.id
     if is_openai_path(request.path):
         body = openai_error_body(exc.status, exc.message, exc.code)
     elif is_runpod_path(request.path):

@@ -165,6 +165,8 @@ class FrontDoor:
             count_refused(self._stats, request, exc.code, started, spec)
             request[TRACE_FLAGS] = flags
             response = error_response(request, exc)
+            if inv is not None:  # (the app path's error_response finds it in request[INVOCATION])
+                response.headers["X-Invocation-Id"] = inv.id
             add_trace_headers(request, response)
         except ConnectionError as exc:  # a stream's write failed: the client left
             if inv is None:

@@ -116,6 +116,7 @@ def json_answer(inv: InvocationSurface, result: str | None, trace_flags: str | N
     follows it), the answer's trace headers are set here too."""
     headers = {"X-Trace-Id": inv.trace_id} if trace_flags is None else answer_trace_headers(inv.trace_id, trace_flags)
     headers["Content-Type"] = _JSON_TYPE
+    headers["X-Invocation-Id"] = inv.id
     headers["X-Inner-Code"] = "0"
     headers["X-Billing-Duration"] = str(int((time.monotonic() - inv.started) * 1000))
     # Bytes and a ready Content-Type: what `text=..., content_type=...` would give, without
@@ -128,7 +129,7 @@ _JSON_TYPE = "application/json; charset=utf-8"
 
 async def stream_response(request: web.BaseRequest, inv: InvocationSurface, heartbeat: float) -> web.StreamResponse:
     """The answer of an SSE (or raw) call: its writes as events, then its result, then [DONE]."""
-    stream = EventStream(request, headers={"X-Trace-Id": inv.trace_id})
+    stream = EventStream(request, headers={"X-Trace-Id": inv.trace_id, "X-Invocation-Id": inv.id})
     raw = inv.mode == "raw"
     await relay(stream, inv.channel, heartbeat, frame_raw if raw else stream.frame_with_ids)
     next_id = stream.next_id

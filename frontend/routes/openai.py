@@ -85,7 +85,7 @@ async def _serve(request: web.Request, route: str, function_name: str | None = N
                                     InvokeOptions(mode="sse", trace_id=request.get(TRACE_ID)))
     request[INVOCATION] = inv
     if stream:
-        sse = EventStream(request, headers={"X-Trace-Id": inv.trace_id})
+        sse = EventStream(request, headers={"X-Trace-Id": inv.trace_id, "X-Invocation-Id": inv.id})
         heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds
         return await _stream(sse, inv, heartbeat)
     return await _whole(inv)
@@ -133,7 +133,7 @@ async def _whole(inv: InvocationSurface) -> web.Response:
             inv.cancel("answer too large")
             raise ResponseTooLargeError(f"the answer of {inv.spec.name!r} exceeds {inv.max_response_size} bytes")
     result = await inv.outcome()
-    headers = {"X-Trace-Id": inv.trace_id}
+    headers = {"X-Trace-Id": inv.trace_id, "X-Invocation-Id": inv.id}
     answer = _single_object(inv, parts, result)
     if answer.get("error"):
         return web.json_response(answer, status=500, headers=headers)

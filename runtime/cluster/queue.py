@@ -23,7 +23,6 @@ import json
 import logging
 import math
 import time
-import uuid
 from collections.abc import Coroutine
 from typing import Any
 
@@ -32,6 +31,7 @@ from redis.typing import EncodableT
 from runtime.channel import OutputChannel
 from runtime.errors import FunctionServiceError
 from runtime.invocation import Item, new_trace_id
+from runtime.invocation_ids import new_invocation_id
 from runtime.manifest import FunctionSpec
 from runtime.surface import Mode, resolve_mode
 from runtime.tasks import checkpoint, retrieve
@@ -156,7 +156,7 @@ class RemoteInvocation:
                  max_response_size: int, trace_id: str | None, timeout: float | None = None,
                  buffer_bytes: int | None = None) -> None:
         self.queue = queue
-        self.id = uuid.uuid4().hex
+        self.id = new_invocation_id()
         self.trace_id = trace_id or new_trace_id()
         self.spec = spec
         self.event = event

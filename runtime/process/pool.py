@@ -26,7 +26,13 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import DeployError, FunctionServiceError, StreamClosedError, handler_failure_message
+from ..errors import (
+    ConcurrencyLimitError,
+    DeployError,
+    FunctionServiceError,
+    StreamClosedError,
+    handler_failure_message,
+)
 from ..manifest import FunctionSpec
 from ..threadpool import call_threadsafe
 from .errors import WorkerCrashedError, WorkerUnavailableError, error_from_wire
@@ -479,6 +485,14 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         with self.lock:
             self._check_usable()
+            if session is not None and session.exclusive and session.worker is None \
+                    and not self._exclusive_share_left(session):
+                raise ConcurrencyLimitError(
+                    f"function {self.name!r}: exclusive sessions may own at most {self.max_instances - 1} of its "
+                    f"{self.max_instances} instance(s) (maxInstances), one always stays shared; all are owned"
+                    if self.max_instances > 1 else
+                    f"function {self.name!r} has one instance (maxInstances 1): an exclusive session "
+                    "(concurrency -1) would lock every other caller out; raise maxInstances or use concurrency >= 1")
             picked = self._pick(session)
             if picked is not None:
                 return picked
@@ -502,6 +516,19 @@ class WorkerPool:
             raise WorkerUnavailableError(self.broken)
         if self.stopping:
             raise WorkerUnavailableError(f"function {self.name!r} is being stopped")
+
+    def _exclusive_share_left(self, session: Session) -> bool:
+        """Called with the lock held: may `session` own one more worker? Exclusive sessions together own
+        at most maxInstances - 1, so that one instance always serves everyone else: no session, whatever
+        its TTL, starves the function's other callers (they scale out onto it instead)."""
+        now = time.monotonic()
+        owned = 0
+        for worker in self.workers:
+            if worker.exclusive is not None:
+                worker.live_sessions(now)  # forgets an expired owner
+            if worker.exclusive is not None and worker.exclusive is not session:
+                owned += 1
+        return owned < self.max_instances - 1
 
     def _pick(self, session: Session | None) -> tuple[WorkerProcess, bool] | None:
         """Called with the lock held: take a slot for `session` (or anyone) if one is free."""
@@ -527,7 +554,8 @@ class WorkerPool:
                 worker.live_sessions(now)  # forgets an expired owner
                 if worker.exclusive is not None and worker.exclusive is not session:
                     continue  # owned by a live exclusive session
-            if session is not None and session.exclusive and (worker.busy or worker.live_sessions(now)):
+            if session is not None and session.exclusive and (worker.busy or worker.live_sessions(now)
+                                                              or not self._exclusive_share_left(session)):
                 continue
             if best is None or free > best.free():
                 best = worker

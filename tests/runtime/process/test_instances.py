@@ -323,6 +323,30 @@ async def test_an_exclusive_session_keeps_other_invocations_off_its_instance(pcl
     assert mine["pid"] in {body["pid"] for _, body in freed}  # ended: the instance is shared again
 
 
+async def test_an_exclusive_session_never_starves_the_functions_other_callers(pclient):
+    # A day-long exclusive session on a one-instance function would lock everyone else out: refused.
+    await deploy(pclient, "i-hog1", "remember", instances=1)
+    status, body = await call(pclient, "i-hog1", {"say": 1}, session("hog", ttl=86400, concurrency=-1))
+    assert status == 429 and "maxInstances" in body["message"]
+    status, _ = await call(pclient, "i-hog1", {"say": 1})
+    assert status == 200
+    # With 3 instances exclusive sessions own at most 2: the third hog is refused at once, and
+    # everyone else is still served by the instance that stays shared.
+    await deploy(pclient, "i-hog3", "remember", minInstances=1, maxInstances=3)
+    pids = set()
+    for hog in ("a", "b"):
+        status, body = await call(pclient, "i-hog3", {"say": 1}, session(hog, ttl=86400, concurrency=-1))
+        assert status == 200
+        pids.add(body["pid"])
+    status, body = await call(pclient, "i-hog3", {"say": 1}, session("c", ttl=86400, concurrency=-1))
+    assert status == 429 and "at most 2" in body["message"]
+    others = await asyncio.gather(*(call(pclient, "i-hog3", {"seconds": 0.1}) for _ in range(4)))
+    assert all(status == 200 and body["pid"] not in pids for status, body in others)
+    assert (await pclient.delete("/serverless/v1/functions/i-hog3/sessions/a")).status == 200
+    status, _ = await call(pclient, "i-hog3", {"say": 1}, session("c", ttl=86400, concurrency=-1))
+    assert status == 200  # a share given back is taken again
+
+
 async def test_sessions_carry_over_a_redeploy_and_are_told(pclient):
     await deploy(pclient, "i-redeploy", "remember", instances=1)
     status, before = await call(pclient, "i-redeploy", {"say": 1}, session("keep"))

@@ -86,7 +86,7 @@ document(
     Op("DELETE", "/serverless/v1/functions/{ref}/sessions/{session_id}", "sessions", "End a session",
        description="The session ends (its instance is free again); invocations still running finish.",
        ok=SessionEnded, errors=(403, 404), role="user"),
-    # -- jobs (README "Jobs")
+    # -- jobs (docs/jobs.md)
     Op("GET", "/serverless/v1/functions/async-results/{request_id}", "jobs", "openYuanrong: an async invocation's "
        "state, and its answer once finished", ok=AsyncResult, errors=(404,), role="user"),
     Op("GET", "/serverless/v1/jobs", "jobs", "This tenant's jobs, newest first", ok=JobList, errors=(400,),

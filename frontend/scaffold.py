@@ -100,7 +100,7 @@ def render_config() -> str:
     shipped = yaml.safe_load(packaged_default_config().read_text()) or {}
     lines = ["# fnstream configuration (written by `fnstream init`). Every key is listed with its default;",
              "# uncomment a line to change it. Relative paths resolve against this file's directory.",
-             "# Reference: the README's \"Configuration\" section."]
+             "# Reference: docs/configuration.md (every key, its default and meaning)."]
     _render(Config, Config.model_validate({}).model_dump(mode="json"), shipped, 0, lines)
     return "\n".join(lines) + "\n"
 

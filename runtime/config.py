@@ -53,7 +53,7 @@ class FrontendArgs(_Strict):
 
 
 class FrontendLimits(_Strict):
-    """Connection limits of the listener (frontend/server.py); every key is documented in README.md."""
+    """Connection limits of the listener (frontend/server.py); every key is documented in docs/configuration.md."""
 
     keepAliveSeconds: float = Field(75, gt=0, description="an idle keep-alive connection is closed after this")
     headerTimeoutSeconds: float = Field(10, gt=0, description="a request's line and headers must arrive within "
@@ -120,7 +120,7 @@ class AuthConfig(_Strict):
 
 
 class StreamsConfig(_Strict):
-    """Named-stream settings (see runtime/streams; every key is documented in README.md)."""
+    """Named-stream settings (see runtime/streams; every key is documented in docs/configuration.md)."""
 
     subscriberBuffer: int = Field(1000, ge=1, description="elements buffered per subscription")
     subscriberBufferBytes: int = Field(4 * 1024 * 1024, ge=1, description="bytes buffered per subscription; one "
@@ -177,7 +177,7 @@ class WebhookConfig(_Strict):
 
 
 class JobsConfig(_Strict):
-    """Background jobs (runtime/jobs; every key is documented in README.md "Jobs")."""
+    """Background jobs (runtime/jobs; every key is documented in docs/jobs.md)."""
 
     store: Literal["auto", "sqlite", "memory", "redis"] = Field(
         "auto", description="auto: redis in cluster mode (cluster.redisUrl), else sqlite")

@@ -1,1 +1,1 @@
-"""Background jobs: model, stores, runner, webhooks, RunPod-style handlers (see README "Jobs")."""
+"""Background jobs: model, stores, runner, webhooks, RunPod-style handlers (see docs/jobs.md)."""

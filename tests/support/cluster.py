@@ -3,10 +3,13 @@ and `fnstream worker` processes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -46,18 +49,23 @@ def wait_for_redis(client: redis.Redis) -> None:
 
 
 class RedisServer:
-    """A throw-away redis-server (no persistence) that tests can kill and restart on the same port."""
+    """A throw-away redis-server that tests can kill and restart on the same port: no persistence,
+    or with `aof` (a directory) an append-only file fsynced on every write (`appendfsync always`),
+    so a restart on the same directory keeps every acknowledged write."""
 
-    def __init__(self) -> None:
+    def __init__(self, aof: Path | None = None) -> None:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.aof = aof
         self.proc: subprocess.Popen | None = None
         self._client: redis.Redis | None = None
         self.start()
 
     def start(self) -> None:
+        persistence = ["--appendonly", "no"] if self.aof is None else [
+            "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.aof)]
         self.proc = subprocess.Popen([REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                      *persistence], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_redis(self.client())
 
     def client(self) -> redis.Redis:
@@ -200,3 +208,25 @@ async def sse(session, base: str, name: str, event: dict, on_event=None):
 
 def frontend_args(url: str, role: str = "frontend") -> list[str]:
     return ["--cluster", url, *FAST, "-s", f"cluster.role={role}"]
+
+
+@dataclass
+class Serving:
+    """A frontend and a worker on one Redis, a client session, and the function deployed."""
+
+    frontend: FnstreamProcess
+    worker: WorkerProcess
+    session: aiohttp.ClientSession
+
+
+@contextlib.asynccontextmanager
+async def serving(url: str, start_server, start_worker, manifest: dict = RELAY, *, frontend: tuple[str, ...] = (),
+                  worker: tuple[str, ...] = ()) -> AsyncIterator[Serving]:
+    """The usual setup of a cluster test: a frontend (its `frontend` arguments appended) and a
+    worker (`worker`) on `url`, `manifest` deployed and served by the worker once this yields."""
+    front = start_server(*frontend_args(url), *frontend)
+    node = start_worker(url, *worker)
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, front.url, manifest)
+        await workers_serving(s, front.url, manifest["name"])
+        yield Serving(front, node, s)

@@ -16,6 +16,7 @@ from tests.support.cluster import (
     RELAY,
     deploy,
     frontend_args,
+    serving,
     sse,
     status,
     wait_until,
@@ -25,11 +26,8 @@ from tests.support.servers import FUNCTIONS
 
 
 async def test_invoke_on_frontend_runs_on_worker_and_streams_as_produced(redis_server, start_server, start_worker):
-    a = start_server(*frontend_args(redis_server.url))
-    worker = start_worker(redis_server.url)
-    async with aiohttp.ClientSession() as s:
-        await deploy(s, a.url, RELAY)
-        await workers_serving(s, a.url, "relay")
+    async with serving(redis_server.url, start_server, start_worker) as cluster:
+        s, a, worker = cluster.session, cluster.frontend, cluster.worker
         started = time.monotonic()
         status_code, got = await sse(s, a.url, "relay", {"count": 5, "delay_ms": 300})
     total = got[-1][0] - started
@@ -183,11 +181,8 @@ async def test_worker_killed_before_output_is_rerun_by_another(redis_server, sta
 
 
 async def test_worker_killed_mid_stream_gives_error_event_then_done(redis_server, start_server, start_worker):
-    a = start_server(*frontend_args(redis_server.url))
-    start_worker(redis_server.url)
-    async with aiohttp.ClientSession() as s:
-        await deploy(s, a.url, RELAY)
-        await workers_serving(s, a.url, "relay")
+    async with serving(redis_server.url, start_server, start_worker) as cluster:
+        s, a = cluster.session, cluster.frontend
         killed = []
 
         def on_event(data: str) -> None:
@@ -323,11 +318,8 @@ def test_cluster_config_is_checked():
 
 
 async def test_timeout_on_the_worker_reaches_the_client(redis_server, start_server, start_worker):
-    a = start_server(*frontend_args(redis_server.url))
-    start_worker(redis_server.url)
-    async with aiohttp.ClientSession() as s:
-        await deploy(s, a.url, {**RELAY, "timeout": 0.5})
-        await workers_serving(s, a.url, "relay")
+    async with serving(redis_server.url, start_server, start_worker, {**RELAY, "timeout": 0.5}) as cluster:
+        s, a = cluster.session, cluster.frontend
         async with s.post(a.url + "/serverless/v1/functions/relay/invocations", json={"wait_ms": 3000}) as r:
             body = await r.json()
             assert r.status == 504 and body["code"] == 4010 and "timed out" in body["message"], body

@@ -22,6 +22,7 @@ from tests.support.cluster import (
     WorkerProcess,
     deploy,
     frontend_args,
+    serving,
     status,
     wait_until,
     workers_serving,
@@ -156,11 +157,8 @@ async def test_redis_lost_fails_the_waiting_invocations_at_once(redis_server, wo
 
 
 async def test_a_json_client_that_leaves_stops_the_handler_on_the_worker(redis_server, start_server, start_worker):
-    a = start_server(*frontend_args(redis_server.url))
-    start_worker(redis_server.url)
-    async with aiohttp.ClientSession() as s:
-        await deploy(s, a.url, RELAY)
-        await workers_serving(s, a.url, "relay")
+    async with serving(redis_server.url, start_server, start_worker) as cluster:
+        s, a = cluster.session, cluster.frontend
         with pytest.raises(asyncio.TimeoutError):
             async with s.post(a.url + "/serverless/v1/functions/relay/invocations", json={"wait_ms": 20_000},
                               timeout=aiohttp.ClientTimeout(total=1)):

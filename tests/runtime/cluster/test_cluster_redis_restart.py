@@ -7,7 +7,7 @@ import asyncio
 
 import aiohttp
 
-from tests.support.cluster import RELAY, deploy, frontend_args, sse, status, wait_until, workers_serving
+from tests.support.cluster import RELAY, deploy, serving, sse, status, wait_until, workers_serving
 
 INVOKE = "/serverless/v1/functions/relay/invocations"
 STREAMS = "/serverless/v1/streams"
@@ -34,11 +34,8 @@ async def _burst(s: aiohttp.ClientSession, base: str) -> list[int]:
 
 
 async def test_every_request_succeeds_after_a_redis_restart(redis_server, start_server, start_worker):
-    frontend = start_server(*frontend_args(redis_server.url))
-    start_worker(redis_server.url)
-    async with aiohttp.ClientSession() as s:
-        await deploy(s, frontend.url, RELAY)
-        await workers_serving(s, frontend.url, "relay")
+    async with serving(redis_server.url, start_server, start_worker) as cluster:
+        s, frontend = cluster.session, cluster.frontend
         assert set(await _burst(s, frontend.url)) == {200}   # fills the connection pools
         redis_server.kill()
         redis_server.start()

@@ -41,126 +41,197 @@ class _Strict(BaseModel):
 
 
 class FrontendArgs(_Strict):
-    enableEvent: bool = False
-    maxRequestBodySize: float = Field(6, gt=0, description="MB")
-    heartbeatSeconds: float = Field(15, gt=0)
-    streamBufferEvents: int = Field(100, ge=1, description="per-invocation output buffer (events)")
-    streamBufferBytes: int = Field(4 * 1024 * 1024, ge=1, description="per-invocation output buffer (bytes); "
-                                   "one larger write still passes alone")
-    maxWriteSize: int = Field(4 * 1024 * 1024, ge=1, description="bytes per stream write")
-    maxResponseSize: int = Field(6 * 1024 * 1024, ge=1, description="bytes of a JSON result")
-    shutdownGraceSeconds: float = Field(10, ge=0, description="in-flight invocations may finish this long on SIGTERM")
+    enableEvent: bool = Field(False,
+                              description="SSE on invoke when `Accept` admits `text/event-stream`; false (as in "
+                                          "openYuanrong) answers JSON only")
+    maxRequestBodySize: float = Field(6, gt=0, description="MB of a request body, counted decompressed; 413 beyond")
+    heartbeatSeconds: float = Field(15, gt=0,
+                                    description="`: ping` comment after this long without an event (up to 1.25× "
+                                                "this on invoke and OpenAI streams: one clock per process beats "
+                                                "for every open stream)")
+    streamBufferEvents: int = Field(100, ge=1, description="per-invocation output buffer (events); a writer blocks "
+                                                           "or waits while it is full")
+    streamBufferBytes: int = Field(4 * 1024 * 1024, ge=1, description="per-invocation output buffer in bytes "
+                                                                      "(UTF-8), besides `streamBufferEvents`; one "
+                                                                      "larger write still passes alone")
+    maxWriteSize: int = Field(4 * 1024 * 1024, ge=1, description="bytes per stream write (`StreamWriteError` "
+                                                                 "beyond)")
+    maxResponseSize: int = Field(6 * 1024 * 1024, ge=1, description="bytes of a JSON result (500, code 4004, "
+                                                                    "beyond)")
+    shutdownGraceSeconds: float = Field(10, ge=0, description="on SIGTERM/SIGINT, in-flight invocations may finish "
+                                                              "this long; the rest end with a 200503 error event "
+                                                              "and `[DONE]`; also how long a redeployed function's "
+                                                              "old revision may finish its invocations before its "
+                                                              "`preStop`")
 
 
 class FrontendLimits(_Strict):
     """Connection limits of the listener (frontend/server.py); every key is documented in docs/configuration.md."""
 
-    keepAliveSeconds: float = Field(75, gt=0, description="an idle keep-alive connection is closed after this")
+    keepAliveSeconds: float = Field(75, gt=0, description="an idle keep-alive connection is closed after this "
+                                                          "(above the 60 s idle timeout of common load balancers, "
+                                                          "so they close first)")
     headerTimeoutSeconds: float = Field(10, gt=0, description="a request's line and headers must arrive within "
-                                        "this, from connect or from the first byte after a response")
+                                                              "this, from connect or from the first byte of the "
+                                                              "next request on a kept-alive connection; a "
+                                                              "slowloris client gets 408 and is closed")
     bodyTimeoutSeconds: float = Field(60, gt=0, description="a request body must arrive within this once its "
-                                      "headers did; never applies to the response (SSE runs as long as it needs)")
+                                                            "headers did (408, code 408000, then closed); never "
+                                                            "applies to the response (SSE runs as long as it "
+                                                            "needs)")
     sendTimeoutSeconds: float = Field(60, gt=0, description="a response the client takes none of for this long "
-                                      "(its socket full) is aborted; a slow reader that keeps taking is not")
-    maxHeaderFieldSize: int = Field(8190, ge=256, description="bytes of the URL, and of each header's name and "
-                                    "of its value")
-    maxHeaders: int = Field(128, ge=1, description="header lines per request")
+                                                            "(its socket full) is aborted and its invocation "
+                                                            "cancelled; a slow reader that keeps taking bytes is "
+                                                            "not")
+    maxHeaderFieldSize: int = Field(8190, ge=256, description="bytes of the URL, and of each header's name and of "
+                                                              "its value; 431 beyond")
+    maxHeaders: int = Field(128, ge=1, description="header lines per request; 431 beyond")
     maxHeaderBytes: int = Field(64 * 1024, ge=1024, description="bytes of one request's line and headers while "
                                 "they arrive; past it 431")
     maxHeaderBytesInFlight: int = Field(64 * 1024 * 1024, ge=1024, description="bytes of unfinished request "
                                         "heads held across all connections; past it the connection adding "
                                         "more gets 503")
-    maxConnections: int = Field(10000, ge=1, description="open connections; past it new ones get 503")
+    maxConnections: int = Field(10000, ge=1, description="open connections of one frontend process; past it a new "
+                                                         "one gets 503 with `Retry-After: 1` and is closed")
 class CorsConfig(_Strict):
     """Cross-origin access for browser pages on other origins (frontend/cors.py)."""
 
-    allowOrigins: list[str] = Field(default_factory=list, description="origins allowed ('*' = any); empty = CORS off")
-    allowCredentials: bool = False
-    maxAgeSeconds: int = Field(600, ge=0, description="how long a browser may cache a preflight answer")
-    exposeHeaders: list[str] = Field(default_factory=lambda: ["X-Trace-Id", "X-Inner-Code", "X-Billing-Duration"])
+    allowOrigins: list[str] = Field(default_factory=list, description="origins allowed to call from a browser (`*` "
+                                                                      "= any); empty = CORS off")
+    allowCredentials: bool = Field(False,
+                                   description="send `Access-Control-Allow-Credentials: true`; with `allowOrigins: "
+                                               "['*']` a config error at start (the CORS spec forbids any origin "
+                                               "with credentials)")
+    maxAgeSeconds: int = Field(600, ge=0, description="how long a browser may cache a preflight answer (seconds)")
+    exposeHeaders: list[str] = Field(default_factory=lambda: ["X-Trace-Id", "X-Inner-Code", "X-Billing-Duration"],
+                                     description="headers a page may read (`X-Request-Id` and `traceparent` are "
+                                                 "always added)")
 
 
 class FrontendConfig(_Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(8888, ge=0, le=65535)
+    host: str = Field("127.0.0.1", description="listen address")
+    port: int = Field(8888, ge=0, le=65535, description="listen port (0 = any free port)")
     backlog: int = Field(2048, ge=1, le=2**31 - 1,  # listen() takes a C int; the kernel caps it at somaxconn
-                         description="listen backlog: connections the kernel queues before accept")
-    loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", description="event loop; auto = uvloop when "
-                                                      "importable (serve and worker)")
-    reusePort: bool = Field(False, description="SO_REUSEPORT: several cluster-mode frontends share one port")
-    limits: FrontendLimits = FrontendLimits()
-    args: FrontendArgs = FrontendArgs()
-    cors: CorsConfig = CorsConfig()
-    allowedHosts: list[str] | None = Field(None, description="Host header values served (421 otherwise); unset = "
-                                           "localhost, the listening host and IP literals (any Host when bound to "
-                                           "a wildcard with auth on); ['*'] = any")
-    trustedProxies: list[str] = Field(default_factory=list, description="addresses/CIDRs whose X-Forwarded-* "
-                                      "headers are believed; empty = none")
+                         description="listen backlog: connections the kernel queues before the server accepts them "
+                                     "(capped by `net.core.somaxconn`)")
+    loop: Literal["auto", "asyncio", "uvloop"] = Field("auto",
+                                                       description="event loop of `serve` and `worker`: `auto` = "
+                                                                   "uvloop when importable, else asyncio's; "
+                                                                   "`uvloop` is refused at start when it is not "
+                                                                   "installed")
+    reusePort: bool = Field(False, description="SO_REUSEPORT: several cluster-mode frontends share one port (set "
+                                               "by `serve --processes`); refused without `cluster.redisUrl`")
+    limits: FrontendLimits = Field(FrontendLimits(), description="connection limits of the listener")
+    args: FrontendArgs = Field(FrontendArgs(), description="invocation settings (openYuanrong's `frontend.args`)")
+    cors: CorsConfig = Field(CorsConfig(), description="cross-origin access for browser pages on other origins")
+    allowedHosts: list[str] | None = Field(None, description="`Host` values served; any other gets 421 (a "
+                                                             "DNS-rebinding page names its own host). Unset: "
+                                                             "`localhost`, `frontend.host` and any IP-address "
+                                                             "literal; bound to a wildcard (`0.0.0.0`, `::`) any "
+                                                             "Host when auth is on, else only those. `['*']` = no "
+                                                             "check. Both the fast lane and the app path check it")
+    trustedProxies: list[str] = Field(default_factory=list,
+                                      description="peer addresses/CIDRs whose `X-Forwarded-Host` is believed (for "
+                                                  "the Host and Origin checks); from anyone else it is ignored")
 
 
 class RuntimeConfig(_Strict):
     threadPoolSize: int = Field(64, ge=1, description="threads for plain `def` handlers")
-    threadsPerFunction: int | None = Field(None, ge=1, description="threads one function may hold (running or "
-                                           "overrunning its timeout); default: a quarter of threadPoolSize")
-    codeRoots: list[Path] = Field(default_factory=list, description="directories handler code may live in")
-    deployDir: Path | None = None
+    threadsPerFunction: int | None = Field(None, ge=1, description="threads one function may hold, counting "
+                                                                   "threads still running past their timeout (see "
+                                                                   "Hardening); unset = a quarter of "
+                                                                   "`threadPoolSize`")
+    codeRoots: list[Path] = Field(default_factory=list, description="handler code must live under one of these "
+                                                                    "(empty: anywhere)")
+    deployDir: Path | None = Field(None, description="manifests deployed at start; unset = none")
 
 
 class AuthToken(_Strict):
     """A token, the tenant it belongs to and its role: `user` invokes, `developer` also manages its
     tenant's functions and streams, `admin` manages every tenant's (runtime/principal.py)."""
 
-    token: str = Field(min_length=1, pattern=r"^\S+$", description="no whitespace: tokens are matched exactly")
-    tenant: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
-    role: Literal["user", "developer", "admin"] = "user"
+    token: str = Field(min_length=1, pattern=r"^\S+$", description="the bearer token; no whitespace: tokens are "
+                                                                   "matched exactly")
+    tenant: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$",
+                        description="the tenant the token belongs to")
+    role: Literal["user", "developer", "admin"] = Field("user",
+                                                        description="`user` invokes; `developer` also manages its "
+                                                                    "tenant's functions and streams; `admin` "
+                                                                    "manages every tenant's")
 
 
 class AuthConfig(_Strict):
-    tokens: list[AuthToken] = Field(default_factory=list)
+    tokens: list[AuthToken] = Field(default_factory=list, description="`[{token, tenant, role}]`; empty = auth off")
 
 
 class StreamsConfig(_Strict):
     """Named-stream settings (see runtime/streams; every key is documented in docs/configuration.md)."""
 
     subscriberBuffer: int = Field(1000, ge=1, description="elements buffered per subscription")
-    subscriberBufferBytes: int = Field(4 * 1024 * 1024, ge=1, description="bytes buffered per subscription; one "
-                                       "larger element still passes alone")
-    slowConsumerPolicy: Literal["block", "cut"] = "cut"
-    blockTimeoutMs: int = Field(5000, ge=0, description="how long 'block' makes a producer wait")
-    retainNum: int = Field(0, ge=0)
-    retainBytes: int = Field(0, ge=0)
-    retainSeconds: float = Field(0, ge=0)
+    subscriberBufferBytes: int = Field(4 * 1024 * 1024, ge=1,
+                                       description="bytes buffered per subscription (memory broker), or kept for "
+                                                   "slow subscribers beyond `retainNum` and returned per read "
+                                                   "(Redis broker); one larger element still passes alone")
+    slowConsumerPolicy: Literal["block", "cut"] = Field("cut",
+                                                        description="`block` the producer or `cut` the slow "
+                                                                    "subscriber (`block` is refused in cluster "
+                                                                    "mode)")
+    blockTimeoutMs: int = Field(5000, ge=0, description="how long `block` makes a producer wait")
+    retainNum: int = Field(0, ge=0, description="default retention per stream, in elements (0 = none)")
+    retainBytes: int = Field(0, ge=0, description="default retention per stream, in bytes (0 = none)")
+    retainSeconds: float = Field(0, ge=0, description="default retention per stream, in seconds (0 = none)")
     maxStreamSize: int = Field(64 * 1024 * 1024, ge=1, description="cap on retained bytes per stream")
-    subscribeTimeoutMs: int = Field(0, ge=0, description="idle timeout of a REST subscription; 0 = none")
-    terminators: list[str] = Field(default_factory=lambda: ["[DONE]", "\\xE0\\xFF\\xE0\\xFF"])
-    maxElementSize: int = Field(4 * 1024 * 1024, ge=1)
-    maxElementsPerPublish: int = Field(10000, ge=1, description="elements in one publish request (413 beyond); "
-                                       "a handler's producer flushes at this many")
-    maxStreams: int = Field(10000, ge=1)
-    maxSubscribersPerStream: int = Field(10000, ge=1)
-    idleStreamSeconds: float = Field(86400, ge=0, description="cluster mode: a stream with no publish and no "
-                                     "subscriber waiting on it this long is forgotten; 0 = never")
+    subscribeTimeoutMs: int = Field(0, ge=0, description="default idle timeout of a REST subscription (0 = none)")
+    terminators: list[str] = Field(default_factory=lambda: ["[DONE]", "\\xE0\\xFF\\xE0\\xFF"],
+                                   description="elements that end a REST subscription; the second is "
+                                               "openYuanrong's end marker written with `\\xHH` escapes, which "
+                                               "matches both its 16-character text and the 4 raw bytes")
+    maxElementSize: int = Field(4 * 1024 * 1024, ge=1, description="bytes per element (413 beyond)")
+    maxElementsPerPublish: int = Field(10000, ge=1, description="elements in one `POST "
+                                                                "/serverless/v1/streams/{name}` (413 beyond, "
+                                                                "nothing published: each element costs the event "
+                                                                "loop time); a handler's producer flushes at this "
+                                                                "many")
+    maxStreams: int = Field(10000, ge=1,
+                            description="named streams known at once; 429 beyond (idle streams are forgotten "
+                                        "first)")
+    maxSubscribersPerStream: int = Field(10000, ge=1, description="subscribers of one stream; 429 beyond")
+    idleStreamSeconds: float = Field(86400, ge=0, description="cluster mode: a stream's Redis keys expire after "
+                                                              "this long with no publish and no subscriber waiting "
+                                                              "on it (0 = never)")
 
 
 class OpenAIConfig(_Strict):
     """Which deployed function serves each OpenAI-compatible route."""
 
-    chatFunction: str = "chat"
-    completionsFunction: str = "chat"
+    chatFunction: str = Field("chat", description="function serving `POST /v1/chat/completions`")
+    completionsFunction: str = Field("chat", description="function serving `POST /v1/completions`")
 
 
 class ClusterConfig(_Strict):
     """Cluster mode (see runtime/cluster): streams, registry and work queue in Redis."""
 
-    redisUrl: str | None = Field(None, description="redis://HOST:PORT/DB, or redis+cluster://HOST:PORT for a "
-                                 "Redis Cluster; unset = single-process mode")
-    role: Literal["all", "frontend", "worker"] = "all"
-    keyPrefix: str = Field("fnstream", min_length=1)
-    registrySyncSeconds: float = Field(1.0, gt=0)
-    workerHeartbeatSeconds: float = Field(1.0, gt=0)
-    claimIdleSeconds: float = Field(5.0, gt=0, description="a queued invocation idle this long is reclaimed")
-    outputTtlSeconds: float = Field(60.0, gt=0, description="per-invocation keys expire after this")
-    workerConcurrency: int = Field(64, ge=1, description="invocations a worker node runs at once")
+    redisUrl: str | None = Field(None, description="`redis://HOST:PORT/DB`, or `redis+cluster://HOST:PORT` for a "
+                                                   "Redis Cluster: cluster mode; unset = single process, no Redis")
+    role: Literal["all", "frontend", "worker"] = Field("all",
+                                                       description="`all` (frontend + worker), `frontend` (queues "
+                                                                   "every invocation), `worker`")
+    keyPrefix: str = Field("fnstream", min_length=1, description="prefix of every Redis key")
+    registrySyncSeconds: float = Field(1.0, gt=0, description="periodic registry re-read (besides pub/sub)")
+    workerHeartbeatSeconds: float = Field(1.0, gt=0,
+                                          description="worker liveness refresh; a worker is lost after 3 × this")
+    claimIdleSeconds: float = Field(5.0, gt=0, description="a queued invocation held this long by a dead worker is "
+                                                           "reclaimed")
+    outputTtlSeconds: float = Field(60.0, gt=0, description="TTL of per-invocation keys; a worker whose stream "
+                                                            "output nobody acks, nor keeps alive, for this long "
+                                                            "(its frontend killed, or cut off from Redis; a "
+                                                            "frontend whose client stalls renews it) stops the "
+                                                            "invocation")
+    workerConcurrency: int = Field(64, ge=1, description="invocations one worker node runs at once (each function "
+                                                         "also at most its own `concurrency`, which counts per "
+                                                         "worker; when several queues' entries arrive at the same "
+                                                         "moment, each blocking read may bring one more until they "
+                                                         "end)")
 
 
 class WebhookConfig(_Strict):
@@ -168,60 +239,78 @@ class WebhookConfig(_Strict):
 
     timeoutSeconds: float = Field(10, gt=0, description="per delivery attempt")
     attempts: int = Field(4, ge=1, le=10, description="first try plus retries after 1 s, 2 s, 4 s, ...")
-    queueSize: int = Field(1000, ge=1, description="deliveries waiting or in progress; beyond, dropped and logged")
-    tenantQueueSize: int = Field(100, ge=1, description="the same per tenant: one tenant's slow receiver "
-                                 "never gets another tenant's webhooks dropped")
-    allowedHosts: list[str] = Field(default_factory=list, description="hosts a webhook may call; empty = any")
-    allowPrivate: bool = Field(False, description="let webhooks reach loopback, private, link-local and other "
-                               "non-public addresses (refused by default: any user could make the server call them)")
+    queueSize: int = Field(1000, ge=1, description="deliveries pending at once; beyond, dropped and logged")
+    tenantQueueSize: int = Field(100, ge=1, description="deliveries of one tenant pending at once: one tenant's "
+                                                        "slow receiver never gets another tenant's webhooks "
+                                                        "dropped")
+    allowedHosts: list[str] = Field(default_factory=list, description="hosts a webhook may call (empty = any): set "
+                                                                      "it so a job cannot make the server call "
+                                                                      "internal addresses")
+    allowPrivate: bool = Field(False, description="let webhooks call loopback, private, link-local and other "
+                                                  "non-public addresses (refused by default: any user could make "
+                                                  "the server call them)")
 
 
 class JobsConfig(_Strict):
     """Background jobs (runtime/jobs; every key is documented in docs/jobs.md)."""
 
     store: Literal["auto", "sqlite", "memory", "redis"] = Field(
-        "auto", description="auto: redis in cluster mode (cluster.redisUrl), else sqlite")
-    path: Path = Field(Path("fnstream-jobs.sqlite3"), description="sqlite file, relative to the config file")
-    maxQueued: int = Field(1000, ge=1, description="jobs waiting to start; beyond, 429")
-    maxQueuedPerTenant: int = Field(250, ge=1, description="jobs of one tenant waiting to start; beyond, 429 "
-                                    "(one tenant's backlog leaves room for the others')")
-    maxInputBytes: int = Field(10 * 1024 * 1024, ge=1, description="input bytes (JSON) per job; beyond, 413 at "
-                               "submit (RunPod's /run limit)")
-    maxInputBytesSync: int = Field(20 * 1024 * 1024, ge=1, description="the same for /runsync (RunPod's limit)")
-    tenantQuotaBytes: int = Field(1024 * 1024 * 1024, ge=1, description="bytes (inputs and outputs) one "
-                                  "tenant's kept jobs may hold; beyond, 507 at submit")
-    maxOutputBytes: int = Field(10 * 1024 * 1024, ge=1, description="output bytes per job; beyond, FAILED")
-    retentionSeconds: float = Field(3600, gt=0, description="finished jobs and their output expire after this")
-    runsyncWaitMs: int = Field(90_000, ge=0, description="default and maximum wait of /runsync")
-    takeoverSeconds: float = Field(15, gt=0, description="cluster mode: a node's unfinished jobs pass to another "
-                                   "node this long after it stops renewing its lease")
-    webhook: WebhookConfig = WebhookConfig()
+        "auto", description="`auto` = `redis` in cluster mode (`cluster.redisUrl`), else `sqlite`; or `sqlite`, "
+                            "`memory`, `redis`")
+    path: Path = Field(Path("fnstream-jobs.sqlite3"), description="the SQLite file (relative to the config file)")
+    maxQueued: int = Field(1000, ge=1, description="jobs waiting to start; 429 beyond")
+    maxQueuedPerTenant: int = Field(250, ge=1, description="jobs of one tenant waiting to start; 429 beyond for "
+                                                           "that tenant only, so one tenant's backlog never "
+                                                           "refuses another's jobs")
+    maxInputBytes: int = Field(10 * 1024 * 1024, ge=1, description="input bytes (its JSON) per job, RunPod's "
+                                                                   "`/run` limit; beyond, 413 at submit (the body "
+                                                                   "is also bounded by "
+                                                                   "`frontend.args.maxRequestBodySize`)")
+    maxInputBytesSync: int = Field(20 * 1024 * 1024, ge=1,
+                                   description="the same for `/runsync` (RunPod's limit)")
+    tenantQuotaBytes: int = Field(1024 * 1024 * 1024, ge=1,
+                                  description="bytes (inputs plus outputs) one tenant's kept jobs may hold until "
+                                              "they expire; beyond, 507 at submit")
+    maxOutputBytes: int = Field(10 * 1024 * 1024, ge=1, description="output bytes per job; beyond, the job is "
+                                                                    "`FAILED` (413)")
+    retentionSeconds: float = Field(3600, gt=0, description="finished jobs and their output expire after this "
+                                                            "(openYuanrong keeps 60 minutes)")
+    runsyncWaitMs: int = Field(90_000, ge=0, description="default and maximum `wait` of `/runsync`")
+    takeoverSeconds: float = Field(15, gt=0, description="cluster mode: how long after a node stops renewing its "
+                                                         "lease its unfinished jobs pass to another node (the "
+                                                         "restart rules apply)")
+    webhook: WebhookConfig = Field(WebhookConfig(), description="job-end webhook deliveries")
 
 
 class MetricsConfig(_Strict):
     """`GET /metrics` (frontend/metrics.py)."""
 
-    enabled: bool = Field(True, description="count invocations and serve /metrics")
-    public: bool = Field(False, description="serve /metrics without a token even when auth is on: every "
-                                            "tenant's function and stream names to anyone who can reach it")
+    enabled: bool = Field(True, description="count invocations and serve `/metrics`")
+    public: bool = Field(False, description="`/metrics` without a token even when auth is on — and with every "
+                                            "tenant's function and stream names")
 
 
 class LoggingConfig(_Strict):
     """Log line format of `fnstream serve` and `fnstream worker` (runtime/logs.py)."""
 
-    format: Literal["text", "json"] = "text"
+    format: Literal["text", "json"] = Field("text",
+                                            description="`json`: one JSON object per log line with trace id, "
+                                                        "function, invocation id; `text`: plain lines")
 
 
 class Config(_Strict):
-    frontend: FrontendConfig = FrontendConfig()
-    runtime: RuntimeConfig = RuntimeConfig()
-    auth: AuthConfig = AuthConfig()
-    streams: StreamsConfig = StreamsConfig()
-    openai: OpenAIConfig = OpenAIConfig()
-    cluster: ClusterConfig = ClusterConfig()
-    jobs: JobsConfig = JobsConfig()
-    metrics: MetricsConfig = MetricsConfig()
-    logging: LoggingConfig = LoggingConfig()
+    frontend: FrontendConfig = Field(FrontendConfig(),
+                                     description="the HTTP side: listener, invocation settings, browsers")
+    runtime: RuntimeConfig = Field(RuntimeConfig(), description="where handler code lives and runs")
+    auth: AuthConfig = Field(AuthConfig(), description="bearer tokens, their tenants and roles")
+    streams: StreamsConfig = Field(StreamsConfig(), description="named streams")
+    openai: OpenAIConfig = Field(OpenAIConfig(),
+                                 description="which deployed function serves each OpenAI-compatible route")
+    cluster: ClusterConfig = Field(ClusterConfig(),
+                                   description="cluster mode: registry, work queue and streams in Redis")
+    jobs: JobsConfig = Field(JobsConfig(), description="background jobs (openYuanrong async, RunPod `/v2`)")
+    metrics: MetricsConfig = Field(MetricsConfig(), description="`GET /metrics`")
+    logging: LoggingConfig = Field(LoggingConfig(), description="log lines of `serve` and `worker`")
     source: str = Field("<defaults>", exclude=True, description="where this config came from")
 
 

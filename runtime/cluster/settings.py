@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -24,7 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from runtime.errors import FunctionServiceError, ServiceUnavailableError
 
 __all__ = ("Keys", "connect", "node_id", "ClusterUnavailableError", "WorkerLostError", "OutputLostError", "REDIS_DOWN",
-           "Backoff", "describe_url", "is_cluster_url", "slot_of")
+           "Backoff", "describe_url", "is_cluster_url", "slot_of", "through_outage")
 
 # What a lost Redis connection looks like to redis-py (OSError covers refused connects; the
 # cluster client raises RedisClusterException when no startup node answers, ClusterError when
@@ -138,3 +140,21 @@ class Backoff:
     async def sleep(self) -> None:
         await asyncio.sleep(self.delay)
         self.delay = min(self.cap, self.delay * 2)
+
+
+T = TypeVar("T")
+
+
+async def through_outage(call: Callable[[], Awaitable[T]], deadline: float, *, cap: float = 0.5) -> T:
+    """`call()`, made again after a backoff (0.05 s doubling to `cap`) while Redis is unreachable,
+    until `deadline` (time.monotonic()): then the last error. A Redis restart of a few seconds is
+    then a delay, not a failure of what was accepted. Only for commands that are idempotent or
+    whose repetition the reader discards (an output entry carries its index, an answer its id)."""
+    backoff = Backoff(0.05, cap)
+    while True:
+        try:
+            return await call()
+        except REDIS_DOWN:
+            if time.monotonic() + backoff.delay > deadline:
+                raise
+            await backoff.sleep()

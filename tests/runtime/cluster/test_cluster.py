@@ -428,7 +428,7 @@ async def test_a_client_stalled_past_the_output_ttl_loses_nothing(redis_server, 
 def test_a_frontend_acking_only_events_paces_the_worker_by_events():
     """The node version before acks `{inv:ID}:ack` only: the worker must not wait for a character
     count that never comes (it did, until the deadline)."""
-    from runtime.cluster.worker import _Window
+    from runtime.cluster.worker_run import _Window
     window = _Window(events=100, max_bytes=1000)
     window.wrote(5, 2000)
     assert window.full()                                         # 2000 chars unread > 2 x 1000

@@ -11,6 +11,7 @@ from aiohttp.abc import AbstractAccessLogger
 
 from runtime.config import Config
 from runtime.dispatch import Dispatcher, Limits
+from runtime.durable import DurableOutputs
 from runtime.eventloop import loop_name
 from runtime.executor import Executor
 from runtime.lifecycle import Lifecycle, wait_for_stop_signal
@@ -27,9 +28,9 @@ from .cors import cors_middleware, install_cors
 from .errors import error_middleware
 from .hosts import HOST_POLICY, HostPolicy, host_middleware
 from .jobs import attach_jobs
-from .keys import BROKER, CONFIG, DISPATCHER, EXECUTOR, LIFECYCLE, REGISTRY, TRACE_ID
+from .keys import BROKER, CONFIG, DISPATCHER, EXECUTOR, LIFECYCLE, OUTPUTS, REGISTRY, TRACE_ID
 from .metrics import install_metrics
-from .routes import admin, console, health, invoke, jobs, openai, runpod, sessions, streams
+from .routes import admin, console, health, invocations, invoke, jobs, openai, runpod, sessions, streams
 from .server import FnstreamRunner, raise_fd_limit, start_site
 
 __all__ = ("build_app", "build_registry", "serve", "SERVER_KWARGS")
@@ -83,6 +84,7 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app[BROKER] = broker if broker is not None else MemoryBroker(BrokerSettings.from_config(config.streams))
     app.add_routes(health.routes)
     app.add_routes(invoke.routes)
+    app.add_routes(invocations.routes)  # an SSE invocation's kept output, by its id
     app.add_routes(sessions.routes)
     app.add_routes(admin.routes)
     app.add_routes(streams.routes)
@@ -120,6 +122,15 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
         await broker.close()
 
     app.cleanup_ctx.append(_bind_broker)
+    streams_cfg = config.streams
+    app[OUTPUTS] = outputs = DurableOutputs(
+        lambda: app[BROKER], seconds=streams_cfg.invocationRetentionSeconds,
+        max_bytes=streams_cfg.invocationRetentionBytes, count=streams_cfg.invocationRetentionCount)
+
+    async def _close_outputs(app: web.Application) -> None:
+        await outputs.close()  # after the drain: detached invocations were aborted, their pumps end
+
+    app.on_shutdown.append(_close_outputs)
     if config.cluster.redisUrl:  # cluster mode: registry, queue and streams shared through Redis
         from .cluster import attach_cluster
         attach_cluster(app)

@@ -31,7 +31,8 @@ def required_role(path: str) -> str | None:
         return None
     if path.startswith("/invocations/") or path.startswith("/v1/"):
         return "user"
-    if path.startswith(("/v2/", "/serverless/v1/jobs", "/serverless/v1/functions/async-results/")):
+    if path.startswith(("/v2/", "/serverless/v1/jobs", "/serverless/v1/functions/async-results/",
+                        "/serverless/v1/invocations/")):
         return "user"  # [jobs] jobs are invocations: a user token sees its own tenant's
     if path.startswith("/serverless/v1/functions/") and (path.rstrip("/").endswith("/invocations")
                                                          or "/sessions/" in path):

@@ -40,7 +40,7 @@ from .auth import authenticate
 from .body import arrived_body, max_body_bytes, parse_json_body, read_body
 from .errors import error_response
 from .hosts import HOST_POLICY
-from .keys import CONFIG, DISPATCHER, TRACE_ID
+from .keys import CONFIG, DISPATCHER, OUTPUTS, TRACE_ID
 from .metrics import CLIENT_GONE, DISCONNECTED, INVOCATION, METRICS, count_answered, count_refused
 from .respond import client_left
 from .routes.invoke import json_answer, negotiate_mode, stream_response
@@ -64,8 +64,8 @@ _PLAIN_REF = frozenset("/%#{}")
 class FrontDoor:
     """`handler(request)` of the listener (frontend/server.py): the fast lane, or the app."""
 
-    __slots__ = ("_app_handler", "_body_limit", "_dispatcher", "_enable_event", "_heartbeat", "_hosts", "_stats",
-                 "_tokens")
+    __slots__ = ("_app_handler", "_body_limit", "_dispatcher", "_enable_event", "_heartbeat", "_hosts", "_outputs",
+                 "_stats", "_tokens")
 
     def __init__(self, app: web.Application, app_handler: Handler) -> None:
         config = app[CONFIG]
@@ -76,6 +76,7 @@ class FrontDoor:
         self._heartbeat = config.frontend.args.heartbeatSeconds
         self._body_limit = max_body_bytes(app)
         self._stats = app.get(METRICS)  # None with metrics.enabled: false
+        self._outputs = app[OUTPUTS]  # kept SSE output (runtime/durable.py)
         hosts = app[HOST_POLICY]
         self._hosts = None if hosts.any else hosts  # a Host not allowed: the app's host guard answers 421
 
@@ -150,7 +151,7 @@ class FrontDoor:
             if inv.streaming:  # the invoke route's answer
                 request[INVOCATION] = inv
                 request[TRACE_FLAGS] = flags  # the stream sets its trace headers as it starts
-                response = await stream_response(request, inv, self._heartbeat)
+                response = await stream_response(request, inv, self._heartbeat, self._outputs)
                 count_answered(self._stats, request, response, started)
             else:
                 response = json_answer(inv, await inv.encoded_result(), flags)
@@ -158,7 +159,7 @@ class FrontDoor:
                     self._stats.record(spec, 0, monotonic() - started, None, 0)
         except asyncio.CancelledError:  # the client left
             if inv is not None:
-                inv.cancel(CLIENT_GONE)
+                self._outputs.client_left(inv, CLIENT_GONE)  # cancelled, or (onDisconnect: continue) not
             count_refused(self._stats, request, DISCONNECTED, started, spec)
             raise
         except FunctionServiceError as exc:
@@ -171,7 +172,7 @@ class FrontDoor:
         except ConnectionError as exc:  # a stream's write failed: the client left
             if inv is None:
                 raise
-            inv.cancel(CLIENT_GONE)
+            self._outputs.client_left(inv, CLIENT_GONE)
             log.info("client of invocation %s of %s left: %s", inv.id, inv.spec.name, exc)
             response = client_left()
             count_refused(self._stats, request, DISCONNECTED, started, spec)

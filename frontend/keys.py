@@ -5,12 +5,13 @@ from aiohttp import web
 
 from runtime.config import AuthToken, Config
 from runtime.dispatch import Dispatcher
+from runtime.durable import DurableOutputs
 from runtime.executor import Executor
 from runtime.lifecycle import Lifecycle
 from runtime.registry import Registry
 from runtime.streams import AbstractBroker
 
-__all__ = ("CONFIG", "REGISTRY", "EXECUTOR", "DISPATCHER", "LIFECYCLE", "TRACE_ID", "PRINCIPAL", "BROKER")
+__all__ = ("CONFIG", "REGISTRY", "EXECUTOR", "DISPATCHER", "LIFECYCLE", "TRACE_ID", "PRINCIPAL", "BROKER", "OUTPUTS")
 
 CONFIG = web.AppKey("config", Config)
 REGISTRY = web.AppKey("registry", Registry)
@@ -18,6 +19,7 @@ EXECUTOR = web.AppKey("executor", Executor)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)   # the one way routes run functions
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)      # the shutdown sequence (set while the app runs)
 BROKER = web.AppKey("broker", AbstractBroker)
+OUTPUTS = web.AppKey("durable_outputs", DurableOutputs)  # SSE invocations' kept output, by id
 
 # Per-request state.
 TRACE_ID = web.RequestKey("trace_id", str)

@@ -15,12 +15,13 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from time import monotonic
-from typing import Concatenate, ParamSpec
+from typing import Any, Concatenate, ParamSpec
 
 from aiohttp import web
 
 from runtime.errors import FunctionServiceError
 
+from .keys import OUTPUTS
 from .metrics import CLIENT_GONE, DISCONNECTED, INVOCATION, METRICS, count_answered, count_refused
 
 __all__ = ("invocation_route", "client_left")
@@ -36,6 +37,15 @@ def client_left() -> web.Response:
     return web.Response(status=499)
 
 
+def _client_left(request: web.Request, inv: Any) -> None:
+    """Cancel `inv`, whose client left; or not, if it is kept with onDisconnect: continue."""
+    outputs = request.app.get(OUTPUTS)
+    if outputs is None:
+        inv.cancel(CLIENT_GONE)
+    else:
+        outputs.client_left(inv, CLIENT_GONE)
+
+
 def invocation_route(route: Route[P]) -> Route[P]:
     """Wrap an invoke route (`(request, ...) -> response`, which sets `request[INVOCATION]` once it
     started one): cancel the invocation if the client leaves; count it once the route ends."""
@@ -48,7 +58,7 @@ def invocation_route(route: Route[P]) -> Route[P]:
         except asyncio.CancelledError:
             inv = request.get(INVOCATION)
             if inv is not None:
-                inv.cancel(CLIENT_GONE)
+                _client_left(request, inv)
             count_refused(request.app.get(METRICS), request, DISCONNECTED, started)
             raise
         except FunctionServiceError as exc:  # StreamClosedError & co. are the function's outcome,
@@ -58,7 +68,7 @@ def invocation_route(route: Route[P]) -> Route[P]:
             inv = request.get(INVOCATION)
             if inv is None:
                 raise
-            inv.cancel(CLIENT_GONE)
+            _client_left(request, inv)
             log.info("client of invocation %s of %s left: %s", inv.id, inv.spec.name, exc)
             response = client_left()
         count_answered(request.app.get(METRICS), request, response, started)

@@ -10,7 +10,7 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -136,11 +136,13 @@ def _clock() -> _HeartbeatClock:
 
 
 async def relay(stream: EventStream, channel: OutputChannel[str], heartbeat: float,
-                frame: Callable[[list[str]], bytes]) -> None:
+                frame: Callable[[list[str]], bytes], tee: Callable[[list[str]], Awaitable[None]] | None = None) -> None:
     """Write each batch read from `channel` as one socket write, until the channel closes.
 
     A batch is everything queued since the last write (coalesced; a lone event is not delayed).
     After `heartbeat` seconds without one, a `: ping` comment keeps proxies from timing out.
+    `tee` gets each batch before the socket does (runtime/durable.py keeps it): what the client
+    saw is always kept, whenever it leaves.
     """
     clock = _clock()
     beat = clock.join(channel, heartbeat)
@@ -158,6 +160,8 @@ async def relay(stream: EventStream, channel: OutputChannel[str], heartbeat: flo
             if stream.first_event_at is None:
                 stream.first_event_at = time.monotonic()
             stream.events += len(batch)
+            if tee is not None:
+                await tee(batch)
             await stream.write(frame(batch))
             beat.quiet_since = time.monotonic()
     finally:

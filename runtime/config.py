@@ -199,6 +199,13 @@ class StreamsConfig(_Strict):
     idleStreamSeconds: float = Field(86400, ge=0, description="cluster mode: a stream's Redis keys expire after "
                                                               "this long with no publish and no subscriber waiting "
                                                               "on it (0 = never)")
+    # Durable invocation output (runtime/durable.py): an SSE invocation's events, readable again by its id.
+    invocationRetentionSeconds: float = Field(300, ge=0, description="how long an SSE invocation's output stays "
+                                              "readable by its id after it ends (0 = not kept)")
+    invocationRetentionBytes: int = Field(1024 * 1024, ge=1, description="bytes of one invocation's output "
+                                          "kept, while it runs and after (the oldest events go first)")
+    invocationRetentionCount: int = Field(256, ge=0, description="ended invocations kept at once (the oldest "
+                                          "go first; 0 = none kept)")
 
 
 class OpenAIConfig(_Strict):

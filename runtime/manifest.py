@@ -42,6 +42,9 @@ class FunctionSpec(BaseModel):
     namespace: str = "default"
     description: str = ""
     rawStream: bool = Field(False, description="send stream writes verbatim (handler frames its own SSE)")
+    onDisconnect: Literal["cancel", "continue"] = Field(
+        "cancel", description="when an SSE client drops: cancel the invocation, or let it run on, its output "
+                              "kept for GET /serverless/v1/invocations/{id}/events")
     models: list[str] = Field(default_factory=list, description="model ids served (OpenAI routes)")
     modelAliases: dict[str, str] = Field(default_factory=dict, description="{alias: served model}: other model "
                                          "names the OpenAI routes accept for this function (e.g. gpt-4o-mini)")

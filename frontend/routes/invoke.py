@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -15,6 +14,7 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from runtime.dispatch import InvokeOptions
+from runtime.durable import DurableOutputs, error_text
 from runtime.errors import BadRequestError, FunctionServiceError, NotAcceptableError
 from runtime.manifest import function_urn
 from runtime.sessions import SessionRequest, parse_session_header
@@ -22,7 +22,7 @@ from runtime.surface import InvocationSurface, Mode
 
 from ..auth import principal_of
 from ..body import read_json_body
-from ..keys import CONFIG, DISPATCHER, TRACE_ID
+from ..keys import CONFIG, DISPATCHER, OUTPUTS, TRACE_ID
 from ..metrics import FUNCTION, INVOCATION
 from ..negotiation import parse_accept, quality
 from ..respond import invocation_route
@@ -87,7 +87,7 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     inv = await dispatcher.dispatch(principal, function, event, options)
     request[INVOCATION] = inv
     if inv.streaming:
-        return await stream_response(request, inv, args.heartbeatSeconds)
+        return await stream_response(request, inv, args.heartbeatSeconds, app[OUTPUTS])
     return await _json_response(inv)
 
 
@@ -127,23 +127,33 @@ def json_answer(inv: InvocationSurface, result: str | None, trace_flags: str | N
 _JSON_TYPE = "application/json; charset=utf-8"
 
 
-async def stream_response(request: web.BaseRequest, inv: InvocationSurface, heartbeat: float) -> web.StreamResponse:
-    """The answer of an SSE (or raw) call: its writes as events, then its result, then [DONE]."""
+async def stream_response(request: web.BaseRequest, inv: InvocationSurface, heartbeat: float,
+                          outputs: DurableOutputs | None = None) -> web.StreamResponse:
+    """The answer of an SSE (or raw) call: its writes as events, then its result, then [DONE].
+
+    With `outputs` (the node's kept invocations, runtime/durable.py) an SSE answer is also kept,
+    each batch before the client gets it, so a client that left can read it again."""
     stream = EventStream(request, headers={"X-Trace-Id": inv.trace_id, "X-Invocation-Id": inv.id})
     raw = inv.mode == "raw"
-    await relay(stream, inv.channel, heartbeat, frame_raw if raw else stream.frame_with_ids)
+    kept = outputs.open(inv) if outputs is not None else None
+    tee = outputs.tee(kept) if outputs is not None and kept is not None else None
+    await relay(stream, inv.channel, heartbeat, frame_raw if raw else stream.frame_with_ids, tee)
     next_id = stream.next_id
+    last: str | None = None
     try:
-        result = await inv.encoded_result()
-        if result is not None:
-            await stream.write(encode_event(result, next_id))
+        last = await (inv.encoded_result() if outputs is None else outputs.result(kept, inv))
     except FunctionServiceError as exc:
         log.info("invocation %s of %s failed after %d events: %s", inv.id, inv.spec.name, next_id - 1, exc.message)
         if not stream.prepared:
             stream.set_status(exc.status)
             stream.response.headers["X-Inner-Code"] = str(exc.code)
-        error = json.dumps(exc.to_dict(), ensure_ascii=False, separators=(",", ":"))
-        await stream.write(encode_event(error, None if raw else next_id))
-    if not raw:
-        await stream.write(DONE_EVENT)
+        last = error_text(exc)
+        if raw:
+            await stream.write(encode_event(last))
+            return await stream.finish()
+    if outputs is not None and kept is not None:
+        await outputs.finish(kept, last)
+    if raw:
+        return await stream.finish()
+    await stream.write(DONE_EVENT if last is None else encode_event(last, next_id) + DONE_EVENT)
     return await stream.finish()

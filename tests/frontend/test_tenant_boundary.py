@@ -24,7 +24,7 @@ B_MANIFEST = yaml.safe_dump({"name": "echo", "handler": "hello.handler", "codePa
 @dataclass(frozen=True)
 class Probe:
     method: str
-    path: str                      # {rp}: B's RunPod job id, {yr}: B's async job id
+    path: str                      # {rp}: B's RunPod job id, {yr}: B's async job id, {iv}: B's SSE invocation
     json: Any = None
     data: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
@@ -62,6 +62,12 @@ PROBES = {
     "job-list": Probe("GET", "/serverless/v1/jobs", expect=(200,), check=lambda b: b["jobs"] == []),
     "job-list-by-fn": Probe("GET", "/serverless/v1/jobs?function=echo", expect=(200,),
                             check=lambda b: b["jobs"] == []),
+    # -- an invocation by its X-Invocation-Id (B's SSE one, kept)
+    "invocation-events": Probe("GET", "/serverless/v1/invocations/{iv}/events", expect=(404,)),
+    "invocation-events-from": Probe("GET", "/serverless/v1/invocations/{iv}/events?from=0", expect=(404,)),
+    "invocation-cancel": Probe("POST", "/serverless/v1/invocations/{iv}/cancel", expect=(404,)),
+    "invocation-stream": Probe("GET", "/serverless/v1/streams/invocations/{iv}?from_id=0&timeout_ms=100",
+                               expect=(400, 200), user=(403,)),
     # -- RunPod /v2 (B's endpoint, or A's own endpoint with B's job id)
     "runpod-run": Probe("POST", "/v2/echo/run", json={"input": {}}),
     "runpod-runsync": Probe("POST", "/v2/echo/runsync", json={"input": {}}),
@@ -120,7 +126,7 @@ async def test_tenant_a_cannot_reach_tenant_bs_things(make_client, name: str, to
     client = await make_client(make_config(**{"auth.tokens": TOKENS}))
     world: World = await plant(client)
     before = await snapshot(client, world)
-    path = probe.path.format(rp=world.runpod_job, yr=world.async_job)
+    path = probe.path.format(rp=world.runpod_job, yr=world.async_job, iv=world.invocation)
     resp = await client.request(probe.method, path, json=probe.json, data=probe.data,
                                 headers={**bearer(token), **probe.headers})
     text = await resp.text()
@@ -151,7 +157,7 @@ def test_every_documented_route_is_probed() -> None:
 
     def covers(method: str, template: str) -> bool:
         pattern = re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/?]+", re.escape(template)) + r"(\?.*)?$")
-        return any(p.method == method and pattern.match(p.path.format(rp="J", yr="J")) for p in PROBES.values())
+        return any(p.method == method and pattern.match(p.path.format(rp="J", yr="J", iv="J")) for p in PROBES.values())
 
     missing = {key for key in OPERATIONS if key not in NOT_PROBED and not covers(*key)}
     assert not missing, f"routes without a tenant probe: {sorted(missing)}"

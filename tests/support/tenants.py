@@ -29,6 +29,7 @@ def bearer(token: str) -> dict[str, str]:
 class World:
     runpod_job: str
     async_job: str
+    invocation: str = ""  # B's SSE invocation (its output, kept, holds the secret)
 
 
 async def _wait_done(client: Any, job_id: str) -> None:
@@ -59,9 +60,13 @@ async def plant(client: Any) -> World:
     r = await client.post("/admin/v1/functions", json={"name": "a-echo", "handler": "echo.handler",
                                                        "codePath": "."}, headers=bearer("dev-a"))
     assert r.status == 201, await r.text()
+    r = await client.post("/serverless/v1/functions/echo/invocations", json={"secret": SECRET},
+                          headers={**user_b, "Accept": "text/event-stream"})
+    assert r.status == 200 and SECRET in await r.text()
+    invocation = r.headers["X-Invocation-Id"]
     for job in (runpod_job, async_job):
         await _wait_done(client, job)
-    return World(runpod_job, async_job)
+    return World(runpod_job, async_job, invocation)
 
 
 async def snapshot(client: Any, world: World) -> dict[str, Any]:

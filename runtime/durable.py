@@ -1,0 +1,269 @@
+"""Durable invocation output: a streaming invocation's events outlive the connection that asked.
+
+Each SSE invocation's events are published, as the answer reads them, to the named stream
+`invocations/<id>` of the function's tenant (runtime/streams: its retention, its `from_id` replay),
+so the same output can be read again by the invocation's id (frontend/routes/invocations.py) or
+as a named stream (the subscribe REST routes): the same events with the same ids (the broker's
+ids 1, 2, ... are the answer's `id:`s), then the result or error event, then an element `[DONE]`.
+
+Kept while it runs (bounded by `streams.invocationRetentionBytes`) and for
+`streams.invocationRetentionSeconds` after it ends; at most `invocationRetentionCount` ended ones
+(the oldest go first), so retention never fills `streams.maxStreams`. Only SSE invocations are
+kept: a plain JSON call costs nothing here (not a task, not a record), and neither does a
+streaming one until it writes (its named stream is made by the first publish).
+
+With the manifest's `onDisconnect: continue`, an answer whose client left is not cancelled: a pump
+task takes over reading its output into the stream (the handler never notices), until the end.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from .errors import FunctionServiceError
+from .principal import Principal, may_manage
+from .streams import AbstractBroker, StreamOptions
+from .streams.broker import AbstractSubscription
+from .streams.tenancy import qualify
+from .surface import InvocationSurface
+from .tasks import retrieve
+
+__all__ = ("DurableOutputs", "Retained", "STREAM_PREFIX", "DONE", "InvocationNotFoundError", "InvocationOverError",
+           "InvocationCancelledError", "ClientGoneError", "error_text")
+
+log = logging.getLogger("fnstream.runtime")
+
+STREAM_PREFIX = "invocations/"  # the named stream of invocation X is `invocations/X` in its tenant's namespace
+DONE = "[DONE]"
+
+
+class InvocationNotFoundError(FunctionServiceError, LookupError):
+    """Unknown, expired, or another tenant's (the same answer for all three: ids are not probed)."""
+
+    code, status = 200404, 404
+
+
+class InvocationOverError(FunctionServiceError):
+    code, status = 200409, 409
+
+
+class InvocationCancelledError(FunctionServiceError):
+    """How a stream cancelled by id ends (its last event before [DONE])."""
+
+    code, status = 200410, 410
+
+
+class ClientGoneError(FunctionServiceError):
+    """How the kept output of an invocation cancelled by its client's drop ends (onDisconnect: cancel)."""
+
+    code, status = 200499, 499
+
+
+def error_text(exc: FunctionServiceError) -> str:
+    """An error event's data, as the invoke route writes it."""
+    return json.dumps(exc.to_dict(), ensure_ascii=False, separators=(",", ":"))
+
+
+class Retained:
+    """One kept invocation: where its output goes, and how far it got."""
+
+    __slots__ = ("broken", "configured", "continues", "done_id", "ending", "id", "inv", "key", "next_id", "over",
+                 "timer")
+
+    def __init__(self, inv: InvocationSurface, tenant: str, continues: bool) -> None:
+        self.id = inv.id
+        self.key = qualify(tenant, STREAM_PREFIX + inv.id)
+        self.inv: InvocationSurface | None = inv  # dropped once it is over (nothing else holds it)
+        self.continues = continues     # onDisconnect: continue
+        self.next_id = 1               # the id the next published event gets
+        self.done_id: int | None = None  # the id of the `[DONE]` element, once known
+        self.over = False              # the result (or error) and [DONE] were published
+        self.broken: str | None = None  # why the kept output is incomplete (a refused publish)
+        self.configured = False
+        self.ending: asyncio.Future[str | None] | None = None  # the encoded result being awaited (continue)
+        self.timer: asyncio.TimerHandle | None = None
+
+    @property
+    def tenant(self) -> str:
+        return self.key.partition("/")[0]
+
+
+class DurableOutputs:
+    """The node's kept invocations, by id."""
+
+    def __init__(self, broker: Callable[[], AbstractBroker], *, seconds: float, max_bytes: int, count: int) -> None:
+        self._broker = broker  # looked up per use: cluster mode replaces the app's broker at startup
+        self.seconds = seconds
+        self.max_bytes = max_bytes
+        self.count = count
+        self.enabled = seconds > 0 and count > 0
+        self._running: dict[str, Retained] = {}
+        self._ended: OrderedDict[str, Retained] = OrderedDict()  # oldest end first
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def __len__(self) -> int:
+        return len(self._running) + len(self._ended)
+
+    # -- the answer's side ---------------------------------------------------------------------
+    def open(self, inv: InvocationSurface) -> Retained | None:
+        """Keep `inv`'s output (an SSE invocation); None when it is not kept."""
+        if not self.enabled or inv.mode != "sse":
+            return None
+        spec = inv.spec
+        rec = Retained(inv, spec.tenant, getattr(spec, "onDisconnect", "cancel") == "continue")
+        self._running[rec.id] = rec
+        return rec
+
+    def tee(self, rec: Retained) -> Callable[[list[str]], Awaitable[None]]:
+        """What the answer's relay calls with each batch before it writes it to the socket."""
+        async def publish(batch: list[str]) -> None:
+            await self.publish(rec, batch)
+        return publish
+
+    async def publish(self, rec: Retained, payloads: Sequence[str]) -> None:
+        """Append events; a refusal (a full broker, an empty write) marks the kept output broken,
+        never the live answer."""
+        rec.next_id += len(payloads)
+        if rec.broken is not None:
+            return
+        try:
+            broker = self._broker()
+            if not rec.configured:
+                rec.configured = True
+                await broker.configure(rec.key, StreamOptions(retain_bytes=self.max_bytes, policy="cut",
+                                                              max_stream_size=self.max_bytes))
+            await broker.publish(rec.key, [p.encode("utf-8", "surrogatepass") for p in payloads])
+        except FunctionServiceError as exc:
+            rec.broken = exc.message
+            log.warning("invocation %s: its output is no longer kept: %s", rec.id, exc.message)
+
+    async def result(self, rec: Retained | None, inv: InvocationSurface) -> str | None:
+        """`inv.encoded_result()`; with onDisconnect: continue, awaited so that the answer's task
+        being cancelled (its client left) does not cancel the invocation (the pump awaits it then)."""
+        if rec is None or not rec.continues:
+            return await inv.encoded_result()
+        if rec.ending is None:
+            rec.ending = asyncio.ensure_future(inv.encoded_result())
+            rec.ending.add_done_callback(retrieve)
+        return await asyncio.shield(rec.ending)
+
+    async def finish(self, rec: Retained, last: str | None) -> None:
+        """The last event (result or error; None: none), then [DONE]; kept for `seconds` more."""
+        if rec.over:
+            return
+        if last is not None:
+            await self.publish(rec, [last])
+        rec.done_id = rec.next_id
+        await self.publish(rec, [DONE])
+        self._end(rec)
+
+    def _end(self, rec: Retained) -> None:
+        rec.over = True
+        rec.inv = None
+        if self._running.pop(rec.id, None) is None:
+            return
+        self._ended[rec.id] = rec
+        rec.timer = asyncio.get_running_loop().call_later(self.seconds, self._expire, rec.id)
+        while len(self._ended) > self.count:
+            self._expire(next(iter(self._ended)))
+
+    def _expire(self, inv_id: str) -> None:
+        rec = self._ended.pop(inv_id, None)
+        if rec is None:
+            return
+        if rec.timer is not None:
+            rec.timer.cancel()
+        if rec.configured:
+            self._spawn(self._delete(rec.key))
+
+    async def _delete(self, key: str) -> None:
+        try:
+            await self._broker().delete(key)
+        except FunctionServiceError:
+            pass  # already gone (deleted by its tenant, or the broker's own limits)
+
+    def client_left(self, inv: InvocationSurface, reason: str) -> None:
+        """The answer's client left: cancel `inv`, or (onDisconnect: continue) pump its output on."""
+        rec = self._running.get(inv.id)
+        if rec is None or not rec.continues or rec.broken is not None:
+            inv.cancel(reason)
+            if rec is not None:
+                self._spawn(self.finish(rec, error_text(ClientGoneError(
+                    f"the invocation was cancelled: {reason} (onDisconnect: cancel)"))))
+            return
+        log.info("client of invocation %s of %s left; it continues (onDisconnect: continue)", inv.id, inv.spec.name)
+        self._spawn(self._pump(rec, inv))
+
+    async def _pump(self, rec: Retained, inv: InvocationSurface) -> None:
+        """The rest of a detached invocation's output, into its stream, as the answer would have."""
+        try:
+            if rec.ending is None:  # the answer was still relaying: take over its channel
+                channel = inv.channel
+                while batch := await channel.get_batch():
+                    await self.publish(rec, batch)
+            try:
+                last = await self.result(rec, inv)
+            except FunctionServiceError as exc:
+                last = error_text(exc)
+            await self.finish(rec, last)
+        except asyncio.CancelledError:  # shutdown
+            inv.cancel("the server is shutting down")
+            raise
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(retrieve)
+
+    # -- readers -------------------------------------------------------------------------------
+    def find(self, principal: Principal | None, inv_id: str) -> Retained:
+        """The kept invocation `inv_id`, if `principal` may see it (its tenant, or admin); else 404."""
+        rec = self._running.get(inv_id) or self._ended.get(inv_id)
+        if rec is None or not may_manage(principal, rec.tenant):
+            # The id is not echoed: the answer is the same byte for byte whoever asks for whichever id.
+            raise InvocationNotFoundError("no such invocation is kept here (unknown, ended more than "
+                                          "streams.invocationRetentionSeconds ago, or not a streaming one)")
+        return rec
+
+    async def subscribe(self, rec: Retained, from_id: int) -> AbstractSubscription:
+        """Its stream from after `from_id` (made here if it has had no event yet)."""
+        broker = self._broker()
+        if not rec.configured:
+            rec.configured = True
+            await broker.configure(rec.key, StreamOptions(retain_bytes=self.max_bytes, policy="cut",
+                                                          max_stream_size=self.max_bytes))
+        return await broker.subscribe(rec.key, from_id=from_id)
+
+    def cancel(self, principal: Principal | None, inv_id: str) -> Retained:
+        """Cancel a running kept invocation (404 unknown, 409 over): its answer ends with the cancel
+        error, then [DONE]."""
+        rec = self.find(principal, inv_id)
+        inv = rec.inv
+        if rec.over or inv is None:
+            raise InvocationOverError(f"invocation {inv_id!r} is already over")
+        error = InvocationCancelledError(f"invocation {inv_id} was cancelled by request")
+        abort = getattr(inv, "abort", None)
+        if abort is not None:
+            abort(error)
+        else:  # a cluster invocation: its relay ends; the kept output ends here
+            inv.cancel(error.message)
+            self._spawn(self.finish(rec, error_text(error)))
+        return rec
+
+    async def close(self) -> None:
+        """Shutdown: stop the pumps (their invocations are aborted) and forget the rest."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=1.0)
+        for rec in self._ended.values():
+            if rec.timer is not None:
+                rec.timer.cancel()
+        self._ended.clear()
+        self._running.clear()
+

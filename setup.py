@@ -17,5 +17,7 @@ setup(
     package_dir={"runtime._defaults": "config", f"{EXAMPLES}.functions": "functions",
                  f"{EXAMPLES}.deploy": "deploy"},
     package_data={"runtime._defaults": ["default.yaml"], f"{EXAMPLES}.deploy": ["*.yaml"],
-                  "frontend.console": ["*"]},  # the web console's static files (a data-only package)
+                  "frontend.console": ["*"],  # the web console's static files (a data-only package)
+                  # Java: the SDK's sources (compiled on first use) and the bundled Java example
+                  "runtime.java": ["sdk/**/*.java"], f"{EXAMPLES}.functions": ["java_demo/**/*.java"]},
 )

@@ -14,6 +14,7 @@ from runtime.dispatch import Dispatcher, Limits
 from runtime.durable import DurableOutputs
 from runtime.eventloop import loop_name
 from runtime.executor import Executor
+from runtime.java.build import java_unavailable
 from runtime.lifecycle import Lifecycle, wait_for_stop_signal
 from runtime.manifest import load_deploy_dir
 from runtime.registry import Registry
@@ -59,7 +60,12 @@ def build_registry(config: Config, *, deploy: bool = True) -> Registry:
     """A registry with every manifest of `runtime.deployDir` deployed (all or nothing)."""
     registry = Registry(config.runtime.codeRoots, stop_grace=config.frontend.args.shutdownGraceSeconds)
     if deploy and config.runtime.deployDir is not None:
-        registry.deploy(load_deploy_dir(config.runtime.deployDir))
+        specs = load_deploy_dir(config.runtime.deployDir)
+        missing = java_unavailable("(any Java function)") if any(s.is_java for s in specs) else None
+        if missing is not None:  # the server serves everything else; a Java deploy says what to install
+            log.error("not deploying the Java functions of %s: %s", config.runtime.deployDir, missing)
+            specs = [s for s in specs if not s.is_java]
+        registry.deploy(specs)
     return registry
 
 

@@ -154,7 +154,7 @@ def _write_all(root: Path, files: dict[Path, str | Path], force: bool) -> list[P
 def init_project(directory: Path, *, force: bool = False, examples: bool = False) -> Written:
     """A project: config, deploy/ + functions/ with the openYuanrong streaming example, and its test.
 
-    `examples` also copies every bundled example function (echo, ticker, chat, streams).
+    `examples` also copies every bundled example function (echo, ticker, chat, streams, the Java demo).
     """
     fns, dep = bundled_examples()
     files: dict[Path, str | Path] = {
@@ -164,7 +164,7 @@ def init_project(directory: Path, *, force: bool = False, examples: bool = False
         Path("tests/test_hello.py"): _TEST.format(),
     }
     if examples:
-        for path in sorted(fns.rglob("*.py")):
+        for path in sorted(p for p in fns.rglob("*") if p.suffix in (".py", ".java")):
             files.setdefault(Path("functions") / path.relative_to(fns), path)
         for path in sorted(dep.glob("*.yaml")):
             files.setdefault(Path("deploy") / path.name, path)

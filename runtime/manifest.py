@@ -19,6 +19,12 @@ __all__ = ("FunctionSpec", "parse_manifest", "load_manifest_file", "load_deploy_
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 _HANDLER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*\.[A-Za-z_][A-Za-z0-9_]*$")
+# Java: `pkg.Class::method` (AWS Lambda, Alibaba FC) or openYuanrong's `pkg.Class.method`; hooks may
+# also name a bare method of the handler's class.
+_JAVA_ID = r"[A-Za-z_$][A-Za-z0-9_$]*"
+_JAVA_HANDLER_RE = re.compile(rf"^{_JAVA_ID}(\.{_JAVA_ID})*(::|\.){_JAVA_ID}$")
+_JAVA_HOOK_RE = re.compile(rf"^({_JAVA_ID}(\.{_JAVA_ID})*(::|\.))?{_JAVA_ID}$")
+JAVA_RUNTIMES = ("java8", "java11", "java17", "java21")
 _IDENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 
 
@@ -28,9 +34,11 @@ class FunctionSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
     name: str
-    handler: str = Field(description="module.function")
+    handler: str = Field(description="module.function (Java: package.Class::method)")
     codePath: Path = Field(Path("."), description="directory of the handler module, relative to the manifest")
-    runtime: Literal["python3", "python3.9", "python3.10", "python3.11", "python3.12", "python3.13"] = "python3"
+    runtime: Literal["python3", "python3.9", "python3.10", "python3.11", "python3.12", "python3.13",
+                     "java8", "java11", "java17", "java21"] = Field(
+        "python3", description="java*: run on the installed JDK (17 or later) in worker JVMs")
     initializer: str | None = Field(None, description="module.function run once before the first invocation")
     preStop: str | None = None
     timeout: float = Field(900, gt=0, le=8_640_000, description="seconds")
@@ -71,12 +79,42 @@ class FunctionSpec(BaseModel):
             raise ValueError("must start with a lowercase letter and use a-z, 0-9 and '-' (at most 63)")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _java_runs_in_workers(cls, data: Any) -> Any:
+        """A Java function always runs in worker processes (JVMs): `executor` is 'process' or absent."""
+        if isinstance(data, dict) and data.get("runtime") in JAVA_RUNTIMES:
+            if data.get("executor") not in (None, "process"):
+                raise ValueError(f"field 'executor': a {data['runtime']} function runs in worker JVMs: "
+                                 "use 'process' or leave it out")
+            data = {**data, "executor": "process"}
+        return data
+
     @field_validator("handler", "initializer", "preStop")
     @classmethod
-    def _check_handler(cls, v: str | None) -> str | None:
-        if v is not None and not _HANDLER_RE.match(v):
-            raise ValueError("must be 'module.function', e.g. 'echo.handler'")
+    def _check_ref(cls, v: str | None) -> str | None:
+        if v is not None and not (_HANDLER_RE.match(v) or _JAVA_HOOK_RE.match(v)):
+            raise ValueError("must be 'module.function', e.g. 'echo.handler' (Java: 'package.Class::method')")
         return v
+
+    @model_validator(mode="after")
+    def _check_handler(self) -> FunctionSpec:
+        """The reference's form for the runtime (the field check above accepts both languages')."""
+        java = self.is_java
+        for field in ("handler", "initializer", "preStop"):
+            value = getattr(self, field)
+            if value is None:
+                continue
+            if java and not (_JAVA_HANDLER_RE if field == "handler" else _JAVA_HOOK_RE).match(value):
+                raise ValueError(f"field {field!r}: must be 'package.Class::method', e.g. "
+                                 "'org.yuanrong.demo.Demo::handler'")
+            if not java and not _HANDLER_RE.match(value):
+                raise ValueError(f"field {field!r}: must be 'module.function', e.g. 'echo.handler'")
+        return self
+
+    @property
+    def is_java(self) -> bool:
+        return self.runtime in JAVA_RUNTIMES
 
     @field_validator("tenant", "namespace", "version")
     @classmethod
@@ -136,8 +174,11 @@ def function_urn(tenant: str, namespace: str, name: str, version: str = "latest"
 def _field_errors(exc: ValidationError) -> list[str]:
     out = []
     for e in exc.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "(function)"
         msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+        if not e["loc"]:  # a check of the whole function: its message names the field itself
+            out.append(str(msg).removeprefix("Value error, "))
+            continue
+        field = ".".join(str(p) for p in e["loc"])
         out.append(f"field {field!r}: {msg}")
     return out
 

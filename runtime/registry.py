@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .deployment import Deployment, check_ref, parse_function_ref
 from .errors import DeployError, FunctionNotFoundError
+from .java.pool import JavaWorkerPool
 from .loader import check_code_location, load_code
 from .manifest import FunctionSpec
 from .process.pool import WorkerPool
@@ -23,6 +24,8 @@ from .process.pool import WorkerPool
 __all__ = ("Registry",)
 
 log = logging.getLogger("fnstream.runtime")
+#: the worker pool of an `executor: process` function, by whether it is a Java function
+POOLS: dict[bool, type[WorkerPool]] = {False: WorkerPool, True: JavaWorkerPool}
 
 
 class Registry:
@@ -91,7 +94,7 @@ class Registry:
             for spec, dep in zip(specs, loaded, strict=True):
                 if dep is None:
                     dep = Deployment(spec, None)
-                    dep.pool = WorkerPool(spec, self.code_roots)
+                    dep.pool = POOLS[spec.is_java](spec, self.code_roots)
                     dep.pool.start()
                 staged.append(dep)
         except BaseException:

@@ -97,7 +97,7 @@ class ProcessExecutor:
     def _stop_timed_out(self, dep: Deployment, pool: WorkerPool, worker: WorkerProcess, job: Job,
                         reason: str) -> bool:
         """Stop an invocation past its deadline; True when a reaper now owns its slots."""
-        if pool.kind in ("sync", "gen") and pool.only_job(worker, job):
+        if pool.kind in ("sync", "gen") and not pool.interrupts_threads and pool.only_job(worker, job):
             worker.kill(reason)  # a thread cannot be stopped, but a process can: nobody else is on it
             return False
         worker.cancel(job.inv.id, reason)

@@ -110,12 +110,8 @@ class WorkerProcess:
     def __init__(self, pool: WorkerPool) -> None:
         self.pool = pool
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = {**os.environ, "MALLOC_ARENA_MAX": "2",
-               "PYTHONPATH": os.pathsep.join(p for p in (_PROJECT_ROOT, os.environ.get("PYTHONPATH")) if p)}
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "runtime.process.worker", str(child_sock.fileno())],
-                pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL, env=env, cwd=_PROJECT_ROOT)
+            self.proc = pool.launch(child_sock)
         finally:
             child_sock.close()
         self.pid = self.proc.pid
@@ -401,6 +397,18 @@ class WorkerPool:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    #: a cancelled handler's thread can be interrupted (Java); else a lone `def` handler past its
+    #: timeout is killed with its worker at once (a Python thread cannot be stopped)
+    interrupts_threads = False
+
+    def launch(self, child_sock: socket.socket) -> subprocess.Popen[bytes]:
+        """Start one worker process talking over `child_sock` (a fresh interpreter, never a fork)."""
+        env = {**os.environ, "MALLOC_ARENA_MAX": "2",
+               "PYTHONPATH": os.pathsep.join(p for p in (_PROJECT_ROOT, os.environ.get("PYTHONPATH")) if p)}
+        return subprocess.Popen(
+            [sys.executable, "-m", "runtime.process.worker", str(child_sock.fileno())],
+            pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL, env=env, cwd=_PROJECT_ROOT)
 
     def _live(self) -> list[WorkerProcess]:
         """Workers that serve or will serve (called with the lock held)."""

@@ -1,0 +1,66 @@
+"""Worker JVMs: the process pool of a Java function, launching `java` instead of a Python worker.
+
+Everything else — slots (instanceConcurrency as threads of one JVM), scaling, sessions, timeouts,
+crash supervision, the frame protocol — is the process pool's (runtime/process). The JVM speaks
+the same protocol over its stdin/stdout, which are the worker's end of the socket pair; the
+worker program (sdk/org/yuanrong/fnstream/Worker.java) moves user output to stderr.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+from ..manifest import FunctionSpec
+from ..process.pool import WorkerPool
+from .build import cache_root, classpath_for, find_jdk
+
+__all__ = ("JavaWorkerPool",)
+
+MIN_HEAP_MB = 16
+WORKER_CLASS = "org.yuanrong.fnstream.Worker"
+
+
+class JavaWorkerPool(WorkerPool):
+    """A WorkerPool whose workers are JVMs; the code is compiled here, at deploy, before any starts."""
+
+    interrupts_threads = True  # a cancel interrupts the handler's thread; the JVM dies only if it ignores that
+
+    def __init__(self, spec: FunctionSpec, code_roots: list[Path], **kwargs: int) -> None:
+        self.jdk = find_jdk(spec.name)
+        code = classpath_for(self.jdk, spec.name, spec.codePath)
+        self.classpath = code.classpath
+        self.user_classpath = os.pathsep.join(code.own)
+        refs = "\0".join(str(r) for r in (spec.handler, spec.initializer, spec.preStop))
+        self._validated_marker = cache_root() / "validated" / (
+            f"{code.key}-{hashlib.sha256(refs.encode()).hexdigest()[:16]}")
+        super().__init__(spec, code_roots, **kwargs)
+
+    def start(self) -> None:
+        """With `minInstances: 0`, code whose handler a JVM already resolved (same classes, same
+        references) deploys without starting one: its first invocation is the cold start."""
+        if self.min_instances == 0 and self._validated_marker.exists():
+            self._on_loaded("sync", None)
+            return
+        super().start()
+
+    def _on_loaded(self, kind: str | None, error: str | None) -> None:
+        if kind is not None and error is None and not self._loaded.is_set():
+            try:
+                self._validated_marker.parent.mkdir(parents=True, exist_ok=True)
+                self._validated_marker.touch()
+            except OSError:
+                pass  # only a later deploy's shortcut is lost
+        super()._on_loaded(kind, error)
+
+    def command(self) -> list[str]:
+        heap = max(MIN_HEAP_MB, self.spec.memory)
+        return [self.jdk.java, f"-Xmx{heap}m", "-XX:+UseSerialGC", "-Xshare:auto",
+                "-Djava.awt.headless=true", f"-Dfnstream.usercp={self.user_classpath}",
+                "-cp", os.pathsep.join(self.classpath), WORKER_CLASS]
+
+    def launch(self, child_sock: socket.socket) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self.command(), stdin=child_sock.fileno(), stdout=child_sock.fileno(), cwd=str(self.spec.codePath),
+                                env={**os.environ, "MALLOC_ARENA_MAX": "2"})

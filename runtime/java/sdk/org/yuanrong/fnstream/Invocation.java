@@ -1,0 +1,103 @@
+package org.yuanrong.fnstream;
+
+import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
+import org.yuanrong.exception.YRException;
+import org.yuanrong.services.runtime.action.Stream;
+
+/**
+ * One invocation inside the JVM: its stream's credits (backpressure from the frontend) and its
+ * cancel state. A write waits for a credit; a cancel wakes it and interrupts the handler thread.
+ */
+final class Invocation {
+    final String id;
+    final String traceId;
+    final JsonElement event;
+    final boolean streaming;
+    final long deadlineNanos;
+    final String sessionId;
+    final Stream stream;
+    private final Worker worker;
+    private int credits;
+    private volatile String cancelReason;
+    private Thread thread;
+
+    Invocation(JsonObject msg, Worker worker) {
+        this.worker = worker;
+        this.id = msg.get("id").getAsString();
+        this.traceId = Wire.optString(msg, "trace_id");
+        this.event = msg.get("event");
+        this.streaming = msg.get("streaming").getAsBoolean();
+        this.deadlineNanos = System.nanoTime() + (long) (msg.get("timeout").getAsDouble() * 1e9);
+        String session = Wire.optString(msg, "session_id");
+        this.sessionId = session == null ? "" : session;
+        this.credits = worker.maxCredits;
+        this.stream = new Stream(this::write);
+        this.stream.setMaxWriteSize(msg.get("max_write_size").getAsInt());
+    }
+
+    long remainingMillis() {
+        return Math.max(0, (deadlineNanos - System.nanoTime()) / 1_000_000);
+    }
+
+    String cancelReason() {
+        return cancelReason;
+    }
+
+    synchronized void bind(Thread t) {
+        thread = t;
+        if (cancelReason != null && t != null) {
+            t.interrupt();
+        }
+    }
+
+    synchronized void cancel(String reason) {
+        if (cancelReason == null) {
+            cancelReason = reason;
+        }
+        notifyAll();
+        if (thread != null) {
+            thread.interrupt();
+        }
+    }
+
+    synchronized void credit(int n) {
+        credits += n;
+        notifyAll();
+    }
+
+    /** A stream write: waits for a credit, then goes out on the socket at once. */
+    private void write(String payload) {
+        if (!streaming) {
+            if (cancelReason != null) {
+                throw new YRException("stream closed: " + cancelReason);
+            }
+            return; // a plain JSON request has no stream: writes are dropped, as in Python
+        }
+        synchronized (this) {
+            while (credits <= 0) {
+                if (cancelReason != null) {
+                    break;
+                }
+                long left = remainingMillis();
+                if (left <= 0) {
+                    throw new YRException("stream write timed out: the client is not reading");
+                }
+                try {
+                    wait(left);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                    if (cancelReason == null) {
+                        throw new YRException("stream write interrupted", e);
+                    }
+                }
+            }
+            if (cancelReason != null) {
+                throw new YRException("stream closed: " + cancelReason);
+            }
+            credits--;
+        }
+        worker.send(new Wire.Frame(3).key("t").str("write").key("id").str(id)
+                .key("p").arrayHeader(1).str(payload));
+    }
+}

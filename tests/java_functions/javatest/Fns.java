@@ -1,0 +1,137 @@
+package javatest;
+
+import com.google.gson.JsonObject;
+import org.yuanrong.services.runtime.Context;
+import org.yuanrong.services.runtime.action.Stream;
+
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+
+/** Handlers of the Java tests (tests/runtime/java). */
+public class Fns {
+    static final AtomicInteger INITS = new AtomicInteger();
+    static final CountDownLatch PAIR = new CountDownLatch(2);
+
+    /** A result object: gson serialises its fields. */
+    public static class Point {
+        int x = 1;
+        String label = "p";
+        List<Integer> more = List.of(2, 3);
+    }
+
+    public void init(Context context) {
+        INITS.incrementAndGet();
+        context.getLogger().info("initialised " + context.getFunctionName());
+    }
+
+    public JsonObject fields(JsonObject event, Context context) {
+        JsonObject out = new JsonObject();
+        out.add("event", event);
+        out.addProperty("requestId", context.getRequestID());
+        out.addProperty("invokeId", context.getInvokeID());
+        out.addProperty("functionName", context.getFunctionName());
+        out.addProperty("tenant", context.getTenantID());
+        out.addProperty("projectId", context.getProjectID());
+        out.addProperty("version", context.getVersion());
+        out.addProperty("memory", context.getMemorySize());
+        out.addProperty("greeting", context.getUserData("GREETING"));
+        out.addProperty("missing", context.getUserData("NOPE"));
+        out.addProperty("remaining", context.getRemainingTimeInMilliSeconds());
+        out.addProperty("timeout", context.getRunningTimeInSeconds());
+        out.addProperty("inits", INITS.get());
+        out.addProperty("pid", ProcessHandle.current().pid());
+        context.getLogger().info("fields of " + context.getInvokeID());
+        return out;
+    }
+
+    public String upper(String event, Context context) {
+        return event.toUpperCase();
+    }
+
+    public Point point(Object event, Context context) {
+        return new Point();
+    }
+
+    /** Writes "one", waits for the file the event names (the test creates it once "one" arrived), writes "two". */
+    public String stepped(JsonObject event, Context context) throws Exception {
+        Stream stream = context.getStream();
+        stream.write("one");
+        Path signal = Paths.get(event.get("signal").getAsString());
+        Path cancelled = Paths.get(event.get("signal").getAsString() + ".cancelled");
+        try {
+            while (!Files.exists(signal)) {
+                Thread.sleep(5);
+            }
+        } catch (InterruptedException e) {
+            Files.writeString(cancelled, "interrupted");
+            throw e;
+        }
+        JsonObject two = new JsonObject();
+        two.addProperty("n", 2);
+        stream.write(two);
+        stream.write(List.of(3, 4));
+        return "done";
+    }
+
+    public String many(JsonObject event, Context context) {
+        Stream stream = context.getStream();
+        int n = event.get("n").getAsInt();
+        for (int i = 0; i < n; i++) {
+            stream.write("{\"i\":" + i + "}");
+        }
+        return "ok";
+    }
+
+    public String boom(JsonObject event, Context context) {
+        throw new IllegalStateException("no widgets");
+    }
+
+    public String sleep(JsonObject event, Context context) throws InterruptedException {
+        Thread.sleep((long) (event.get("seconds").getAsDouble() * 1000));
+        return "slept";
+    }
+
+    public String exit(JsonObject event, Context context) {
+        System.exit(3);
+        return "unreachable";
+    }
+
+    public int overflow(JsonObject event, Context context) {
+        return depth(0);
+    }
+
+    private int depth(int n) {
+        return depth(n + 1) + 1;
+    }
+
+    public int oom(JsonObject event, Context context) {
+        List<long[]> hoard = new ArrayList<>();
+        while (true) {
+            hoard.add(new long[1 << 20]);
+        }
+    }
+
+    /** Two invocations meet here: each returns only once the other arrived (one JVM, two threads). */
+    public JsonObject pair(JsonObject event, Context context) throws InterruptedException {
+        PAIR.countDown();
+        JsonObject out = new JsonObject();
+        out.addProperty("met", PAIR.await(20, TimeUnit.SECONDS));
+        out.addProperty("pid", ProcessHandle.current().pid());
+        out.addProperty("thread", Thread.currentThread().getName());
+        return out;
+    }
+
+    public static String stat1c(JsonObject event, Context context) {
+        return "static";
+    }
+
+    public String notAHandler(int x) {
+        return "no";
+    }
+}

@@ -62,5 +62,6 @@ class JavaWorkerPool(WorkerPool):
                 "-cp", os.pathsep.join(self.classpath), WORKER_CLASS]
 
     def launch(self, child_sock: socket.socket) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(self.command(), stdin=child_sock.fileno(), stdout=child_sock.fileno(), cwd=str(self.spec.codePath),
+        fd = child_sock.fileno()
+        return subprocess.Popen(self.command(), stdin=fd, stdout=fd, cwd=str(self.spec.codePath),
                                 env={**os.environ, "MALLOC_ARENA_MAX": "2"})

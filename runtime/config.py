@@ -1,7 +1,8 @@
 """fnstream configuration: pydantic models, loaded from a YAML file plus `-s key=value` overrides.
 
 Unknown keys and wrong types are refused at start, and the message names the key, the file and
-what was expected. Relative paths are resolved against the directory of the config file.
+what was expected. Relative paths are resolved against the directory of the config file, except
+`jobs.path`, which is inside the data directory (`runtime.dataDir`, `.fnstream` in the cwd by default).
 """
 from __future__ import annotations
 
@@ -144,6 +145,10 @@ class RuntimeConfig(_Strict):
     codeRoots: list[Path] = Field(default_factory=list, description="handler code must live under one of these "
                                                                     "(empty: anywhere)")
     deployDir: Path | None = Field(None, description="manifests deployed at start; unset = none")
+    dataDir: Path | None = Field(None, description="where the server keeps what must outlive a restart: the "
+                                 "SQLite job store (`jobs.path`), which also holds the functions deployed "
+                                 "through the admin API. Unset = `.fnstream` in the directory the server "
+                                 "runs in; created when first needed")
 
 
 class AuthToken(_Strict):
@@ -264,7 +269,8 @@ class JobsConfig(_Strict):
     store: Literal["auto", "sqlite", "memory", "redis"] = Field(
         "auto", description="`auto` = `redis` in cluster mode (`cluster.redisUrl`), else `sqlite`; or `sqlite`, "
                             "`memory`, `redis`")
-    path: Path = Field(Path("fnstream-jobs.sqlite3"), description="the SQLite file (relative to the config file)")
+    path: Path = Field(Path("jobs.sqlite3"), description="the SQLite file; a relative path is inside "
+                       "`runtime.dataDir`")
     maxQueued: int = Field(1000, ge=1, description="jobs waiting to start; 429 beyond")
     maxQueuedPerTenant: int = Field(250, ge=1, description="jobs of one tenant waiting to start; 429 beyond for "
                                                            "that tenant only, so one tenant's backlog never "
@@ -354,7 +360,11 @@ def _resolve_paths(cfg: Config, base: Path) -> None:
     cfg.runtime.codeRoots = [(base / p).resolve() for p in cfg.runtime.codeRoots]
     if cfg.runtime.deployDir is not None:
         cfg.runtime.deployDir = (base / cfg.runtime.deployDir).resolve()
-    cfg.jobs.path = (base / cfg.jobs.path).resolve()
+    # Data the server writes goes to its data directory, never beside its config: a checkout's
+    # config/ (or an empty directory's) holds no state the tests or a second server could trip on.
+    data = base / cfg.runtime.dataDir if cfg.runtime.dataDir is not None else Path.cwd() / ".fnstream"
+    cfg.runtime.dataDir = data.resolve()
+    cfg.jobs.path = (cfg.runtime.dataDir / cfg.jobs.path).resolve()
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),

@@ -13,7 +13,7 @@ from hypothesis import settings
 
 from frontend.app import build_app
 from tests.support.cluster import NO_REDIS, RedisClusterServers, RedisServer, WorkerProcess, require_redis_server
-from tests.support.servers import FnstreamTestServer, ServerProcess, make_config
+from tests.support.servers import ROOT, FnstreamTestServer, ServerProcess, make_config
 
 # Property tests: no example database in the tree, and no per-example deadline (2 shared cores).
 settings.register_profile("fnstream", database=None, deadline=None)
@@ -54,6 +54,32 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     if config.getoption("--require-redis") and missed:
         terminalreporter.write_line(f"--require-redis: {len(missed)} Redis test(s) skipped ({NO_REDIS}): "
                                     "the run fails", red=True)
+
+
+def _snapshot(directory: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def checkout_data_untouched() -> Iterator[None]:
+    """Tests never read or write the checkout's data (a `./scripts/serve` may be using it): every
+    server and app a test builds has a data directory of its own (tests/support/servers.py). A job
+    store opened inside the checkout fails its test at once, and the run fails if the checkout's
+    config/ changed (where the job store used to live)."""
+    from runtime.jobs import store
+
+    config_before = _snapshot(ROOT / "config")
+    original = store.SqliteJobStore.__init__
+
+    def guarded(self, path, *args, **kwargs):
+        assert not Path(path).resolve().is_relative_to(ROOT), f"a test opened a job store in the checkout: {path}"
+        original(self, path, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store.SqliteJobStore, "__init__", guarded)
+        yield
+    assert _snapshot(ROOT / "config") == config_before, "the tests changed the checkout's config/"
 
 
 @pytest.fixture(autouse=True)

@@ -55,7 +55,7 @@ def test_init_examples_copies_every_bundled_function(tmp_path):
 def init_config(tmp_path):
     """An init project's loaded config, written before the loop runs (the CLI never writes on a loop)."""
     init_project(tmp_path)
-    return load_config(tmp_path / "config/default.yaml")
+    return load_config(tmp_path / "config/default.yaml", [f"runtime.dataDir={tmp_path / '.fnstream'}"])
 
 
 async def test_the_init_project_serves_the_streaming_example_and_its_own_test_passes(tmp_path, init_config,
@@ -126,7 +126,8 @@ def templates_config(tmp_path):
     init_project(tmp_path)
     for template in TEMPLATES:
         new_function(tmp_path, f"t-{template}", template)
-    return load_config(tmp_path / "config/default.yaml", ["openai.chatFunction=t-openai"])
+    return load_config(tmp_path / "config/default.yaml",
+                       ["openai.chatFunction=t-openai", f"runtime.dataDir={tmp_path / '.fnstream'}"])
 
 
 @pytest.fixture

@@ -33,7 +33,15 @@ HEADER = """\
 this checkout), else the defaults shipped in the package (see [CLI and projects](cli.md)) — and
 `-s key=value` overrides on top (repeatable; the value is YAML, e.g. `-s 'auth.tokens=[]'`).
 Unknown keys and wrong types stop the server at start with the key, the file and what was
-expected. Relative paths are resolved against the config file's directory.
+expected. Relative paths are resolved against the config file's directory, except `jobs.path`,
+which is inside the data directory.
+
+**Data directory.** What the server must remember across restarts — the SQLite job store, with the
+functions deployed through the admin API — goes to `runtime.dataDir`: `.fnstream/` in the directory
+the server runs in unless set (created when first needed; the checkout's `.gitignore` lists it).
+Nothing is written beside the config file, so `fnstream serve` in an empty directory creates only
+`.fnstream/`, and two servers run from one directory need a data directory each
+(`-s runtime.dataDir=...`): a second server refuses a job store that another one holds.
 
 Every key follows, with its default; where the shipped `config/default.yaml` sets another value,
 the table says so.

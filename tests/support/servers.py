@@ -2,8 +2,10 @@
 and an SSE reader that timestamps each event as it arrives."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -32,14 +34,19 @@ HELLO_BYTES = (b'id: 1\ndata: {"event": "this is a stream"}\n\n'
                b"data: [DONE]\n\n")
 
 
-def fresh_jobs_path() -> str:
-    """A job store file of its own, so no test recovers another test's jobs."""
-    return str(Path(tempfile.mkdtemp(prefix="fnstream-jobs-")) / "jobs.sqlite3")
+_DATA_DIRS = Path(tempfile.mkdtemp(prefix="fnstream-test-data-"))
+atexit.register(shutil.rmtree, _DATA_DIRS, ignore_errors=True)
+
+
+def fresh_data_dir() -> str:
+    """A data directory (runtime.dataDir) of its own, outside the checkout: no test recovers another
+    test's jobs, and none reads or writes the checkout's data (a `./scripts/serve` may be using it)."""
+    return tempfile.mkdtemp(dir=_DATA_DIRS)
 
 
 def make_config(**sections):
-    """The shipped default config with `sections` merged in (dotted keys allowed); a fresh job store."""
-    sections.setdefault("jobs.path", fresh_jobs_path())
+    """The shipped default config with `sections` merged in (dotted keys allowed); a fresh data dir."""
+    sections.setdefault("runtime.dataDir", fresh_data_dir())
     overrides = [f"{k}={json.dumps(v)}" for k, v in sections.items()]
     return load_config(ROOT / "config" / "default.yaml", overrides)
 
@@ -58,9 +65,13 @@ class FnstreamProcess:
 
     MODULE = "frontend.cli"  # what `python -m` runs (a test may run a patched CLI)
 
-    def __init__(self, *cli_args: str, env: dict | None = None) -> None:
+    def __init__(self, *cli_args: str, env: dict | None = None, cwd: Path = ROOT,
+                 own_data_dir: bool = True) -> None:
+        if own_data_dir and cli_args[:1] in (("serve",), ("worker",)) and not any("runtime.dataDir" in a
+                                                                                 for a in cli_args):
+            cli_args = (*cli_args, "-s", f"runtime.dataDir={fresh_data_dir()}")
         self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by stop())
-        self.proc = subprocess.Popen([sys.executable, "-m", self.MODULE, *cli_args], cwd=ROOT,
+        self.proc = subprocess.Popen([sys.executable, "-m", self.MODULE, *cli_args], cwd=cwd,
                                      env={**os.environ, **(env or {})}, stdout=self.log,
                                      stderr=subprocess.STDOUT, text=True)
         self.pid = self.proc.pid
@@ -93,12 +104,10 @@ class FnstreamProcess:
 class ServerProcess(FnstreamProcess):
     """A real `fnstream serve` subprocess; `url` is its base URL."""
 
-    def __init__(self, *args: str, env: dict | None = None) -> None:
+    def __init__(self, *args: str, env: dict | None = None, cwd: Path = ROOT, own_data_dir: bool = True) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        if not any("jobs." in a for a in args):
-            args = (*args, "-s", f"jobs.path={fresh_jobs_path()}")
-        super().__init__("serve", "--port", str(self.port), *args, env=env)
+        super().__init__("serve", "--port", str(self.port), *args, env=env, cwd=cwd, own_data_dir=own_data_dir)
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 15) -> None:

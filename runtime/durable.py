@@ -71,8 +71,8 @@ def error_text(exc: FunctionServiceError) -> str:
 class Retained:
     """One kept invocation: where its output goes, and how far it got."""
 
-    __slots__ = ("broken", "configured", "continues", "done_id", "ending", "id", "inv", "key", "next_id", "over",
-                 "timer")
+    __slots__ = ("broken", "configured", "continues", "done_id", "ending", "id", "inv", "key", "next_id", "outputs",
+                 "over", "timer")
 
     def __init__(self, inv: InvocationSurface, tenant: str, continues: bool) -> None:
         self.id = inv.id
@@ -86,6 +86,11 @@ class Retained:
         self.configured = False
         self.ending: asyncio.Future[str | None] | None = None  # the encoded result being awaited (continue)
         self.timer: asyncio.TimerHandle | None = None
+        self.outputs: DurableOutputs | None = None
+
+    async def put(self, batch: list[str]) -> None:
+        assert self.outputs is not None
+        await self.outputs.publish(self, batch)
 
     @property
     def tenant(self) -> str:
@@ -119,10 +124,10 @@ class DurableOutputs:
         return rec
 
     def tee(self, rec: Retained) -> Callable[[list[str]], Awaitable[None]]:
-        """What the answer's relay calls with each batch before it writes it to the socket."""
-        async def publish(batch: list[str]) -> None:
-            await self.publish(rec, batch)
-        return publish
+        """What the answer's relay calls with each batch before it writes it to the socket (a
+        bound method of the record: no closure per open stream)."""
+        rec.outputs = self
+        return rec.put
 
     async def publish(self, rec: Retained, payloads: Sequence[str]) -> None:
         """Append events; a refusal (a full broker, an empty write) marks the kept output broken,

@@ -144,6 +144,12 @@ class MemorySubscription(AbstractSubscription):
 class _Stream:
     """One named stream: ids, live subscriptions, retention and counters."""
 
+    # Slots, and the lock made only when a publish may wait: every SSE invocation's kept output
+    # (runtime/durable.py) is one of these, so each open stream pays for what an idle one holds.
+    __slots__ = ("_head", "_publish_lock", "_retained", "delivered", "dropped", "last_id", "max_stream_size", "name",
+                 "policy", "produced", "producers", "retain_bytes", "retain_for_num_consumers", "retain_num",
+                 "retain_seconds", "retained_bytes", "settings", "subscriptions", "subscriptions_made", "terminator")
+
     def __init__(self, name: str, settings: BrokerSettings) -> None:
         self.name = name
         self.settings = settings
@@ -158,9 +164,12 @@ class _Stream:
         self.producers = 0
         self.last_id = 0
         self.produced = self.delivered = self.dropped = 0
-        self._retained: deque[tuple[Element, float]] = deque()
+        # Retained (element, when) from `_head` on: a list and an index, not a deque (an empty deque
+        # is 0.6 KB, and every kept invocation output has one); compacted as the head moves on.
+        self._retained: list[tuple[Element, float]] = []
+        self._head = 0
         self.retained_bytes = 0
-        self._publish_lock = asyncio.Lock()  # keeps ids in order while a 'block' publisher waits
+        self._publish_lock: asyncio.Lock | None = None  # keeps a batch's ids together while its publish waits
 
     # -- settings ------------------------------------------------------------------------------
     def configure(self, o: StreamOptions) -> None:
@@ -179,7 +188,11 @@ class _Stream:
     @property
     def idle(self) -> bool:
         """Nothing depends on it: no subscriber, no producer, nothing kept or awaited."""
-        return not (self.subscriptions or self.producers or self._retained or self._holding)
+        return not (self.subscriptions or self.producers or self._kept() or self._holding)
+
+    def _kept(self) -> list[tuple[Element, float]]:
+        """The retained (element, when) pairs, oldest first."""
+        return self._retained[self._head:] if self._head else self._retained
 
     @property
     def _holding(self) -> bool:
@@ -197,14 +210,15 @@ class _Stream:
         self._retained.append((element, now))
         self.retained_bytes += len(element.data)
         self._evict(now)
-        return bool(self._retained) and self._retained[-1][0] is element
+        return self._head < len(self._retained) and self._retained[-1][0] is element
 
     def _evict(self, now: float) -> None:
         """Drop the oldest retained elements beyond the limits; the byte cap always applies."""
         limited = bool(self.retain_num or self.retain_bytes or self.retain_seconds)
         holding = self._holding
-        while self._retained:
-            element, at = self._retained[0]
+        kept = self._retained
+        while self._head < len(kept):
+            element, at = kept[self._head]
             if self.retained_bytes > self.max_stream_size:
                 over = True
             elif holding:
@@ -212,16 +226,24 @@ class _Stream:
             elif not limited:
                 over = True
             else:
-                over = bool((self.retain_num and len(self._retained) > self.retain_num)
+                over = bool((self.retain_num and len(kept) - self._head > self.retain_num)
                             or (self.retain_bytes and self.retained_bytes > self.retain_bytes)
                             or (self.retain_seconds and now - at > self.retain_seconds))
             if not over:
                 break
-            self._retained.popleft()
+            self._head += 1
             self.retained_bytes -= len(element.data)
+        if self._head and self._head * 2 >= len(kept):  # amortized O(1) per element dropped
+            del kept[:self._head]
+            self._head = 0
 
     # -- publish -------------------------------------------------------------------------------
     async def publish(self, elements: Sequence[bytes], timeout: float) -> list[int]:
+        if (self._publish_lock is None and self.policy != "block"
+                and len(elements) * (1 + len(self.subscriptions)) < _WORK_PER_TURN):
+            return [self._append(data) for data in elements]  # it never waits: nothing can come between
+        if self._publish_lock is None:
+            self._publish_lock = asyncio.Lock()
         async with self._publish_lock:
             ids: list[int] = []
             deadline = time.monotonic() + timeout
@@ -273,16 +295,17 @@ class _Stream:
         self._evict(now)
         lost = None
         if from_id is None:
-            replay = [e for e, _ in self._retained] if self._holding else []
+            replay = [e for e, _ in self._kept()] if self._holding else []
             start = replay[0].id - 1 if replay else self.last_id
         else:
             if from_id < 0 or from_id > self.last_id:
                 raise InvalidStreamIdError(f"stream {shown(self.name)!r}: id {from_id} is out of range; "
                                            f"ids so far are 1..{self.last_id}")
-            first_kept = self._retained[0][0].id if self._retained else self.last_id + 1
+            kept = self._kept()
+            first_kept = kept[0][0].id if kept else self.last_id + 1
             if from_id + 1 < first_kept:
                 lost = (from_id + 1, first_kept - 1)
-            replay = [e for e, _ in self._retained if e.id > from_id]
+            replay = [e for e, _ in kept if e.id > from_id]
             start = from_id
         sub = MemorySubscription(self, capacity, replay, lost, start)
         self.subscriptions.add(sub)
@@ -298,8 +321,8 @@ class _Stream:
         return StreamStats(
             name=self.name, producers=self.producers, consumers=len(self.subscriptions),
             produced=self.produced, delivered=self.delivered, dropped=self.dropped, last_id=self.last_id,
-            first_retained_id=self._retained[0][0].id if self._retained else None,
-            retained=len(self._retained), retained_bytes=self.retained_bytes,
+            first_retained_id=self._retained[self._head][0].id if self._head < len(self._retained) else None,
+            retained=len(self._retained) - self._head, retained_bytes=self.retained_bytes,
             policy=self.policy, terminator=self.terminator)
 
 

@@ -97,7 +97,6 @@ final class Invocation {
             }
             credits--;
         }
-        worker.send(new Wire.Frame(3).key("t").str("write").key("id").str(id)
-                .key("p").arrayHeader(1).str(payload));
+        worker.sendWrite(id, payload);
     }
 }

@@ -15,17 +15,25 @@ import java.io.OutputStream;
 import java.io.PrintStream;
 import java.io.PrintWriter;
 import java.io.StringWriter;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Map;
+import java.util.concurrent.BlockingQueue;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.locks.ReentrantLock;
 
 /**
  * A Java worker: the JVM side of runtime/process/protocol.py, over stdin/stdout (a socket the
  * frontend made). Invocations run on threads of this JVM (instanceConcurrency of them at once);
- * every frame is flushed as it is written, so a stream write reaches the client while the
- * handler runs. System.out is the server's stderr: the protocol owns the real stdout.
+ * every frame is flushed as soon as it is written, so a stream write reaches the client while the
+ * handler runs (a writer thread sends what queued while the socket was busy in one system call,
+ * the writes of one invocation in one frame). System.out is the server's stderr: the protocol owns the real stdout.
  */
 public final class Worker {
     final int maxCredits;
@@ -40,6 +48,12 @@ public final class Worker {
     private Handler handler;
     private Handler preStop;
     private final ExecutorService threads;
+    private final AtomicInteger pending = new AtomicInteger(); // queued, not yet on the socket
+    private final ReentrantLock writeLock = new ReentrantLock();
+    private final BlockingQueue<Out> outbox = new LinkedBlockingQueue<>(OUTBOX_FRAMES);
+    private static final int OUTBOX_FRAMES = 65536;
+    private static final int BATCH_FRAMES = 1024;
+    private static final long FLUSH_BEFORE_EXIT_MS = 2000;
 
     private Worker(JsonObject hello, OutputStream out) {
         this.spec = hello.getAsJsonObject("spec");
@@ -52,6 +66,11 @@ public final class Worker {
             t.setDaemon(true);
             return t;
         });
+        Thread writer = new Thread(this::writeLoop, "fnstream-writer");
+        writer.setDaemon(true);
+        writer.start();
+        // A handler's System.exit: what it wrote before still reaches the client.
+        Runtime.getRuntime().addShutdownHook(new Thread(this::flush, "fnstream-flush"));
     }
 
     String name() {
@@ -59,14 +78,115 @@ public final class Worker {
     }
 
     // -- output ------------------------------------------------------------------------------
+    /** One queued frame, or a stream write (merged with the writes of its invocation queued after it). */
+    private static final class Out {
+        final Wire.Frame frame;
+        final String writeId;
+        final String payload;
+        final CountDownLatch flushed;
+
+        Out(Wire.Frame frame, String writeId, String payload, CountDownLatch flushed) {
+            this.frame = frame;
+            this.writeId = writeId;
+            this.payload = payload;
+            this.flushed = flushed;
+        }
+    }
+
+    /** A frame; straight onto the socket when nothing is queued before it (no hop to the writer). */
     void send(Wire.Frame frame) {
-        synchronized (out) {
+        if (pending.get() == 0 && writeLock.tryLock()) {
             try {
-                frame.writeTo(out);
+                if (pending.get() == 0) {
+                    frame.writeTo(out);
+                    out.flush();
+                    return;
+                }
+            } catch (IOException e) {
+                halt(0); // the frontend is gone
+            } finally {
+                writeLock.unlock();
+            }
+        }
+        enqueue(new Out(frame, null, null, null));
+    }
+
+    /** A stream write: on the socket as soon as the writer thread gets to it (at once when idle). */
+    void sendWrite(String id, String payload) {
+        enqueue(new Out(null, id, payload, null));
+    }
+
+    private void enqueue(Out out) {
+        pending.incrementAndGet();
+        try {
+            outbox.put(out);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            if (!outbox.offer(out)) { // a cancelled handler's last frame: still sent if there is room
+                pending.decrementAndGet();
+            }
+        }
+    }
+
+    /** Waits (bounded) until everything queued so far is on the socket. */
+    void flush() {
+        CountDownLatch done = new CountDownLatch(1);
+        pending.incrementAndGet();
+        if (!outbox.offer(new Out(null, null, null, done))) {
+            pending.decrementAndGet();
+        } else {
+            try {
+                done.await(FLUSH_BEFORE_EXIT_MS, TimeUnit.MILLISECONDS);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        }
+    }
+
+    /** The writer thread: what queued while the socket was busy goes out in one system call. */
+    private void writeLoop() {
+        List<Out> batch = new ArrayList<>();
+        List<String> payloads = new ArrayList<>();
+        while (true) {
+            try {
+                batch.add(outbox.take());
+            } catch (InterruptedException e) {
+                return;
+            }
+            writeLock.lock();
+            outbox.drainTo(batch, BATCH_FRAMES);
+            try {
+                for (int i = 0; i < batch.size(); i++) {
+                    Out o = batch.get(i);
+                    if (o.writeId != null) {
+                        payloads.add(o.payload);
+                        while (i + 1 < batch.size() && o.writeId.equals(batch.get(i + 1).writeId)) {
+                            payloads.add(batch.get(++i).payload);
+                        }
+                        Wire.Frame f = new Wire.Frame(3).key("t").str("write").key("id").str(o.writeId)
+                                .key("p").arrayHeader(payloads.size());
+                        for (String p : payloads) {
+                            f.str(p);
+                        }
+                        payloads.clear();
+                        f.writeTo(out);
+                    } else if (o.frame != null) {
+                        o.frame.writeTo(out);
+                    }
+                }
                 out.flush();
             } catch (IOException e) {
                 halt(0); // the frontend is gone
+            } finally {
+                pending.addAndGet(-batch.size());
+                writeLock.unlock();
             }
+            for (Out o : batch) {
+                if (o.flushed != null) {
+                    o.flushed.countDown();
+                }
+            }
+            batch.clear();
         }
     }
 
@@ -187,7 +307,7 @@ public final class Worker {
         }
         invocations.remove(inv.id);
         if (running.decrementAndGet() == 0 && retiring) {
-            halt(0);
+            flushAndHalt(0);
         }
     }
 
@@ -200,6 +320,11 @@ public final class Worker {
             return;
         }
         inv.cancel(reason);
+    }
+
+    private void flushAndHalt(int code) {
+        flush();
+        halt(code);
     }
 
     private void stop() {
@@ -226,7 +351,7 @@ public final class Worker {
                     : outcome[0];
         }
         send(new Wire.Frame(2).key("t").str("stopped").key("error").str(error));
-        halt(0);
+        flushAndHalt(0);
     }
 
     private void serve(DataInputStream in) throws IOException {

@@ -131,7 +131,8 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     streams_cfg = config.streams
     app[OUTPUTS] = outputs = DurableOutputs(
         lambda: app[BROKER], seconds=streams_cfg.invocationRetentionSeconds,
-        max_bytes=streams_cfg.invocationRetentionBytes, count=streams_cfg.invocationRetentionCount)
+        max_bytes=streams_cfg.invocationRetentionBytes, count=streams_cfg.invocationRetentionCount,
+        shared=lambda: bool(config.cluster.redisUrl))
 
     async def _close_outputs(app: web.Application) -> None:
         await outputs.close()  # after the drain: detached invocations were aborted, their pumps end

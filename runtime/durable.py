@@ -72,11 +72,11 @@ class Retained:
     """One kept invocation: where its output goes, and how far it got."""
 
     __slots__ = ("broken", "configured", "continues", "done_id", "ending", "id", "inv", "key", "next_id", "outputs",
-                 "over", "timer")
+                 "over", "remote", "timer")
 
-    def __init__(self, inv: InvocationSurface, tenant: str, continues: bool) -> None:
-        self.id = inv.id
-        self.key = qualify(tenant, STREAM_PREFIX + inv.id)
+    def __init__(self, inv: InvocationSurface | None, tenant: str, continues: bool, inv_id: str = "") -> None:
+        self.id = inv.id if inv is not None else inv_id
+        self.key = qualify(tenant, STREAM_PREFIX + self.id)
         self.inv: InvocationSurface | None = inv  # dropped once it is over (nothing else holds it)
         self.continues = continues     # onDisconnect: continue
         self.next_id = 1               # the id the next published event gets
@@ -87,6 +87,7 @@ class Retained:
         self.ending: asyncio.Future[str | None] | None = None  # the encoded result being awaited (continue)
         self.timer: asyncio.TimerHandle | None = None
         self.outputs: DurableOutputs | None = None
+        self.remote = False  # a view of one another frontend keeps (cluster mode): see find_shared
 
     async def put(self, batch: list[str]) -> None:
         assert self.outputs is not None
@@ -100,8 +101,10 @@ class Retained:
 class DurableOutputs:
     """The node's kept invocations, by id."""
 
-    def __init__(self, broker: Callable[[], AbstractBroker], *, seconds: float, max_bytes: int, count: int) -> None:
+    def __init__(self, broker: Callable[[], AbstractBroker], *, seconds: float, max_bytes: int, count: int,
+                 shared: Callable[[], bool] = lambda: False) -> None:
         self._broker = broker  # looked up per use: cluster mode replaces the app's broker at startup
+        self.shared = shared   # whether other frontends publish to the same broker (cluster mode)
         self.seconds = seconds
         self.max_bytes = max_bytes
         self.count = count
@@ -234,6 +237,22 @@ class DurableOutputs:
             raise InvocationNotFoundError("no such invocation is kept here (unknown, ended more than "
                                           "streams.invocationRetentionSeconds ago, or not a streaming one)")
         return rec
+
+    async def find_shared(self, tenant: str, inv_id: str) -> Retained:
+        """Cluster mode: an invocation another frontend answered, found by its stream in the shared
+        broker under `tenant` (the reader's own: another tenant's cannot be named). Its end is the
+        `[DONE]` element (`done_id` unknown here: None, and `remote`). 404 when there is none."""
+        view = Retained(None, tenant, False, inv_id)
+        try:
+            stats = await self._broker().stats(view.key)
+        except FunctionServiceError:  # StreamNotFoundError, or a name no invocation has
+            raise InvocationNotFoundError("no such invocation is kept here (unknown, ended more than "
+                                          "streams.invocationRetentionSeconds ago, or not a streaming one)") from None
+        view.next_id = stats.last_id + 1
+        view.configured = True
+        view.over = True  # cancel is for the node that answers it
+        view.remote = True
+        return view
 
     async def subscribe(self, rec: Retained, from_id: int) -> AbstractSubscription:
         """Its stream from after `from_id` (made here if it has had no event yet)."""

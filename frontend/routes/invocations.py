@@ -12,6 +12,7 @@ import json
 
 from aiohttp import web
 
+from runtime.durable import DONE, InvocationNotFoundError
 from runtime.errors import BadRequestError
 from runtime.streams import SubscriptionCutError, SubscriptionEndedError
 
@@ -19,12 +20,14 @@ from ..auth import principal_of
 from ..keys import CONFIG, OUTPUTS
 from ..openapi import SSE, Op, Param, document
 from ..sse import DONE_EVENT, EventStream, encode_event
+from ..tenancy import stream_tenant
 
 __all__ = ("routes", "LOST_CODE")
 
 routes = web.RouteTableDef()
 LOST_CODE = 200416  # `event: error`: the events asked for are no longer kept
 _MAX_ID = 10**15
+_DONE = DONE.encode()
 
 
 def _from_id(request: web.Request) -> int:
@@ -41,7 +44,12 @@ def _from_id(request: web.Request) -> int:
 async def events(request: web.Request) -> web.StreamResponse:
     outputs = request.app[OUTPUTS]
     inv_id = request.match_info["inv_id"]
-    rec = outputs.find(principal_of(request), inv_id)
+    try:
+        rec = outputs.find(principal_of(request), inv_id)
+    except InvocationNotFoundError:
+        if not outputs.shared():
+            raise
+        rec = await outputs.find_shared(stream_tenant(request), inv_id)  # another frontend's (cluster mode)
     from_id = _from_id(request)
     if from_id >= rec.next_id:  # nothing that far yet: the 400 the stream itself would give, said plainly
         raise BadRequestError(f"invocation {inv_id!r} has had {rec.next_id - 1} events; "
@@ -74,7 +82,7 @@ async def events(request: web.Request) -> web.StreamResponse:
                     continue
                 chunks = []
                 for el in batch:
-                    if el.id == rec.done_id:
+                    if el.id == rec.done_id or (rec.remote and el.data == _DONE):
                         chunks.append(DONE_EVENT)
                         await out.write(b"".join(chunks))
                         return await out.finish()

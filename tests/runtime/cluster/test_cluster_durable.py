@@ -1,0 +1,54 @@
+"""Durable SSE output in cluster mode (runtime/durable.py over the Redis broker; real processes):
+a client that dropped from one frontend reconnects through another and gets the rest."""
+from __future__ import annotations
+
+import json
+import time
+
+import aiohttp
+
+from frontend.client import iter_sse
+from tests.support.cluster import CLUSTER_FUNCTIONS, deploy, frontend_args, workers_serving
+
+STAMPED = {"name": "stamped", "handler": "stamped.handler", "codePath": str(CLUSTER_FUNCTIONS), "timeout": 60,
+           "onDisconnect": "continue"}
+INVOKE = "/serverless/v1/functions/stamped/invocations"
+EVENTS = "/serverless/v1/invocations/{}/events".format
+
+
+async def test_a_reconnect_through_another_frontend_gets_the_rest(redis_server, start_server, start_worker):
+    a = start_server(*frontend_args(redis_server.url))
+    b = start_server(*frontend_args(redis_server.url))
+    start_worker(redis_server.url)
+    count = 8
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, STAMPED)
+        await workers_serving(s, a.url, "stamped")
+        resp = await s.post(a.url + INVOKE, json={"count": count, "delay_ms": 150},
+                            headers={"Accept": "text/event-stream"})
+        assert resp.status == 200
+        inv_id = resp.headers["X-Invocation-Id"]
+        first = []
+        async for ev in iter_sse(resp):
+            first.append(ev)
+            if len(first) == 2:
+                break
+        resp.close()  # dropped from A mid-stream (onDisconnect: continue: it runs on)
+        again = await s.get(b.url + EVENTS(inv_id), headers={"Last-Event-ID": "2"})
+        assert again.status == 200, await again.text()
+        rest = []
+        async for ev in iter_sse(again):
+            rest.append((time.time(), ev))
+        # the same answer again, tenants' 404 on B as on A
+        replay = await s.get(b.url + EVENTS(inv_id))
+        replayed = [ev async for ev in iter_sse(replay)]
+        unknown = await s.get(b.url + EVENTS("z" * 22))
+        assert unknown.status == 404
+    assert [e["id"] for e in first] == ["1", "2"]
+    events = [ev for _, ev in rest]
+    assert [e["id"] for e in events] == [str(i) for i in range(3, count + 2)] + [None]  # each once, then the end
+    assert [json.loads(e["data"]).get("i") for e in events[:-2]] == list(range(3, count + 1))
+    assert json.loads(events[-2]["data"]) == {"written": count} and events[-1]["data"] == "[DONE]"
+    produced_last = json.loads(events[-3]["data"])["at"]
+    assert rest[0][0] < produced_last  # live: event 3 reached B's reader before event 8 was written
+    assert [(e["id"], e["data"]) for e in replayed] == [(e["id"], e["data"]) for e in first + events]

@@ -83,7 +83,9 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app[HOST_POLICY] = hosts
     app[REGISTRY] = registry if registry is not None else build_registry(config)
     app[EXECUTOR] = executor if executor is not None else Executor(config.runtime.threadPoolSize,
-                                                                     config.runtime.threadsPerFunction)
+                                                                     config.runtime.threadsPerFunction,
+                                                                     config.runtime.cpuBoundThreadsPerFunction,
+                                                                     config.runtime.burningSwitchInterval)
     app[DISPATCHER] = Dispatcher(app[REGISTRY], app[EXECUTOR], Limits.from_config(config))
     app[LIFECYCLE] = Lifecycle(app[EXECUTOR], app[REGISTRY], config.frontend.args.shutdownGraceSeconds)
     # Named streams live in this process, or in Redis in cluster mode (attach_cluster replaces it).

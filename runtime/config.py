@@ -142,6 +142,12 @@ class RuntimeConfig(_Strict):
                                                                    "threads still running past their timeout (see "
                                                                    "Hardening); unset = a quarter of "
                                                                    "`threadPoolSize`")
+    cpuBoundThreadsPerFunction: int = Field(2, ge=1, description="threads of one function found busy on a "
+                                            "CPU at once; while that many are, its next calls wait (Python "
+                                            "threads share one GIL; raise it for native code that releases it)")
+    burningSwitchInterval: float = Field(0.0002, gt=0, le=0.1, description="sys.setswitchinterval while "
+                                         "`def` threads burn CPU: how long one holds the GIL while the loop "
+                                         "waits (otherwise Python's 0.005 stays: cheaper hand-offs)")
     codeRoots: list[Path] = Field(default_factory=list, description="handler code must live under one of these "
                                                                     "(empty: anywhere)")
     deployDir: Path | None = Field(None, description="manifests deployed at start; unset = none")

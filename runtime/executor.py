@@ -2,7 +2,8 @@
 
 Generators of either kind are iterated and each item becomes one stream write. The function's
 timeout is enforced here (openYuanrong's Python executor never does): async handlers are
-cancelled; a thread cannot be killed, so its output is closed and its later writes raise.
+cancelled; a `def` handler's output is closed (its later writes raise) and its thread is stopped
+(runtime/thread_stop.py), retried while it keeps running.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .context import Context
+from .cpu_sampler import CpuSampler
 from .deployment import Deployment
 from .errors import FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError, handler_failure
 from .invocation import Invocation, drain_generator
@@ -25,6 +27,7 @@ from .limits import LoopLagMonitor, ThreadGate
 from .logs import set_log_context
 from .process.executor import ProcessExecutor
 from .streams.tenancy import current_tenant
+from .thread_stop import run_stoppable, stop_thread
 from .threadpool import DaemonThreadPool
 
 __all__ = ("Executor",)
@@ -32,18 +35,22 @@ __all__ = ("Executor",)
 log = logging.getLogger("fnstream.runtime")
 
 DEADLINE_TICK = 0.05  # seconds between deadline checks
+STOP_RETRY_SECONDS = 1.0  # a thread that swallowed InvocationStopped (bare except) is stopped again
 
 
 class Executor:
     """Starts invocations and owns the thread pool for sync handlers."""
 
-    def __init__(self, thread_pool_size: int = 64, threads_per_function: int | None = None) -> None:
+    def __init__(self, thread_pool_size: int = 64, threads_per_function: int | None = None,
+                 cpu_bound_threads: int = 2, burning_switch_interval: float = 0.0002) -> None:
         self._pool = DaemonThreadPool(thread_pool_size, thread_name_prefix="fnstream-handler")
         self.process = ProcessExecutor()  # `executor: process` functions run on worker processes
         self.active: set[Invocation] = set()
         self._watchdog: asyncio.Task[Any] | None = None
         # One function's threads (running or overran) may not take more than this of the pool.
         self.threads_per_function = threads_per_function or max(1, thread_pool_size // 4)
+        self.cpu_bound_threads = cpu_bound_threads
+        self.cpu_sampler = CpuSampler(burning_switch_interval)
         self._gates: list[ThreadGate] = []
         self._loop_started: set[str] = set()
         self.loop_monitor = LoopLagMonitor(self._running_on_loop)
@@ -58,8 +65,9 @@ class Executor:
 
     def _gate(self, dep: Deployment) -> ThreadGate:
         if dep.thread_gate is None:
-            dep.thread_gate = ThreadGate(dep.name, self.threads_per_function)
+            dep.thread_gate = ThreadGate(dep.name, self.threads_per_function, self.cpu_bound_threads)
             self._gates.append(dep.thread_gate)
+            self.cpu_sampler.watch(dep.thread_gate, asyncio.get_running_loop())
         return dep.thread_gate
 
     def abandoned_threads(self) -> int:
@@ -153,6 +161,7 @@ class Executor:
         return len(left)
 
     def shutdown(self) -> None:
+        self.cpu_sampler.stop()
         if self._watchdog is not None:
             self._watchdog.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -227,7 +236,7 @@ class Executor:
         dep = inv.deployment
         gate = dep.thread_gate or self._gate(dep)
         thread_future: asyncio.Future[Any] | None = None
-        started: list[bool] = [False]  # set by the thread as the handler starts
+        started: list[int] = [0]  # the thread's ident, set as the handler starts
         overran: list[bool] = [False]
         try:
             if not gate.try_acquire():
@@ -244,6 +253,8 @@ class Executor:
                 if started[0]:
                     overran[0] = True
                     gate.mark_overran(inv.id, dep.spec.timeout)
+                    if timed_out:
+                        self._stop(inv, started[0], thread_future)
 
                 def _thread_ended(future: asyncio.Future[Any]) -> None:
                     if not timed_out:
@@ -258,14 +269,34 @@ class Executor:
             else:
                 dep.release()
 
+    def _stop(self, inv: Invocation, ident: int, thread_future: asyncio.Future[Any]) -> None:
+        """Stop the thread of a timed-out invocation; again every STOP_RETRY_SECONDS while it runs."""
+        if thread_future.done():
+            return
+        if stop_thread(ident, inv):
+            log.info("function %s: stopping the thread of timed-out invocation %s", inv.spec.name, inv.id)
+        asyncio.get_running_loop().call_later(STOP_RETRY_SECONDS, self._stop, inv, ident, thread_future)
+
     @staticmethod
-    def _call_in_thread(inv: Invocation, ctx: Context, started: list[bool]) -> Any:
+    def _call_in_thread(inv: Invocation, ctx: Context, started: list[int]) -> Any:
         if inv.cancel_reason is not None or time.monotonic() >= inv.deadline:
-            return None  # it waited for a free thread past its deadline (or its client left): never start
-        started[0] = True
-        code = inv.deployment.code
-        assert code is not None
-        result = code.handler(inv.event, ctx)
-        if inspect.isgenerator(result):
-            return drain_generator(result, inv.add_item_blocking)
-        return result
+            # It waited for a free thread past its deadline (or its client left): never start. A
+            # timeout, even if the watchdog has not said so yet (never a 200 for a call never made).
+            raise FunctionTimeoutError(f"function {inv.spec.name!r} timed out after {inv.spec.timeout:g} s "
+                                       "waiting for a thread")
+        gate = inv.deployment.thread_gate
+        assert gate is not None
+        started[0] = gate.enter()
+        try:
+            return run_stoppable(inv, _call_handler, inv, ctx)
+        finally:
+            gate.leave(started[0])
+
+
+def _call_handler(inv: Invocation, ctx: Context) -> Any:
+    code = inv.deployment.code
+    assert code is not None
+    result = code.handler(inv.event, ctx)
+    if inspect.isgenerator(result):
+        return drain_generator(result, inv.add_item_blocking)
+    return result

@@ -1,10 +1,15 @@
 """Containing runaway handlers: a per-function bound on threads, and a loop-lag monitor.
 
-A plain `def` handler runs in the shared thread pool, and a thread cannot be stopped. So each
-function may hold at most `runtime.threadsPerFunction` threads at once, counting threads whose
-invocation already timed out but which are still running (overran): one function spinning in
-`while True` exhausts its own share, never the pool. A call waiting for a thread waits on the
-loop (cancellable: its deadline passing ends it with a 504 before it ever starts).
+A plain `def` handler runs in the shared thread pool, and a thread is stopped only at its next
+Python bytecode (runtime/thread_stop.py: never inside one C call). So each function may hold at
+most `runtime.threadsPerFunction` threads at once, counting threads whose invocation already
+timed out but which are still running (overran): one function spinning in `while True` exhausts
+its own share, never the pool. A call waiting for a thread waits on the loop (cancellable: its
+deadline passing ends it with a 504 before it ever starts).
+
+Threads busy on a CPU share one GIL: more than a couple of them at once add no throughput, only
+latency to the loop and to every other function. So while `cpuBound` of a function's threads are
+found burning CPU (sampled by the executor), its next calls wait for one of them to end instead.
 
 The loop-lag monitor is a periodic timer that measures its own lateness: when the loop was held
 (an `async def` handler calling `time.sleep`...) it logs the stall and the functions that were
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -57,46 +63,100 @@ class Waiters:
 
 
 class ThreadGate:
-    """At most `limit` threads of one function: running ones and ones that overran their deadline."""
+    """At most `limit` threads of one function, running or overran their deadline; at most
+    `cpu_bound` of them once that many are found burning CPU."""
 
-    def __init__(self, name: str, limit: int) -> None:
+    BURNING = 0.5  # a function whose threads took this share of the process's CPU time burns it
+    BUSY = 0.1     # ... and at least this share of the wall time
+
+    def __init__(self, name: str, limit: int, cpu_bound: int | None = None) -> None:
         self.name = name
         self.limit = limit
+        self.cpu_bound = cpu_bound or limit
+        self.running: dict[int, float] = {}  # thread ident -> its CPU seconds (written by the thread)
+        self.burning: set[int] = set()       # of those, threads found burning CPU at the last sample
         self.busy = 0            # threads held (running or overran)
         self.overran = 0         # threads still running past their invocation's deadline
         self.overran_total = 0   # ever (shown in the function's status)
         self._waiters = Waiters()
 
+    def _full(self) -> bool:
+        return self.busy >= self.limit or len(self.burning) >= self.cpu_bound
+
     def try_acquire(self) -> bool:
         """Take a thread if one is free now (no coroutine for the usual case)."""
-        if self.busy >= self.limit or self._waiters:
+        if self._waiters or self._full():
             return False
         self.busy += 1
         return True
 
     async def acquire(self) -> None:
         """Wait for a thread of this function (cancellable: the deadline watchdog cancels it)."""
-        await self._waiters.wait_while(lambda: self.busy >= self.limit)
+        await self._waiters.wait_while(self._full)
         self.busy += 1
 
     def release(self, overran: bool) -> None:
-        """A thread ended (on the loop)."""
+        """A thread ended (on the loop; it already left `running`)."""
         self.busy -= 1
         if overran:
             self.overran -= 1
         self._waiters.wake_one()
 
+    def enter(self) -> int:
+        """In the handler's thread as it starts: count it among the running (for the CPU sample)."""
+        ident = threading.get_ident()
+        self.running[ident] = time.thread_time()
+        return ident
+
+    def leave(self, ident: int) -> None:
+        """In the handler's thread as it ends."""
+        self.running.pop(ident, None)
+
+    def sample(self, wall: float, process_cpu: float) -> int:
+        """Which running threads burned CPU in the last `wall` seconds, in which the whole process was
+        on a CPU for `process_cpu` seconds (runtime/cpu_sampler.py's thread); how many fewer burn.
+
+        The function is CPU-bound when its threads took half the process's CPU time or more (and a
+        tenth of the wall time: not a lone short computation on an idle server); then each thread
+        that took at least half their average is burning. Relative measures, because threads that
+        contend for one GIL each get a sliver of a CPU, and a busy host gives the process less."""
+        used: dict[int, float] = {}
+        for ident, before in list(self.running.items()):
+            try:
+                now = time.clock_gettime(time.pthread_getcpuclockid(ident))
+            except (OSError, AttributeError):  # it just ended; or no per-thread clocks here
+                continue
+            if ident in self.running:
+                self.running[ident] = now
+                used[ident] = now - before
+        total = sum(used.values())
+        burning: set[int] = set()
+        if used and total >= process_cpu * self.BURNING and total >= wall * self.BUSY:
+            burning = {t for t, cpu in used.items() if cpu >= total / len(used) * 0.5}
+        freed = len(self.burning) - len(burning)
+        if burning and not self.burning:
+            log.warning("function %s: %d thread(s) are busy on a CPU; at most %d of its calls run at once "
+                        "while they are (runtime.cpuBoundThreadsPerFunction): Python threads share one GIL",
+                        self.name, len(burning), self.cpu_bound)
+        self.burning = burning  # one assignment: the loop reads the old set or the new one
+        return freed
+
+    def wake(self, count: int) -> None:
+        """On the loop: `count` fewer threads burn, so as many waiting calls may start."""
+        for _ in range(count):
+            self._waiters.wake_one()
+
     def mark_overran(self, invocation_id: str, timeout: float) -> None:
         self.overran += 1
         self.overran_total += 1
-        log.warning("function %s: invocation %s timed out after %gs but its thread keeps running (%d of %d "
-                    "threads of this function held by overrunning calls); a thread cannot be stopped: use "
-                    "'executor: process' for code that must be stoppable", self.name, invocation_id,
-                    timeout, self.overran, self.limit)
+        log.warning("function %s: invocation %s timed out after %gs; stopping its thread (%d of %d threads "
+                    "of this function held by overrunning calls; a thread blocked in a C call stops only when "
+                    "it returns: use 'executor: process' for code that must be stoppable)", self.name,
+                    invocation_id, timeout, self.overran, self.limit)
 
     def describe(self) -> dict[str, int]:
         return {"limit": self.limit, "busy": self.busy, "overran": self.overran,
-                "overranTotal": self.overran_total}
+                "overranTotal": self.overran_total, "burningCpu": len(self.burning)}
 
 
 class LoopLagMonitor:

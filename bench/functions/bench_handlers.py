@@ -71,3 +71,9 @@ def burn(event, context):
     for i in range(int(event.get("loops", 200_000))):
         total += i * i
     return total
+
+
+def spin(event, context):
+    """Never returns: pure Python on a CPU, for bench.runaway (stopped at its timeout)."""
+    while True:
+        pass

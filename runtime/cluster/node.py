@@ -167,7 +167,9 @@ async def serve_worker(config: Config) -> int:
     Returns how many handler threads were abandoned (runtime/lifecycle.py exit_after_shutdown)."""
     grace = config.frontend.args.shutdownGraceSeconds
     registry = Registry(config.runtime.codeRoots, stop_grace=grace)
-    executor = Executor(config.runtime.threadPoolSize, config.runtime.threadsPerFunction)
+    executor = Executor(config.runtime.threadPoolSize, config.runtime.threadsPerFunction,
+                        config.runtime.cpuBoundThreadsPerFunction,
+                        config.runtime.burningSwitchInterval)
     node = ClusterNode(config, registry, executor, role="worker")
     async with Lifecycle(executor, registry, grace) as lifecycle:
         lifecycle.stop_intake.append(node.stop_taking)

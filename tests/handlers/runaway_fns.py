@@ -19,3 +19,29 @@ def record(event, context):
 async def blocks_loop(event, context):
     time.sleep(float(event.get("sleep", 1)))  # the mistake the loop-lag monitor reports
     return "slept"
+
+
+def burn(event, context):
+    """Never returns, and never leaves the GIL but when made to: pure Python on a CPU."""
+    while True:
+        pass
+
+
+def swallow(event, context):
+    """Swallows what stops it (a bare except) twice, then lets the third one end it, noting each."""
+    mark = Path(event["mark"])
+    caught = 0
+    while True:
+        try:
+            while True:
+                pass
+        except BaseException:  # the mistake under test
+            caught += 1
+            mark.write_text(str(caught))
+            if caught >= 2:
+                raise
+
+
+def stuck(event, context):
+    """Blocked in one C call for an hour: what no stop reaches (it lands when the call returns)."""
+    time.sleep(3600)

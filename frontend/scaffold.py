@@ -33,6 +33,13 @@ __all__ = (
 )
 
 RESERVED_MODULES = frozenset({"runtime", "frontend"})  # fnstream's own packages would shadow them
+# A Java template's package is the module name; these cannot be one (Python's keywords are refused already).
+_JAVA_KEYWORDS = frozenset({
+    "abstract", "boolean", "byte", "case", "catch", "char", "const", "default", "do", "double", "enum",
+    "extends", "final", "float", "goto", "implements", "instanceof", "int", "interface", "long", "native",
+    "new", "package", "private", "protected", "public", "short", "static", "strictfp", "super", "switch",
+    "synchronized", "this", "throw", "throws", "transient", "void", "volatile", "true", "false", "null",
+})
 
 
 class ScaffoldError(Exception):
@@ -196,12 +203,20 @@ def new_function(directory: Path, name: str, template: str = "stream", *, force:
         raise ScaffoldError(f"unknown template {template!r}; choose one of: {', '.join(TEMPLATES)}")
     module = _check_name(name)
     tpl = TEMPLATES[template]
+    handler, code_path, source = f"{module}.handler", "../functions", Path(f"functions/{module}.py")
+    code = tpl.code.format(name=name) if not tpl.java else ""
+    if tpl.java:  # package <module>, class <Name>: functions/<module>/<module>/<Name>.java
+        if module in _JAVA_KEYWORDS:
+            raise ScaffoldError(f"invalid function name {name!r}: its package {module!r} is a Java keyword")
+        cls = "".join(part.capitalize() for part in module.split("_") if part) or "Handler"
+        handler, code_path = f"{module}.{cls}::handler", f"../functions/{module}"
+        source = Path(f"functions/{module}/{module}/{cls}.java")
+        code = tpl.code.format(name=name, package=module, cls=cls)
     manifest = (f"name: {name}\ndescription: {tpl.summary} (fnstream new --template {template})\n"
-                f"handler: {module}.handler\ncodePath: ../functions\ntimeout: 60\n"
+                f"handler: {handler}\ncodePath: {code_path}\ntimeout: 60\n"
                 + tpl.manifest_extra.format(name=name))
     parse_manifest(manifest, f"deploy/{name}.yaml", directory / "deploy")  # a template bug fails here, not later
-    files: dict[Path, str | Path] = {Path(f"functions/{module}.py"): tpl.code.format(name=name),
-                                     Path(f"deploy/{name}.yaml"): manifest}
+    files: dict[Path, str | Path] = {source: code, Path(f"deploy/{name}.yaml"): manifest}
     written = _write_all(directory, files, force)
     stream = " --stream" if template != "plain" else ""
     steps = [f"fnstream serve                      # or, with a server running: fnstream deploy deploy/{name}.yaml",
@@ -251,7 +266,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--force", action="store_true", help="overwrite files that exist")
     p.add_argument("--examples", action="store_true", help="also copy every bundled example function")
     p.set_defaults(func=cmd_init)
-    p = sub.add_parser("new", help="add functions/NAME.py and deploy/NAME.yaml from a template")
+    p = sub.add_parser("new", help="add functions/NAME.py (java: functions/NAME/) and deploy/NAME.yaml "
+                                   "from a template")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--template", "-t", choices=list(TEMPLATES), default="stream",
                    help="; ".join(f"{k}: {t.summary}" for k, t in TEMPLATES.items()) + " (default: stream)")

@@ -13,13 +13,15 @@ __all__ = ("TEMPLATES", "Template")
 class Template:
     """One template: what it is for, its handler source and the extra manifest lines."""
 
-    __slots__ = ("code", "example_data", "manifest_extra", "summary")
+    __slots__ = ("code", "example_data", "java", "manifest_extra", "summary")
 
-    def __init__(self, summary: str, code: str, manifest_extra: str = "", example_data: str = "{}") -> None:
+    def __init__(self, summary: str, code: str, manifest_extra: str = "", example_data: str = "{}",
+                 *, java: bool = False) -> None:
         self.summary = summary
         self.code = code
         self.manifest_extra = manifest_extra
         self.example_data = example_data
+        self.java = java  # a Java source (`{package}`, `{cls}`): functions/<module>/<module>/<Class>.java
 
 
 _PLAIN = '''"""{name}: a plain function; its return value is the JSON response."""
@@ -129,6 +131,36 @@ def handler(event, context):
     return {{"primes": found}}
 '''
 
+_JAVA = '''package {package};
+
+import com.google.gson.JsonObject;
+import org.yuanrong.services.runtime.Context;
+import org.yuanrong.services.runtime.action.Stream;
+
+/**
+ * {name}: openYuanrong's Java streaming pattern. Each context.getStream().write() reaches an SSE
+ * client at once (Accept: text/event-stream); the return value is the last event. No build tool:
+ * fnstream compiles this file at deploy (JDK 17 or later, gson).
+ */
+public class {cls} {{
+    public JsonObject handler(JsonObject event, Context context) throws InterruptedException {{
+        int count = event != null && event.has("count") ? event.get("count").getAsInt() : 3;
+        Stream stream = context.getStream();
+        for (int n = 1; n <= count; n++) {{
+            JsonObject step = new JsonObject();
+            step.addProperty("event", "this is a stream");
+            step.addProperty("n", n);
+            stream.write(step);
+            Thread.sleep(100);
+        }}
+        JsonObject result = new JsonObject();
+        result.addProperty("count", count);
+        result.addProperty("function", context.getFunctionName());
+        return result;
+    }}
+}}
+'''
+
 TEMPLATES: Final[dict[str, Template]] = {
     "plain": Template("returns JSON", _PLAIN, example_data='{"name": "you"}'),
     "stream": Template("context.get_stream().write() events (openYuanrong)", _STREAM, example_data='{"count": 3}'),
@@ -140,4 +172,7 @@ TEMPLATES: Final[dict[str, Template]] = {
                        example_data='{"input": {"prompt": "streams word by word"}}'),
     "process": Template("CPU-bound work in worker processes", _PROCESS, "executor: process\ninstances: 2\n",
                         example_data='{"limit": 20000}'),
+    "java": Template("a Java handler (openYuanrong's SDK), compiled at deploy", _JAVA,
+                     "runtime: java17\nminInstances: 0   # a worker JVM starts on demand\n",
+                     example_data='{"count": 3}', java=True),
 }

@@ -1,8 +1,10 @@
 """`fnstream init` / `fnstream new`: the files they write, their refusals, the rendered config, and
 every template deployed and invoked over a loopback socket (the openai one with the openai SDK)."""
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -137,7 +139,7 @@ async def project(templates_config, make_client):
 
 
 def test_every_template_is_tested_below():
-    assert set(TEMPLATES) == {"plain", "stream", "generator", "openai", "runpod", "process"}
+    assert set(TEMPLATES) == {"plain", "stream", "generator", "openai", "runpod", "process", "java"}
 
 
 async def test_plain_template_answers_json(project):
@@ -175,6 +177,18 @@ async def test_process_template_runs_in_a_worker_process(project):
     assert data[-2:] == ['{"primes":25}', "[DONE]"] and len(data) == 6
     described = await (await project.get("/admin/v1/functions/t-process")).json()
     assert described["function"]["status"]["executor"] == "process"
+
+
+@pytest.mark.skipif(shutil.which("javac") is None or not Path("/usr/share/java/gson.jar").is_file(),
+                    reason="needs a JDK (javac) and gson (libgoogle-gson-java)")
+async def test_java_template_streams_from_a_worker_jvm(project, templates_config):
+    source = Path(templates_config.runtime.codeRoots[0]) / "t_java/t_java/TJava.java"
+    assert "public class TJava" in source.read_text()
+    resp = await project.post("/serverless/v1/functions/t-java/invocations", json={"count": 2}, headers=SSE)
+    assert resp.status == 200
+    data = [json.loads(ev["data"]) if ev["data"] != "[DONE]" else None for _, ev in await read_events(resp)]
+    assert data == [{"event": "this is a stream", "n": 1}, {"event": "this is a stream", "n": 2},
+                    {"count": 2, "function": "t-java"}, None]
 
 
 async def test_openai_template_streams_chunks_to_the_openai_sdk(project):

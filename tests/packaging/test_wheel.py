@@ -65,9 +65,13 @@ def test_the_wheel_carries_the_one_default_config_and_the_examples(wheel):
         assert z.read("runtime/_defaults/default.yaml") == (ROOT / "config/default.yaml").read_bytes()
         for path in (ROOT / "deploy").glob("*.yaml"):
             assert z.read(f"frontend/_examples/deploy/{path.name}") == path.read_bytes()
-        for path in (ROOT / "functions").rglob("*.py"):
+        for path in [*(ROOT / "functions").rglob("*.py"), *(ROOT / "functions").rglob("*.java")]:
             rel = path.relative_to(ROOT / "functions").as_posix()
             assert z.read(f"frontend/_examples/functions/{rel}") == path.read_bytes()
+        sdk = ROOT / "runtime/java/sdk"  # the Java SDK's sources, compiled on first use
+        for path in sdk.rglob("*.java"):
+            assert z.read(f"runtime/java/sdk/{path.relative_to(sdk).as_posix()}") == path.read_bytes()
+        assert "runtime/java/sdk/org/yuanrong/services/runtime/Context.java" in names
     assert not any(n.startswith(("tests/", "bench/", "config/", "deploy/", "functions/")) for n in names)
 
 

@@ -97,6 +97,19 @@ public class Fns {
         return "slept";
     }
 
+    /** Ignores interrupts for `seconds` (a handler that will not stop: its JVM must be replaced). */
+    public long stubborn(JsonObject event, Context context) {
+        long end = System.nanoTime() + (long) (event.get("seconds").getAsDouble() * 1e9);
+        while (System.nanoTime() < end) {
+            try {
+                Thread.sleep(5);
+            } catch (InterruptedException ignored) {
+                // on purpose
+            }
+        }
+        return ProcessHandle.current().pid();
+    }
+
     public String exit(JsonObject event, Context context) {
         System.exit(3);
         return "unreachable";

@@ -39,6 +39,7 @@ FUNCTIONS_UNDER_TEST = [
     _fn("jmany", "many"),
     _fn("jboom", "boom"),
     _fn("jsleep", "sleep", timeout=1, instances=1),
+    _fn("jstub", "stubborn", timeout=1, instances=1),
     _fn("jexit", "exit", instances=1),
     _fn("jover", "overflow", instances=1),
     _fn("joom", "oom", memory=48, instances=1),
@@ -151,6 +152,20 @@ async def test_timeout_interrupts_the_thread_and_keeps_the_jvm(jserver):
     assert await _post(jserver, "jsleep", {"seconds": 0.01}) == (200, "slept")
     after = await _pool(jserver, "jsleep")
     assert [w["pid"] for w in after["workers"]] == [w["pid"] for w in before["workers"]]  # interrupted, not killed
+
+
+async def test_a_handler_that_ignores_the_interrupt_loses_its_jvm(jserver):
+    before = [w["pid"] for w in (await _pool(jserver, "jstub"))["workers"]]
+    status, body = await _post(jserver, "jstub", {"seconds": 20})
+    assert status == 504 and "timed out" in body["message"]
+    for _ in range(400):  # the handler holds its slot for the grace period, then its JVM is killed
+        workers = (await _pool(jserver, "jstub"))["workers"]
+        if workers and [w["pid"] for w in workers] != before and workers[0]["state"] == "idle":
+            break
+        await asyncio.sleep(0.05)
+    status, pid = await _post(jserver, "jstub", {"seconds": 0})
+    assert status == 200 and [pid] != before  # answered by the JVM that replaced the killed one
+    assert "did not stop within" in jserver.output()
 
 
 async def _pool(server, name: str) -> dict:

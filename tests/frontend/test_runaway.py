@@ -39,7 +39,8 @@ async def test_a_spinning_function_cannot_take_the_shared_pool(make_client, depl
     assert [r.status for r in answers] == [504] * 12
     st = await status_of(client, "spin")
     assert st["inflight"] == 0                                    # the answer went out; the slot is free
-    assert st["threads"]["overranTotal"] == 2 and st["threads"]["limit"] == 2
+    # Two ran past their timeout (more when a waiter, arriving later, got a stopped one's thread in time)
+    assert st["threads"]["overranTotal"] >= 2 and st["threads"]["limit"] == 2
     await threads_end(client, "spin")                             # and the overrunning threads were stopped
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -112,6 +114,8 @@ class DurableOutputs:
         self._running: dict[str, Retained] = {}
         self._ended: OrderedDict[str, Retained] = OrderedDict()  # oldest end first
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._warned = -math.inf
+        self._options = StreamOptions(retain_bytes=max_bytes, policy="cut", max_stream_size=max_bytes)
 
     def __len__(self) -> int:
         return len(self._running) + len(self._ended)
@@ -142,12 +146,14 @@ class DurableOutputs:
             broker = self._broker()
             if not rec.configured:
                 rec.configured = True
-                await broker.configure(rec.key, StreamOptions(retain_bytes=self.max_bytes, policy="cut",
-                                                              max_stream_size=self.max_bytes))
+                await broker.configure(rec.key, self._options)
             await broker.publish(rec.key, [p.encode("utf-8", "surrogatepass") for p in payloads])
         except FunctionServiceError as exc:
             rec.broken = exc.message
-            log.warning("invocation %s: its output is no longer kept: %s", rec.id, exc.message)
+            now = time.monotonic()
+            if now - self._warned >= 10:  # (a full broker would refuse every one: a line per 10 s, not per call)
+                self._warned = now
+                log.warning("invocation %s: its output is not kept: %s", rec.id, exc.message)
 
     async def result(self, rec: Retained | None, inv: InvocationSurface) -> str | None:
         """`inv.encoded_result()`; with onDisconnect: continue, awaited so that the answer's task
@@ -163,29 +169,29 @@ class DurableOutputs:
         """The last event (result or error; None: none), then [DONE]; kept for `seconds` more."""
         if rec.over:
             return
-        if last is not None:
-            await self.publish(rec, [last])
-        rec.done_id = rec.next_id
-        await self.publish(rec, [DONE])
-        self._end(rec)
-
-    def _end(self, rec: Retained) -> None:
+        rec.done_id = rec.next_id + (last is not None)
+        await self.publish(rec, [DONE] if last is None else [last, DONE])
         rec.over = True
         rec.inv = None
         if self._running.pop(rec.id, None) is None:
             return
         self._ended[rec.id] = rec
         rec.timer = asyncio.get_running_loop().call_later(self.seconds, self._expire, rec.id)
-        while len(self._ended) > self.count:
-            self._expire(next(iter(self._ended)))
+        while len(self._ended) > self.count:  # the oldest go now, in this task: a burst cannot outrun them
+            oldest = self._forget(next(iter(self._ended)))
+            if oldest is not None:
+                await self._delete(oldest.key)
+
+    def _forget(self, inv_id: str) -> Retained | None:
+        """Drop the record; its stream still needs deleting (when it was made)."""
+        rec = self._ended.pop(inv_id, None)
+        if rec is not None and rec.timer is not None:
+            rec.timer.cancel()
+        return rec if rec is not None and rec.configured else None
 
     def _expire(self, inv_id: str) -> None:
-        rec = self._ended.pop(inv_id, None)
-        if rec is None:
-            return
-        if rec.timer is not None:
-            rec.timer.cancel()
-        if rec.configured:
+        rec = self._forget(inv_id)
+        if rec is not None:
             self._spawn(self._delete(rec.key))
 
     async def _delete(self, key: str) -> None:
@@ -259,8 +265,7 @@ class DurableOutputs:
         broker = self._broker()
         if not rec.configured:
             rec.configured = True
-            await broker.configure(rec.key, StreamOptions(retain_bytes=self.max_bytes, policy="cut",
-                                                          max_stream_size=self.max_bytes))
+            await broker.configure(rec.key, self._options)
         return await broker.subscribe(rec.key, from_id=from_id)
 
     def cancel(self, principal: Principal | None, inv_id: str) -> Retained:

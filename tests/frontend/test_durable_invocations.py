@@ -216,3 +216,15 @@ async def test_only_the_invoking_tenant_or_an_admin_reads_or_cancels(make_client
     assert _without_pings(await (await client.get(EVENTS(inv_id), headers=a)).read()) == original
     assert _without_pings(await (await client.get(EVENTS(inv_id), headers=admin)).read()) == original
     assert (await client.get(EVENTS(inv_id))).status == 401
+
+
+async def test_at_most_count_ended_invocations_are_kept_the_oldest_go_first(make_client, deploy_dir):
+    client = await make_client(_config(deploy_dir, **{"streams.invocationRetentionCount": 2}))
+    ids = []
+    for _ in range(3):
+        resp = await client.post(INVOKE("ticker"), json={"count": 1, "delay_ms": 1}, headers=SSE)
+        await resp.read()
+        ids.append(resp.headers["X-Invocation-Id"])
+    assert [(await client.get(EVENTS(i))).status for i in ids] == [404, 200, 200]
+    streams = (await (await client.get("/serverless/v1/streams")).json())["streams"]
+    assert sorted(s["name"] for s in streams) == sorted(f"invocations/{i}" for i in ids[1:])  # its stream went too

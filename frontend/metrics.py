@@ -381,7 +381,13 @@ class _Snapshot(Collector):
             for key, histogram in sorted(table.items()):
                 if self._mine(key[0]):
                     family.add_metric(list(key), histogram.buckets(), histogram.total)
-        yield from (jobs, total, duration, delay)
+        # node-wide (a job-store failure is the store's, not one tenant's): shown to every scraper
+        failed = CounterMetricFamily("fnstream_job_store_failures", "Jobs failed because the job store refused "
+                                     "a write of theirs (disk full, read-only), after retries",
+                                     value=manager.writes.failures)
+        refused = CounterMetricFamily("fnstream_job_store_refused_writes", "Job-store writes refused, retries "
+                                      "and submits answered 507 included", value=manager.writes.refused)
+        yield from (jobs, total, duration, delay, failed, refused)
 
     def _loop(self) -> Iterator[Metric]:
         """The event loop's lateness (runtime/limits.py LoopLagMonitor): a stall held every request."""

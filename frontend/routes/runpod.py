@@ -118,14 +118,14 @@ async def cancel(request: web.Request) -> web.Response:
 @routes.post("/v2/{fn}/retry/{job_id}")
 async def retry(request: web.Request) -> web.Response:
     dep = _function(request)
-    job = request.app[JOBS].retry(await find_job(request, request.match_info["job_id"], dep.name))
+    job = await request.app[JOBS].retry(await find_job(request, request.match_info["job_id"], dep.name))
     return web.json_response({"id": job.id, "status": job.status})
 
 
 @routes.post("/v2/{fn}/purge-queue")
 async def purge_queue(request: web.Request) -> web.Response:
     dep = _function(request)
-    return web.json_response({"removed": request.app[JOBS].purge(dep.name), "status": "completed"})
+    return web.json_response({"removed": await request.app[JOBS].purge(dep.name), "status": "completed"})
 
 
 @routes.get("/v2/{fn}/health")

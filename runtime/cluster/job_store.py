@@ -28,6 +28,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from ..jobs.errors import JobStoreError
 from ..jobs.model import Job
 from ..jobs.store import SharedStore
 from ..tasks import checkpoint, stop_tasks
@@ -164,8 +165,8 @@ class RedisJobStore(SharedStore):
                 checkpoint()
             except Exception as exc:
                 log.warning("jobs: a Redis write failed: %s", exc)
-                if not future.done():
-                    future.set_exception(exc)
+                if not future.done():  # the runner awaits it: retries, or fails the job (runtime/jobs/writes.py)
+                    future.set_exception(JobStoreError(f"the Redis job store refused a write: {exc}"))
                     future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def _queue(self, op: Callable[[], Awaitable[Any]]) -> asyncio.Future[None]:
@@ -207,7 +208,7 @@ class RedisJobStore(SharedStore):
 
         return self._queue(op)
 
-    def add_outputs(self, job_id: str, first_seq: int, items: list[Any]) -> asyncio.Future[None]:
+    def add_outputs(self, job_id: str, first_seq: int, items: list[Any], output_bytes: int = 0) -> asyncio.Future[None]:
         values = [_dumps(i) for i in items]
 
         async def op() -> None:

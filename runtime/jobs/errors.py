@@ -16,6 +16,7 @@ __all__ = (
     "JobQueueFullError",
     "JobQuotaError",
     "JobStateError",
+    "JobStoreError",
 )
 
 
@@ -55,5 +56,12 @@ class JobInputTooLargeError(FunctionServiceError):
 
 class JobQuotaError(FunctionServiceError):
     """The tenant's stored jobs hold jobs.tenantQuotaBytes already."""
+
+    code, status = 200507, 507
+
+
+class JobStoreError(FunctionServiceError):
+    """The job store refused a write (disk full, read-only, I/O error): nothing was accepted or
+    recorded on the strength of it. 507 Insufficient Storage, as RunPod and WebDAV use it."""
 
     code, status = 200507, 507

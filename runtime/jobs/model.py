@@ -71,6 +71,7 @@ class Job:
     # Not persisted: set by the runner while the job runs.
     cancel_requested: bool = field(default=False, compare=False)
     remote: bool = field(default=False, compare=False)  # read from a shared store: another node runs it
+    changing: bool = field(default=False, compare=False)  # a new state is being stored (runtime/jobs/writes.py)
 
     @property
     def final(self) -> bool:

@@ -4,30 +4,40 @@ A job is a streaming invocation started by `Dispatcher.dispatch` like any reques
 queued for a cluster worker: the dispatcher decides); its channel batches become the job's
 numbered output items. Queued jobs wait for the function's `concurrency` (a free slot) instead
 of getting 429; `jobs.maxQueued` bounds the waiting.
-Every change is written through to the store; submit waits for the write, so an acknowledged
-job survives kill -9. After a restart: queued jobs run, a running job with no output runs
-again, a running job with output is FAILED saying the server restarted.
+Every change is written through to the store and awaited (runtime/jobs/writes.py): a submit is
+answered once stored (507 when the store refuses it, and the handler never starts), a job is
+marked running in the store before its handler starts, each output batch is stored before
+readers see it, and a final status is visible only once stored. A refused output or final write
+fails the job loudly. After a restart the rules of runtime/jobs/recovery.py apply.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ..config import JobsConfig
 from ..deployment import Deployment, FunctionRef
 from ..dispatch import InvokeOptions
 from ..errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError
-from ..invocation import Invocation, Item, encode_payload
 from ..principal import Principal
 from ..tasks import stop_tasks
-from .errors import JobItemError, JobNotFoundError, JobOutputTooLargeError, JobQueueFullError, JobStateError
+from .collect import cancelled, collect
+from .errors import (
+    JobQueueFullError,
+    JobStateError,
+    JobStoreError,
+)
 from .limits import JobBytes, input_size
 from .model import FINAL, Job, JobRequest, Status, new_job_id
+from .reads import JobReads
+from .recovery import recover, take_over
 from .store import JobStore, SharedStore
+from .writes import StoreWrites
 
 if TYPE_CHECKING:
     from ..dispatch import Dispatcher
@@ -39,28 +49,26 @@ log = logging.getLogger("fnstream.jobs")
 _TAKEN_OVER = "another node took the job over"  # the cancel reason of a job taken from this node
 
 SLOT_POLL = 0.02      # seconds between looks for a free slot while a function is at its concurrency
-REMOTE_POLL = 0.05    # seconds between reads of a job another node runs (shared store)
 SWEEP_EVERY = 60.0    # seconds between expiry sweeps (at most)
+FLUSH_EVERY = 1.0     # seconds between attempts to store final states the store refused
 
 
-def _error_text(error: Any) -> str:
-    return error if isinstance(error, str) else encode_payload(error)
-
-
-class JobManager:
+class JobManager(JobReads):
     """Every job of this server: submit, look up, follow, cancel, retry, purge, expire."""
 
     def __init__(self, config: JobsConfig, dispatcher: Dispatcher, store: JobStore) -> None:
         self.config = config
         self.dispatcher = dispatcher
         self.store = store
+        self.writes = StoreWrites(store)
         self.jobs: dict[str, Job] = {}
         self._queues: dict[str, collections.deque[str]] = {}
         self._dispatchers: dict[str, asyncio.Task[None]] = {}
         self._running: dict[str, InvocationSurface] = {}  # here, or relayed from a cluster worker
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._changed: dict[str, asyncio.Event] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._flusher: asyncio.Task[Any] | None = None
         self.on_final: list[Callable[[Job], None]] = []
         self.queued = 0
         self.queued_by_tenant: collections.Counter[str] = collections.Counter()  # jobs.maxQueuedPerTenant
@@ -75,61 +83,24 @@ class JobManager:
     # -- life --------------------------------------------------------------------------------
     async def start(self) -> None:
         """Load the stored jobs and apply the restart rules, then run what is queued."""
-        recovered = requeued = 0
-        now = time.time()
-        expired: list[str] = []
-        for job in await self.store.load():
-            if job.final and job.completed_at is not None and job.completed_at + self.config.retentionSeconds < now:
-                expired.append(job.id)  # expired while the server was down
-                continue
-            recovered += job.status == "IN_PROGRESS"
-            self._adopt(job, "the server restarted")
-            requeued += job.status == "IN_QUEUE"
-        if expired:
-            self.store.delete(expired)
-        if recovered or requeued:
-            log.info("jobs: %d queued job(s) after restart (%d were running)", requeued, recovered)
+        await recover(self)
         loop = asyncio.get_running_loop()
         self._sweeper = loop.create_task(self._sweep(), name="jobs-sweeper")
         if self.shared is not None:
-            self._tasks.add(loop.create_task(self._take_over(self.shared), name="jobs-takeover"))
+            self._tasks.add(loop.create_task(take_over(self, self.shared), name="jobs-takeover"))
 
-    def _adopt(self, job: Job, what: str, *, take_ownership: bool = False) -> None:
-        """The restart rules, for a job whose runner is gone (this server before a restart, or a dead
-        cluster node): a job that had written output is FAILED — never run twice where a client may
-        have seen half of it — and any other unfinished job is queued to run (again) here."""
-        self.jobs[job.id] = job
-        self.bytes.add_input(job, input_size(job.event))
-        self.bytes.outputs(job)
-        if job.status == "IN_PROGRESS":
-            if job.outputs:
-                self._finish(job, "FAILED", error=ServiceUnavailableError(
-                    f"{what} while this job was running; it had written {len(job.outputs)} "
-                    "output item(s), so it was not run again"))
-            else:
-                job.status, job.started_at = "IN_QUEUE", None
-                take_ownership = True
-        if job.status == "IN_QUEUE":
-            if take_ownership:
-                self.store.save(job)
-            self._enqueue(job)
+    def spawn(self, coro: Coroutine[Any, Any, object], name: str) -> asyncio.Task[Any]:
+        """Run `coro` as a task of the manager (stopped with it); it handles its own store errors,
+        and anything else it raises is logged, never left unretrieved."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._reap)
+        return task
 
-    async def _take_over(self, shared: SharedStore) -> None:
-        """Cluster mode: adopt the unfinished jobs of nodes that stopped renewing their lease."""
-        while True:
-            await asyncio.sleep(shared.lease / 3)
-            if self.stopping:
-                return
-            try:
-                await shared.claim_orphans(self._take)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # Redis away: the next round tries again (what was not taken stays)
-                log.warning("jobs: could not look for a dead node's jobs: %s", exc)
-
-    def _take(self, job: Job) -> None:
-        if job.id not in self.jobs:
-            self._adopt(job, "the node running it stopped", take_ownership=True)
+    def _reap(self, task: asyncio.Task[object]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("jobs: %s failed: %r", task.get_name(), exc, exc_info=exc)
 
     async def stop_taking(self) -> None:
         """Start no more jobs (Lifecycle.stop_intake: before the drain aborts the running ones, which
@@ -143,6 +114,10 @@ class JobManager:
         if self._sweeper is not None:
             tasks.append(self._sweeper)
         await stop_tasks(tasks, "jobs")
+        if await self.writes.flush():
+            for job_id in self.writes.unsaved:
+                log.error("jobs: the final state of job %s could not be stored; the restart rules will apply to it",
+                          job_id)
         await self.store.close()
 
     # -- submit ------------------------------------------------------------------------------
@@ -160,14 +135,16 @@ class JobManager:
                   webhook=request.webhook, execution_timeout=limit, ttl=request.ttl, raw=spec.rawStream)
         if request.api == "runpod" and isinstance(event, dict):
             event["id"] = job.id  # the handler's event is RunPod's job: {"id", "input"}
-        self.jobs[job.id] = job
         self.bytes.add_input(job, size)
-        self._enqueue(job)
+        self._count_queued(job, 1)  # holds its place in jobs.maxQueued while it is stored
         try:
-            await self.store.save(job)
+            await self.writes.save(job, retry=False)  # stored before anything can start it (507 if refused)
         except BaseException:
-            self._drop_queued(job)
+            self._count_queued(job, -1)
+            self.bytes.forget(job.id)
             raise
+        self.jobs[job.id] = job
+        self._enqueue(job, counted=True)
         return job
 
     def _check_queue_room(self, tenant: str) -> None:
@@ -193,99 +170,14 @@ class JobManager:
             queue.remove(job.id)
             self._count_queued(job, -1)
 
-    def _enqueue(self, job: Job) -> None:
+    def _enqueue(self, job: Job, *, counted: bool = False) -> None:
         self._queues.setdefault(job.function, collections.deque()).append(job.id)
-        self._count_queued(job, 1)
+        if not counted:
+            self._count_queued(job, 1)
         task = self._dispatchers.get(job.function)
         if task is None or task.done():
             self._dispatchers[job.function] = asyncio.get_running_loop().create_task(
                 self._dispatch(job.function), name=f"jobs-dispatch-{job.function}")
-
-    # -- look up -----------------------------------------------------------------------------
-    def get(self, job_id: str, principal: Principal | None = None, function: str | None = None) -> Job:
-        """A job of this node; 404 when unknown, of another tenant than the principal's, or of
-        another function (as for an unknown id: a job's existence is not another tenant's business)."""
-        return _visible(self.jobs.get(job_id), job_id, principal, function)
-
-    async def lookup(self, job_id: str, principal: Principal | None = None, function: str | None = None) -> Job:
-        """`get`, or in cluster mode a job another node runs, read from the shared store."""
-        job = self.jobs.get(job_id)
-        if job is None and self.shared is not None:
-            job = await self.shared.fetch(job_id)
-            if job is not None:
-                job.remote = True
-        return _visible(job, job_id, principal, function)
-
-    async def _refresh(self, job: Job) -> None:
-        """Re-read a remote job (its new output items appended)."""
-        assert self.shared is not None
-        newer = await self.shared.fetch(job.id, len(job.outputs))
-        if newer is None:
-            raise JobNotFoundError(f"job {job.id!r} not found (it expired)")
-        job.refresh(newer, newer.outputs)
-
-    def list_jobs(self, principal: Principal | None = None, function: str | None = None,
-                  limit: int = 100) -> list[Job]:
-        """This node's jobs the principal may see (all when auth is off), newest first."""
-        jobs = [j for j in self.jobs.values() if (principal is None or j.tenant == principal.tenant)
-                and (function is None or j.function == function)]
-        return sorted(jobs, key=lambda j: j.created_at, reverse=True)[:limit]
-
-    def changed(self, job: Job) -> asyncio.Event:
-        """An event set at the job's next change (a new output item or a new status)."""
-        event = self._changed.get(job.id)
-        if event is None:
-            event = self._changed[job.id] = asyncio.Event()
-        return event
-
-    def _notify(self, job: Job) -> None:
-        event = self._changed.pop(job.id, None)
-        if event is not None:
-            event.set()
-
-    async def wait(self, job: Job, timeout: float) -> None:
-        """Until the job is final or `timeout` seconds passed."""
-        deadline = time.monotonic() + timeout
-        while not job.final:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            if job.remote:
-                await asyncio.sleep(min(left, REMOTE_POLL))
-                await self._refresh(job)
-                continue
-            try:
-                await asyncio.wait_for(self.changed(job).wait(), left)
-            except TimeoutError:
-                return
-
-    async def follow(self, job: Job, after: int = 0, heartbeat: float | None = None) -> AsyncIterator[list[Any]]:
-        """Batches of output items after item `after`, live, until the job is final and all are out.
-
-        Yields [] after `heartbeat` seconds without a new item (so the caller can ping)."""
-        sent = after
-        quiet_since = time.monotonic()
-        while True:
-            event = self.changed(job)
-            if len(job.outputs) > sent:
-                batch = job.outputs[sent:]
-                sent += len(batch)
-                quiet_since = time.monotonic()
-                yield batch
-                continue
-            if job.final:
-                return
-            if job.remote:  # another node runs it: read the shared store again shortly
-                if heartbeat is not None and time.monotonic() - quiet_since >= heartbeat:
-                    quiet_since = time.monotonic()
-                    yield []
-                await asyncio.sleep(REMOTE_POLL)
-                await self._refresh(job)
-                continue
-            try:
-                await asyncio.wait_for(event.wait(), heartbeat)
-            except TimeoutError:
-                yield []
 
     # -- change ------------------------------------------------------------------------------
     async def cancel(self, job: Job) -> Job:
@@ -297,13 +189,13 @@ class JobManager:
             assert self.shared is not None
             await self.shared.request_cancel(job.id)
             return job
-        return self._cancel_local(job)
+        return await self._cancel_local(job)
 
     def _cancel_requested(self, job_id: str) -> None:
         """Another node asked to cancel a job (shared store): cancel it if it is ours and still going."""
         job = self.jobs.get(job_id)
         if job is not None and not job.final:
-            self._cancel_local(job)
+            self.spawn(self._cancel_local(job), f"jobs-cancel-{job_id}")
 
     def _taken_from_us(self, job_id: str) -> None:
         """Another node took this job (this one stalled past its lease, shared store): stop running it
@@ -323,43 +215,49 @@ class JobManager:
         """Still this node's job: `_taken_from_us` forgets a job another node took."""
         return self.jobs.get(job.id) is job
 
-    def _cancel_local(self, job: Job) -> Job:
+    async def _cancel_local(self, job: Job) -> Job:
         inv = self._running.get(job.id)
-        if inv is None and job.status == "IN_PROGRESS":  # being handed to the cluster's queue
+        if inv is None and (job.status == "IN_PROGRESS" or job.changing):  # being started, or its end stored
             job.cancel_requested = True
             return job
         if inv is None:
-            self._finish(job, "CANCELLED", error=_cancelled())
+            await self._finish(job, "CANCELLED", error=cancelled())
         else:
             job.cancel_requested = True
             inv.cancel("the job was cancelled")
         return job
 
-    def retry(self, job: Job) -> Job:
-        """Run a FAILED or TIMED_OUT job again (its output starts afresh); 409 otherwise."""
-        if job.status not in ("FAILED", "TIMED_OUT"):
+    async def retry(self, job: Job) -> Job:
+        """Run a FAILED or TIMED_OUT job again (its output starts afresh); 409 otherwise, 507 when
+        the store refuses the new state (the job stays as it was)."""
+        if job.status not in ("FAILED", "TIMED_OUT") or job.changing:
             raise JobStateError(f"job {job.id!r} is {job.status}; only a FAILED or TIMED_OUT job can be retried")
         if job.remote:
             raise JobStateError(f"job {job.id!r} ran on another node; retry it through that node")
         self._check_queue_room(job.tenant)
-        job.status, job.started_at, job.completed_at = "IN_QUEUE", None, None
-        job.result = job.error = job.status_code = None
-        job.aggregated = False
-        job.outputs, job.output_bytes, job.stream_cursor = [], 0, 0
+        again = dataclasses.replace(job, status="IN_QUEUE", started_at=None, completed_at=None, result=None,
+                                    error=None, status_code=None, aggregated=False, outputs=[], output_bytes=0,
+                                    stream_cursor=0, retried=job.retried + 1, created_at=time.time())
+        job.changing = True
+        try:
+            await self.writes.clear_outputs(job)
+            await self.writes.save(again, retry=False)
+        finally:
+            job.changing = False
+        self.writes.forget(job.id)
+        for name in ("status", "started_at", "completed_at", "result", "error", "status_code", "aggregated",
+                     "outputs", "output_bytes", "stream_cursor", "retried", "created_at"):
+            setattr(job, name, getattr(again, name))
         self.bytes.outputs(job)
-        job.retried += 1
-        job.created_at = time.time()
-        self.store.clear_outputs(job.id)
-        self.store.save(job)
         self._notify(job)
         self._enqueue(job)
         return job
 
-    def purge(self, function: str) -> int:
+    async def purge(self, function: str) -> int:
         """Cancel every queued job of `function`; the number cancelled."""
         queued = [self.jobs[i] for i in self._queues.get(function, ()) if self.jobs[i].status == "IN_QUEUE"]
         for job in queued:
-            self._finish(job, "CANCELLED", error=_cancelled("the queue was purged"))
+            await self._finish(job, "CANCELLED", error=cancelled("the queue was purged"))
         return len(queued)
 
     async def advance_stream(self, job: Job) -> list[Any]:
@@ -370,18 +268,11 @@ class JobManager:
         items = job.outputs[job.stream_cursor:]
         if items:
             job.stream_cursor = len(job.outputs)
-            self.store.save(job)
+            try:
+                await self.writes.save(job)
+            except JobStoreError as exc:  # the items are answered; after a restart /stream returns them again
+                log.warning("jobs: the /stream cursor of job %s could not be stored: %s", job.id, exc.message)
         return items
-
-    def counts(self, function: str) -> dict[str, int]:
-        counts = {"completed": 0, "failed": 0, "inProgress": 0, "inQueue": 0, "retried": 0, "cancelled": 0}
-        key = {"COMPLETED": "completed", "FAILED": "failed", "TIMED_OUT": "failed", "IN_PROGRESS": "inProgress",
-               "IN_QUEUE": "inQueue", "CANCELLED": "cancelled"}
-        for job in self.jobs.values():
-            if job.function == function:
-                counts[key[job.status]] += 1
-                counts["retried"] += 1 if job.retried else 0
-        return counts
 
     # -- run ---------------------------------------------------------------------------------
     async def _dispatch(self, function: str) -> None:
@@ -389,11 +280,11 @@ class JobManager:
         queue = self._queues[function]
         while queue and not self.stopping:
             job = self.jobs.get(queue[0])
-            if job is None or job.status != "IN_QUEUE":
+            if job is None or job.status != "IN_QUEUE" or job.changing:
                 queue.popleft()
                 continue
             if job.ttl is not None and time.time() > job.created_at + job.ttl:
-                self._finish(job, "TIMED_OUT", error=FunctionTimeoutError(
+                await self._finish(job, "TIMED_OUT", error=FunctionTimeoutError(
                     f"the job's ttl of {job.ttl:g} s passed before it could start"))
                 continue
             if not await self._start(job):
@@ -406,16 +297,31 @@ class JobManager:
         principal = Principal(job.tenant, "user")
         options = InvokeOptions(mode="sse", trace_id=job.id.replace("-", ""), keep_items=True,
                                 timeout=job.execution_timeout)
-        job.status, job.started_at = "IN_PROGRESS", time.time()  # being dispatched: see _cancel_local
         try:
             function = self.dispatcher.find(principal, job.function)
-            inv = await self.dispatcher.dispatch(principal, function, job.event, options)
-        except ConcurrencyLimitError:
+        except FunctionServiceError as exc:  # not deployed (any more), another tenant's...
+            await self._finish(job, "FAILED", error=exc)  # the loop drops it from the queue
+            return True
+        if isinstance(function, Deployment) and function.inflight >= function.spec.concurrency:
+            return False  # no slot: nothing is written until one is free
+        job.status, job.started_at = "IN_PROGRESS", time.time()  # being dispatched: see _cancel_local
+        try:  # stored as running before the handler starts: a restart never runs a finished job again
+            await self.writes.save(job)
+        except JobStoreError as exc:
             job.status, job.started_at = "IN_QUEUE", None
+            self.writes.failed(job, exc)
+            await self._finish(job, "FAILED", error=JobStoreError(f"the job could not be started: {exc.message}"))
+            return True
+        if not self._ours(job) or job.final:  # taken over, or cancelled, while being stored
+            return True
+        try:
+            inv = await self.dispatcher.dispatch(principal, function, job.event, options)
+        except ConcurrencyLimitError:  # the slot went while the write was awaited (stored running: the
+            job.status, job.started_at = "IN_QUEUE", None  # restart rules would run it, as it never ran)
             return False
-        except FunctionServiceError as exc:  # not deployed (any more), another tenant's, no cluster worker...
+        except FunctionServiceError as exc:  # no cluster worker...
             job.status = "IN_QUEUE"
-            self._finish(job, "FAILED", error=exc)  # the loop drops it from the queue
+            await self._finish(job, "FAILED", error=exc)
             return True
         if not self._ours(job):  # taken over by another node while being dispatched
             inv.cancel(_TAKEN_OVER)
@@ -424,102 +330,42 @@ class JobManager:
         queue.remove(job.id)  # the first, unless the queue changed while a cluster submit was awaited
         self._count_queued(job, -1)
         self._running[job.id] = inv
-        self.store.save(job)
         self._notify(job)
         if job.cancel_requested:
             inv.cancel("the job was cancelled")
-        task = asyncio.get_running_loop().create_task(self._collect(job, function, inv), name=f"job-{job.id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.spawn(collect(self, job, function, inv), f"job-{job.id}")
         return True
 
-    @staticmethod
-    def _error_item(job: Job, value: Any) -> FunctionServiceError | None:
-        """RunPod: a generator item `{"error": ...}` ends the job as FAILED with that error."""
-        if job.api == "runpod" and isinstance(value, dict) and value.get("error"):
-            return JobItemError(_error_text(value["error"]))
-        return None
-
-    async def _collect(self, job: Job, function: FunctionRef, inv: InvocationSurface) -> None:
-        """Read the invocation's output into the job, then record how it ended."""
-        generator_items: list[Any] = []
-        stopped: FunctionServiceError | None = None  # output too large, or RunPod's error item
+    async def _finish(self, job: Job, status: Status, *, result: Any = None,
+                      error: FunctionServiceError | None = None) -> None:
+        """Store the job's end, then show it: a COMPLETED job is durable before anyone sees it. When
+        the store refuses it (after retries) the job is FAILED instead, counted and logged, and that
+        end is kept in `writes.unsaved` to be stored once the store takes writes again."""
+        if not self._ours(job) or job.final or job.changing:
+            return  # another node took it over (_taken_from_us), or its end is being stored already
+        assert status in FINAL
+        job.changing = True
         try:
-            while not stopped and (batch := await inv.channel.get_batch()):
-                values = []
-                for payload in batch:
-                    if isinstance(payload, Item):
-                        values.append(payload.value)
-                        generator_items.append(payload.value)
-                        stopped = self._error_item(job, payload.value)
-                    else:
-                        values.append(str(payload))
-                    job.output_bytes += len(payload.encode())
-                    if stopped:
-                        break  # RunPod: a yielded {"error": ...} ends the job; what follows is not output
-                if job.output_bytes > self.config.maxOutputBytes:
-                    stopped = JobOutputTooLargeError(f"the job's output exceeds jobs.maxOutputBytes "
-                                                     f"({self.config.maxOutputBytes} bytes)")
-                    inv.cancel(stopped.message)
-                    break
-                first = len(job.outputs) + 1
-                job.outputs.extend(values)
-                self.bytes.outputs(job)
-                self._notify(job)
-                self.store.add_outputs(job.id, first, values)
-                if stopped:
-                    inv.cancel(stopped.message)
+            ended = _ended(job, status, result, error)
             try:
-                result = await inv.outcome()
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise  # the manager is stopping
-                self._finish(job, "FAILED" if stopped else "CANCELLED", error=stopped or _cancelled())
-                return
-            except FunctionServiceError:
-                if stopped is None:
-                    raise
-                result = None  # the cancel that `stopped` caused
-            if stopped is not None:
-                self._finish(job, "FAILED", error=stopped)
-                return
-            if result is None and isinstance(function, Deployment) and function.kind in ("gen", "asyncgen"):
-                # RunPod's return_aggregate_stream; the sync JSON answer. A worker process (or a cluster
-                # worker) sends its generator items as stream writes (text), so there every output item is one.
-                in_process = isinstance(inv, Invocation) and function.executor != "process"
-                result = generator_items if in_process else list(job.outputs)
-                job.aggregated = True
-            if job.api == "runpod" and isinstance(result, dict) and result.get("error"):
-                self._finish(job, "FAILED", error=JobItemError(_error_text(result["error"])))
-                return
-            self._finish(job, "COMPLETED", result=result)
-        except FunctionTimeoutError as exc:
-            limit = job.execution_timeout
-            timed_out: FunctionServiceError = exc
-            if limit is not None and limit < inv.spec.timeout:  # the invocation's message names the function's
-                timed_out = FunctionTimeoutError(f"the job timed out after its policy.executionTimeout of {limit:g} s")
-            self._finish(job, "TIMED_OUT", error=timed_out)
-        except FunctionServiceError as exc:
-            if self.stopping and isinstance(exc, ServiceUnavailableError):
-                return  # aborted by shutdown: stays IN_PROGRESS in the store (the restart rules apply)
-            self._finish(job, "CANCELLED" if job.cancel_requested else "FAILED",
-                         error=_cancelled() if job.cancel_requested else exc)
+                await self.writes.save(ended)
+            except JobStoreError as exc:
+                self.writes.failed(job, exc)
+                ended = _ended(job, "FAILED", None, JobStoreError(
+                    f"the job ended {status} but its end could not be stored: {exc.message}"))
+                self.writes.unsaved[job.id] = job  # stored later by _flush_unsaved
+                log.warning("jobs: the end of job %s is not stored yet; it is tried again every %g s",
+                            job.id, FLUSH_EVERY)
+                if self._flusher is None or self._flusher.done():
+                    self._flusher = self.spawn(self._flush_unsaved(), "jobs-flush-unsaved")
         finally:
-            self._running.pop(job.id, None)
-
-    def _finish(self, job: Job, status: Status, *, result: Any = None,
-                error: FunctionServiceError | None = None) -> None:
+            job.changing = False
         if not self._ours(job):
-            return  # another node took it over (_taken_from_us): its end is the taker's to record
+            return
         if job.status == "IN_QUEUE":
             self._count_queued(job, -1)
-        assert status in FINAL
-        job.status, job.completed_at = status, time.time()
-        job.result = result
-        job.error = error.to_dict() if error is not None else None
-        job.status_code = error.status if error is not None else 200
-        self.store.save(job)
+        for name in _END_FIELDS:
+            setattr(job, name, getattr(ended, name))
         self._notify(job)
         for callback in self.on_final:
             try:
@@ -528,13 +374,19 @@ class JobManager:
                 log.exception("jobs: on_final callback failed for job %s", job.id)
 
     # -- expiry ------------------------------------------------------------------------------
+    async def _flush_unsaved(self) -> None:
+        """Every FLUSH_EVERY seconds, store the final states the store refused, until all are."""
+        while self.writes.unsaved:
+            await asyncio.sleep(FLUSH_EVERY)
+            await self.writes.flush()
+
     async def _sweep(self) -> None:
         interval = min(SWEEP_EVERY, max(0.05, self.config.retentionSeconds / 4))
         while True:
             await asyncio.sleep(interval)
-            self.expire()
+            await self.expire()
 
-    def expire(self, now: float | None = None) -> int:
+    async def expire(self, now: float | None = None) -> int:
         """Forget finished jobs older than jobs.retentionSeconds (memory and store)."""
         limit = (now or time.time()) - self.config.retentionSeconds
         old = [j.id for j in self.jobs.values() if j.final and j.completed_at is not None and j.completed_at < limit]
@@ -542,17 +394,18 @@ class JobManager:
             del self.jobs[job_id]
             self._changed.pop(job_id, None)
             self.bytes.forget(job_id)
+            self.writes.forget(job_id)
         if old:
-            self.store.delete(old)
+            await self.writes.delete(old)
         return len(old)
 
 
-def _visible(job: Job | None, job_id: str, principal: Principal | None, function: str | None) -> Job:
-    if job is None or (principal is not None and job.tenant != principal.tenant) or (
-            function is not None and job.function != function):
-        raise JobNotFoundError(f"job {job_id!r} not found")
-    return job
+_END_FIELDS = ("status", "completed_at", "result", "error", "status_code")
 
 
-def _cancelled(message: str = "the job was cancelled") -> FunctionServiceError:
-    return FunctionServiceError(message, code=200499, status=499)
+def _ended(job: Job, status: Status, result: Any, error: FunctionServiceError | None) -> Job:
+    """A copy of the job as it ends (stored first; its end fields are the job's once stored)."""
+    return dataclasses.replace(job, status=status, completed_at=time.time(), result=result,
+                               error=error.to_dict() if error is not None else None,
+                               status_code=error.status if error is not None else 200)
+

@@ -5,6 +5,8 @@ never wait for the disk; the store is what a restarted server comes back from. S
 on one thread of its own, in submission order, never on the event loop. WAL with
 `synchronous=NORMAL`: a committed write survives the process being killed (kill -9); only a
 power loss may take the last commits. One server per file: a lock file says so at start.
+A write the database refuses (disk full, read-only, I/O error) fails its future with
+JobStoreError; a store that cannot be opened or read at start is a ConfigError naming the path.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from ..errors import ConfigError
+from .errors import JobStoreError
 from .model import Job
 
 __all__ = ("JobStore", "MemoryJobStore", "SharedStore", "SqliteJobStore")
@@ -33,6 +36,7 @@ CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS outputs (job_id TEXT NOT NULL, seq INTEGER NOT NULL, item TEXT NOT NULL,
                                     PRIMARY KEY (job_id, seq));
 CREATE TABLE IF NOT EXISTS functions (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS progress (job_id TEXT PRIMARY KEY, output_bytes INTEGER NOT NULL);
 """
 
 
@@ -60,7 +64,9 @@ class JobStore:
         so they reach the store in the order made; await the future for durability."""
         return _done()
 
-    def add_outputs(self, job_id: str, first_seq: int, items: list[Any]) -> asyncio.Future[None]:
+    def add_outputs(self, job_id: str, first_seq: int, items: list[Any], output_bytes: int = 0) -> asyncio.Future[None]:
+        """Append output items; `output_bytes` is the job's total after them (kept with the items,
+        so a job recovered after kill -9 knows it without a rewrite of its row)."""
         return _done()
 
     def clear_outputs(self, job_id: str) -> asyncio.Future[None]:
@@ -134,8 +140,11 @@ class SqliteJobStore(JobStore):
 
     def _write(self, fn: Callable[[sqlite3.Connection], object]) -> asyncio.Future[None]:
         def call(db: sqlite3.Connection) -> None:
-            with db:
-                fn(db)
+            try:
+                with db:
+                    fn(db)
+            except sqlite3.Error as exc:  # disk full, read-only, I/O error: the transaction rolled back
+                raise JobStoreError(f"the job store {self.path} refused a write: {exc}") from None
 
         return self._run(call)
 
@@ -153,26 +162,37 @@ class SqliteJobStore(JobStore):
         self._lock_file = lock
 
     async def open(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._take_lock)
-
         def connect() -> None:
-            db = sqlite3.connect(self.path, check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(_SCHEMA)
-            self._db = db
+            try:
+                self._take_lock()
+                db = sqlite3.connect(self.path, check_same_thread=False)
+                try:
+                    db.execute("PRAGMA journal_mode=WAL")
+                    db.execute("PRAGMA synchronous=NORMAL")
+                    db.executescript(_SCHEMA)
+                    db.execute("SELECT count(*) FROM jobs").fetchone()
+                except BaseException:
+                    db.close()
+                    raise
+                self._db = db
+            except (sqlite3.Error, OSError) as exc:  # corrupt, not a database, read-only, no permission
+                self._release_lock()
+                raise ConfigError(f"jobs.path {self.path} cannot be used as the job store: {exc}") from None
 
         await asyncio.get_running_loop().run_in_executor(self._thread, connect)
         log.info("jobs stored in %s", self.path)
+
+    def _release_lock(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
 
     async def close(self) -> None:
         def disconnect() -> None:
             if self._db is not None:
                 self._db.close()
                 self._db = None
-            if self._lock_file is not None:
-                self._lock_file.close()
-                self._lock_file = None
+            self._release_lock()
 
         await asyncio.get_running_loop().run_in_executor(self._thread, disconnect)
         await asyncio.to_thread(self._thread.shutdown)  # joining the (now idle) thread: off the loop too
@@ -182,26 +202,39 @@ class SqliteJobStore(JobStore):
             outputs: dict[str, list[Any]] = {}
             for job_id, item in db.execute("SELECT job_id, item FROM outputs ORDER BY job_id, seq"):
                 outputs.setdefault(job_id, []).append(json.loads(item))
+            sizes = dict(db.execute("SELECT job_id, output_bytes FROM progress"))
             jobs = []
             for (data,) in db.execute("SELECT data FROM jobs"):
                 row = json.loads(data)
+                row["output_bytes"] = max(row.get("output_bytes", 0), sizes.get(row["id"], 0))
                 jobs.append(Job.from_row(row, outputs.get(row["id"], [])))
             return sorted(jobs, key=lambda j: j.created_at)
 
-        return await self._run(read)
+        try:
+            return await self._run(read)
+        except (sqlite3.Error, ValueError, TypeError, KeyError) as exc:  # corrupt pages or rows
+            raise ConfigError(f"jobs.path {self.path} cannot be read as the job store: {exc}") from None
 
     def save(self, job: Job) -> asyncio.Future[None]:
         data = _dumps(job.row())
         return self._write(lambda db: db.execute("INSERT OR REPLACE INTO jobs (id, data) VALUES (?, ?)",
                                                  (job.id, data)))
 
-    def add_outputs(self, job_id: str, first_seq: int, items: list[Any]) -> asyncio.Future[None]:
+    def add_outputs(self, job_id: str, first_seq: int, items: list[Any], output_bytes: int = 0) -> asyncio.Future[None]:
         rows = [(job_id, first_seq + i, _dumps(item)) for i, item in enumerate(items)]
-        return self._write(lambda db: db.executemany(
-            "INSERT OR REPLACE INTO outputs (job_id, seq, item) VALUES (?, ?, ?)", rows))
+
+        def append(db: sqlite3.Connection) -> None:
+            db.executemany("INSERT OR REPLACE INTO outputs (job_id, seq, item) VALUES (?, ?, ?)", rows)
+            db.execute("INSERT OR REPLACE INTO progress (job_id, output_bytes) VALUES (?, ?)", (job_id, output_bytes))
+
+        return self._write(append)
 
     def clear_outputs(self, job_id: str) -> asyncio.Future[None]:
-        return self._write(lambda db: db.execute("DELETE FROM outputs WHERE job_id = ?", (job_id,)))
+        def clear(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM outputs WHERE job_id = ?", (job_id,))
+            db.execute("DELETE FROM progress WHERE job_id = ?", (job_id,))
+
+        return self._write(clear)
 
     def delete(self, job_ids: list[str]) -> asyncio.Future[None]:
         ids = [(i,) for i in job_ids]
@@ -209,6 +242,7 @@ class SqliteJobStore(JobStore):
         def remove(db: sqlite3.Connection) -> None:
             db.executemany("DELETE FROM jobs WHERE id = ?", ids)
             db.executemany("DELETE FROM outputs WHERE job_id = ?", ids)
+            db.executemany("DELETE FROM progress WHERE job_id = ?", ids)
 
         return self._write(remove)
 

@@ -90,3 +90,12 @@ async def uses_yr(event, context):
     await producer.aclose()
     await consumer.aclose()
     return {"received": [bytes(e.data).decode() for e in got], "shim": getattr(yr, "FNSTREAM_SHIM", False)}
+
+
+def marked(job):
+    """Appends its job id to the file `mark` (each run leaves a line), then yields `n` items of `size` bytes."""
+    inp = job["input"]
+    with open(inp["mark"], "a") as f:
+        f.write(f"{job['id']}\n")
+    for _ in range(int(inp.get("n", 1))):
+        yield "x" * int(inp.get("size", 10))

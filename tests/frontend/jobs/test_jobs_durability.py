@@ -71,6 +71,9 @@ async def test_kill_9_and_restart(start_server, tmp_path):
         assert [b["status"] for b in finished] == ["COMPLETED"] * 20
         body = await wait_status(s, server.url, "streams", streaming, {"FAILED"})
         assert "server restarted" in body["error"] and "1 output item" in body["error"]
+        async with s.get(f"{server.url}/serverless/v1/jobs/{streaming}") as r:
+            shown = await r.json()
+        assert shown["outputCount"] == 1 and shown["outputBytes"] > 0, shown  # its bytes were stored with it
         body = await wait_status(s, server.url, "quiet", quiet, {"COMPLETED"})
         assert body["output"] == "slept"
         body = await wait_status(s, server.url, "added", added_job, {"COMPLETED", "FAILED"})

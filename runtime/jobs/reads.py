@@ -1,0 +1,127 @@
+"""What the job manager answers about its jobs: look-ups, listings, waiting for and following a
+job's output (on this node, or read again from a shared store when another node runs it)."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ..principal import Principal
+from .errors import JobNotFoundError
+from .model import Job
+from .store import SharedStore
+
+__all__ = ("REMOTE_POLL", "JobReads")
+
+REMOTE_POLL = 0.05    # seconds between reads of a job another node runs (shared store)
+
+
+class JobReads:
+    """The read side of JobManager (its base): nothing here changes a job."""
+
+    jobs: dict[str, Job]
+    shared: SharedStore | None
+    _changed: dict[str, asyncio.Event]
+
+    def get(self, job_id: str, principal: Principal | None = None, function: str | None = None) -> Job:
+        """A job of this node; 404 when unknown, of another tenant than the principal's, or of
+        another function (as for an unknown id: a job's existence is not another tenant's business)."""
+        return _visible(self.jobs.get(job_id), job_id, principal, function)
+
+    async def lookup(self, job_id: str, principal: Principal | None = None, function: str | None = None) -> Job:
+        """`get`, or in cluster mode a job another node runs, read from the shared store."""
+        job = self.jobs.get(job_id)
+        if job is None and self.shared is not None:
+            job = await self.shared.fetch(job_id)
+            if job is not None:
+                job.remote = True
+        return _visible(job, job_id, principal, function)
+
+    async def _refresh(self, job: Job) -> None:
+        """Re-read a remote job (its new output items appended)."""
+        assert self.shared is not None
+        newer = await self.shared.fetch(job.id, len(job.outputs))
+        if newer is None:
+            raise JobNotFoundError(f"job {job.id!r} not found (it expired)")
+        job.refresh(newer, newer.outputs)
+
+    def list_jobs(self, principal: Principal | None = None, function: str | None = None,
+                  limit: int = 100) -> list[Job]:
+        """This node's jobs the principal may see (all when auth is off), newest first."""
+        jobs = [j for j in self.jobs.values() if (principal is None or j.tenant == principal.tenant)
+                and (function is None or j.function == function)]
+        return sorted(jobs, key=lambda j: j.created_at, reverse=True)[:limit]
+
+    def changed(self, job: Job) -> asyncio.Event:
+        """An event set at the job's next change (a new output item or a new status)."""
+        event = self._changed.get(job.id)
+        if event is None:
+            event = self._changed[job.id] = asyncio.Event()
+        return event
+
+    def _notify(self, job: Job) -> None:
+        event = self._changed.pop(job.id, None)
+        if event is not None:
+            event.set()
+
+    async def wait(self, job: Job, timeout: float) -> None:
+        """Until the job is final or `timeout` seconds passed."""
+        deadline = time.monotonic() + timeout
+        while not job.final:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if job.remote:
+                await asyncio.sleep(min(left, REMOTE_POLL))
+                await self._refresh(job)
+                continue
+            try:
+                await asyncio.wait_for(self.changed(job).wait(), left)
+            except TimeoutError:
+                return
+
+    async def follow(self, job: Job, after: int = 0, heartbeat: float | None = None) -> AsyncIterator[list[Any]]:
+        """Batches of output items after item `after`, live, until the job is final and all are out.
+
+        Yields [] after `heartbeat` seconds without a new item (so the caller can ping)."""
+        sent = after
+        quiet_since = time.monotonic()
+        while True:
+            event = self.changed(job)
+            if len(job.outputs) > sent:
+                batch = job.outputs[sent:]
+                sent += len(batch)
+                quiet_since = time.monotonic()
+                yield batch
+                continue
+            if job.final:
+                return
+            if job.remote:  # another node runs it: read the shared store again shortly
+                if heartbeat is not None and time.monotonic() - quiet_since >= heartbeat:
+                    quiet_since = time.monotonic()
+                    yield []
+                await asyncio.sleep(REMOTE_POLL)
+                await self._refresh(job)
+                continue
+            try:
+                await asyncio.wait_for(event.wait(), heartbeat)
+            except TimeoutError:
+                yield []
+
+    def counts(self, function: str) -> dict[str, int]:
+        counts = {"completed": 0, "failed": 0, "inProgress": 0, "inQueue": 0, "retried": 0, "cancelled": 0}
+        key = {"COMPLETED": "completed", "FAILED": "failed", "TIMED_OUT": "failed", "IN_PROGRESS": "inProgress",
+               "IN_QUEUE": "inQueue", "CANCELLED": "cancelled"}
+        for job in self.jobs.values():
+            if job.function == function:
+                counts[key[job.status]] += 1
+                counts["retried"] += 1 if job.retried else 0
+        return counts
+
+
+def _visible(job: Job | None, job_id: str, principal: Principal | None, function: str | None) -> Job:
+    if job is None or (principal is not None and job.tenant != principal.tenant) or (
+            function is not None and job.function != function):
+        raise JobNotFoundError(f"job {job_id!r} not found")
+    return job

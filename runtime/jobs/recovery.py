@@ -1,0 +1,89 @@
+"""The restart rules: jobs whose runner is gone (this server before a restart, or a dead cluster
+node) are taken back by the job manager.
+
+A job that had written output is FAILED — never run twice where a client may have seen half of
+it — and any other unfinished job is queued to run (again) here. A job is stored as running
+before its handler starts (runner.py), and its end is stored before it is shown, so a job that
+finished is never run again; the one exception is an end the store refused and that could not
+be stored later either (logged at stop, naming the job).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ..errors import ServiceUnavailableError
+from .errors import JobStoreError
+from .limits import input_size
+from .model import Job
+from .store import SharedStore
+
+if TYPE_CHECKING:
+    from .runner import JobManager
+
+__all__ = ("adopt", "recover", "take_over")
+
+log = logging.getLogger("fnstream.jobs")
+
+
+async def recover(manager: JobManager) -> None:
+    """Load the stored jobs (at start) and apply the restart rules; expired finished jobs are deleted."""
+    recovered = requeued = 0
+    now = time.time()
+    expired: list[str] = []
+    for job in await manager.store.load():
+        if job.final and job.completed_at is not None and job.completed_at + manager.config.retentionSeconds < now:
+            expired.append(job.id)  # expired while the server was down
+            continue
+        recovered += job.status == "IN_PROGRESS"
+        await adopt(manager, job, "the server restarted")
+        requeued += job.status == "IN_QUEUE"
+    if expired:
+        await manager.writes.delete(expired)
+    if recovered or requeued:
+        log.info("jobs: %d queued job(s) after restart (%d were running)", requeued, recovered)
+
+
+async def adopt(manager: JobManager, job: Job, what: str, *, take_ownership: bool = False) -> None:
+    """Hold `job` and apply the restart rules to it (`what` says why its runner is gone)."""
+    manager.jobs[job.id] = job
+    manager.bytes.add_input(job, input_size(job.event))
+    manager.bytes.outputs(job)
+    if job.status == "IN_PROGRESS":
+        if job.outputs:
+            await manager._finish(job, "FAILED", error=ServiceUnavailableError(
+                f"{what} while this job was running; it had written {len(job.outputs)} "
+                "output item(s), so it was not run again"))
+            return
+        job.status, job.started_at = "IN_QUEUE", None
+        take_ownership = True
+    if job.status == "IN_QUEUE":
+        manager._enqueue(job)
+        if take_ownership:  # the store says it is queued (and, shared, this node's); it is marked
+            try:           # running again before it starts, so a refusal here loses nothing
+                await manager.writes.save(job, retry=False)
+            except JobStoreError as exc:
+                log.warning("jobs: job %s is queued again, but the store refused to record it: %s",
+                            job.id, exc.message)
+
+
+async def take_over(manager: JobManager, shared: SharedStore) -> None:
+    """Cluster mode: adopt the unfinished jobs of nodes that stopped renewing their lease."""
+    def take(job: Job) -> None:
+        if job.id not in manager.jobs:
+            manager.jobs[job.id] = job  # held now: a second claim of it is refused at once
+            manager.spawn(adopt(manager, job, "the node running it stopped", take_ownership=True),
+                          f"jobs-adopt-{job.id}")
+
+    while True:
+        await asyncio.sleep(shared.lease / 3)
+        if manager.stopping:
+            return
+        try:
+            await shared.claim_orphans(take)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # Redis away: the next round tries again (what was not taken stays)
+            log.warning("jobs: could not look for a dead node's jobs: %s", exc)

@@ -56,6 +56,9 @@ async def events(request: web.Request) -> web.StreamResponse:
                               f"Last-Event-ID {from_id} is beyond them")
     heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds
     out = EventStream(request, headers={"X-Invocation-Id": inv_id})
+    if rec.done_id is not None and from_id >= rec.done_id:  # (the end has no id of its own: only a guess asks)
+        await out.write(DONE_EVENT)
+        return await out.finish()
     while True:  # once more after a cut (a reader too slow for the live events): from where it was
         if rec.broken is not None:
             await out.write(_error(f"the output of invocation {inv_id} is not kept whole: {rec.broken}"))

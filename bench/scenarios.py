@@ -36,7 +36,7 @@ class Scenario:
     higher_is_better: bool
     run: Callable[[Target, ServerProc, float], Awaitable[dict]]
     targets: tuple[str, ...] = ("aiohttp", "fastapi", "fnstream-async", "fnstream-thread", "fnstream-process",
-                                "aiohttp-asyncio", "fnstream-async-asyncio")
+                                "aiohttp-asyncio", "fnstream-async-asyncio", "fnstream-java")
     rounds: bool = True      # repeated each round, best kept; False: measured once
     short: str = ""          # chart label
 
@@ -171,9 +171,10 @@ async def publish_latency(target: Target, server: ServerProc, scale: float) -> d
 
 
 async def cold_start(target: Target, server: ServerProc, scale: float) -> dict:
-    """Time to first event of the first invocation after `bench-cold-process` scaled to zero."""
-    cold = dataclasses.replace(target, stream_path="/serverless/v1/functions/bench-cold-process/invocations")
-    admin = f"http://{target.host}:{target.port}/admin/v1/functions/bench-cold-process"
+    """Time to first event of the first invocation after `bench-cold-process` (or -java) scaled to zero."""
+    function = "bench-cold-java" if target.name == "fnstream-java" else "bench-cold-process"
+    cold = dataclasses.replace(target, stream_path=f"/serverless/v1/functions/{function}/invocations")
+    admin = f"http://{target.host}:{target.port}/admin/v1/functions/{function}"
 
     def instances() -> int:
         with urllib.request.urlopen(admin, timeout=10) as r:
@@ -209,7 +210,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("invoke", "JSON invoke of echo, 64 concurrent", "req/s", True, invoke,
              short="JSON invoke\nc=64"),
     Scenario("cold_start", "cold start: first event after scale-to-zero, p50 of 3", "ms", False, cold_start,
-             targets=("fnstream-process",), rounds=False, short="cold\nstart"),
+             targets=("fnstream-process", "fnstream-java"), rounds=False, short="cold\nstart"),
     Scenario("fanout", "named stream fan-out, 1 producer → 100 subscribers", "elements/s", True, fanout,
              targets=("fnstream-async",),
              short="fan-out\n1→100"),

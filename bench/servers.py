@@ -134,8 +134,10 @@ TARGETS: dict[str, tuple[str, str | None, str | None]] = {
     # Only when named in --targets: the same servers on asyncio's own loop (the uvloop decision).
     "aiohttp-asyncio": ("aiohttp-asyncio", "/stream", "/echo"),
     "fnstream-async-asyncio": ("fnstream-asyncio", _FN.format("bench-stream"), _FN.format("bench-echo-async")),
+    # Only when named: Java functions in worker JVMs (a JDK 17+ and gson), against fnstream-process.
+    "fnstream-java": ("fnstream", _FN.format("bench-stream-java"), _FN.format("bench-echo-java")),
 }
-OPTIONAL_TARGETS = ("aiohttp-asyncio", "fnstream-async-asyncio")
+OPTIONAL_TARGETS = ("aiohttp-asyncio", "fnstream-async-asyncio", "fnstream-java")
 
 
 def make_target(name: str, server: ServerProc) -> Target:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import socket
 import subprocess
 from pathlib import Path
@@ -57,8 +58,9 @@ class JavaWorkerPool(WorkerPool):
 
     def command(self) -> list[str]:
         heap = max(MIN_HEAP_MB, self.spec.memory)
-        return [self.jdk.java, f"-Xmx{heap}m", "-XX:+UseSerialGC", "-Xshare:auto",
+        return [self.jdk.java, f"-Xmx{heap}m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
                 "-Djava.awt.headless=true", f"-Dfnstream.usercp={self.user_classpath}",
+                *shlex.split(os.environ.get("FNSTREAM_JAVA_OPTS", "")),  # the operator's JVM flags last
                 "-cp", os.pathsep.join(self.classpath), WORKER_CLASS]
 
     def launch(self, child_sock: socket.socket) -> subprocess.Popen[bytes]:

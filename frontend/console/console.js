@@ -9,7 +9,7 @@ const HISTORY_KEY = "fnstream.invokeHistory";
 const HISTORY_SIZE = 10;
 const $ = (id) => document.getElementById(id);
 
-const state = { authOn: false, functions: [], panel: "functions", timers: [], invoke: null,
+const state = { authOn: false, functions: [], panel: "functions", timers: [], invoke: null, invokeId: null,
                 subscription: null, metrics: { last: null, points: [] } };
 
 // -- API access -------------------------------------------------------------------------------
@@ -213,6 +213,39 @@ async function readSSE(body, onEvent) {
   }
 }
 
+// A stream whose connection drops before its end ([DONE]) is read on from the invocation's kept
+// output (GET /serverless/v1/invocations/{id}/events with Last-Event-ID): every later event once,
+// then the end. `seen` tracks {lastId, done}; gives up after RECONNECTS tries, on a 404 (not
+// kept) or on an `event: error` (the kept window no longer reaches back).
+const RECONNECTS = 5;
+
+async function followStream(firstBody, invId, onEvent, seen, signal, onRetry) {
+  const track = (ev) => {
+    if (ev.id) seen.lastId = ev.id;
+    if (ev.data === "[DONE]" || ev.event === "error") seen.done = true;
+    onEvent(ev);
+  };
+  let body = firstBody;
+  for (let attempt = 1; ; attempt++) {
+    if (body) {
+      try { await readSSE(body, track); } catch (err) { if (err.name === "AbortError") throw err; }
+    }
+    if (seen.done || !invId || attempt > RECONNECTS) return;
+    onRetry(attempt);
+    await new Promise((resolve) => setTimeout(resolve, 200 * attempt));
+    if (signal.aborted) throw new DOMException("stopped", "AbortError");
+    body = null;
+    const headers = authHeaders({ Accept: "text/event-stream" });
+    if (seen.lastId !== null) headers["Last-Event-ID"] = seen.lastId;
+    try {
+      const again = await fetch(apiUrl("serverless/v1/invocations/" + encodeURIComponent(invId) + "/events"),
+                                { headers, signal });
+      if (again.status === 404) return;
+      if (again.ok) body = again.body;
+    } catch (err) { if (err.name === "AbortError") throw err; }
+  }
+}
+
 function resetInvokeOutput() {
   $("invoke-events").replaceChildren();
   for (const id of ["invoke-result", "invoke-error"]) $(id).textContent = "";
@@ -268,12 +301,14 @@ async function sendInvoke() {
     if (resp.status === 401 && state.authOn) askToken("The server refused the token.");
     if ((resp.headers.get("Content-Type") || "").startsWith("text/event-stream")) {
       let last = null;
-      await readSSE(resp.body, (ev) => {
+      state.invokeId = resp.headers.get("X-Invocation-Id");
+      const seen = { lastId: null, done: false };
+      await followStream(resp.body, state.invokeId, (ev) => {
         const ms = performance.now() - started;
         if (ev.data === "[DONE]") { addEvent(list, "[DONE]", ms, null); return; }
         addEvent(list, (ev.event !== "message" ? ev.event + ": " : "") + ev.data, ms, ev.id);
         last = ev.data;
-      });
+      }, seen, controller.signal, (n) => { $("invoke-status").textContent = call.status + " reconnecting (" + n + ")"; });
       if (last !== null) {
         if (looksLikeError(last)) $("invoke-error").textContent = last;
         else $("invoke-result").textContent = last;
@@ -298,13 +333,22 @@ async function sendInvoke() {
     call.ms = Math.round(performance.now() - started);
     $("invoke-time").textContent = call.ms + " ms";
     state.invoke = null;
+    state.invokeId = null;
     $("invoke-send").disabled = false;
     $("invoke-stop").disabled = true;
     remember(call);
   }
 }
 
-function stopInvoke() { if (state.invoke) state.invoke.abort(); }
+// Stop is a cancel by id: a function with onDisconnect: continue would not stop at a dropped connection.
+function stopInvoke() {
+  if (!state.invoke) return;
+  state.invoke.abort();
+  if (state.invokeId) {
+    fetch(apiUrl("serverless/v1/invocations/" + encodeURIComponent(state.invokeId) + "/cancel"),
+          { method: "POST", headers: authHeaders({}) }).catch(() => {});
+  }
+}
 
 function history() {
   try { return JSON.parse(localStorage.getItem(HISTORY_KEY) || "[]"); } catch (_) { return []; }

@@ -1,11 +1,12 @@
 """`fnstream serve --reload`: redeploy a function when its manifest or its code changes.
 
 A cheap poll (stat calls in a thread, never on the event loop) compares the deploy directory's
-manifests and the `.py` files under each deployed function's `codePath` with the last look. A
-changed manifest redeploys the functions it defines (a removed one deletes them); a changed `.py`
-file redeploys every function whose `codePath` holds it. A redeploy is the one `PUT` does: in-flight
-invocations finish on the old code. A file that fails to parse, import or validate leaves the old
-revision serving and is logged with its file and line. For the single-process dev loop only.
+manifests and the `.py` (and Java `.java`/`.jar`) files under each deployed function's `codePath`
+with the last look. A changed manifest redeploys the functions it defines (a removed one deletes
+them); a changed code file redeploys every function whose `codePath` holds it. A redeploy is the
+one `PUT` does: in-flight invocations finish on the old code. A file that fails to parse, import,
+compile or validate leaves the old revision serving and is logged with its file and line. For the
+single-process dev loop only.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ log = logging.getLogger("fnstream.reload")
 
 Snapshot = dict[Path, tuple[int, int]]  # file -> (mtime_ns, size)
 _MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+_CODE_SUFFIXES = (".py", ".java", ".jar")  # Java sources are compiled again by the redeploy
 _SKIP_DIRS = frozenset({"__pycache__", ".git", ".venv", "venv", "node_modules", ".mypy_cache", ".pytest_cache"})
 MAX_WATCHED_FILES = 20_000  # a codePath as wide as a home directory is not watched file by file
 
@@ -40,7 +42,7 @@ def _stat_into(out: Snapshot, path: Path) -> None:
 
 
 def _scan(deploy_dir: Path, code_paths: list[Path]) -> tuple[Snapshot, Snapshot]:
-    """(manifests, python files): runs in a worker thread."""
+    """(manifests, code files): runs in a worker thread."""
     manifests: Snapshot = {}
     if deploy_dir.is_dir():
         for entry in os.scandir(deploy_dir):
@@ -51,7 +53,7 @@ def _scan(deploy_dir: Path, code_paths: list[Path]) -> tuple[Snapshot, Snapshot]
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
             for name in filenames:
-                if name.endswith(".py"):
+                if name.endswith(_CODE_SUFFIXES):
                     _stat_into(code, Path(dirpath) / name)
             if len(code) > MAX_WATCHED_FILES:
                 return manifests, code

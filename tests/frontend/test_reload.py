@@ -3,6 +3,7 @@ or a manifest reach the next call, in-flight calls finish on the old code, and a
 the old revision serving while the log names the file and line."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from frontend.scaffold import init_project
+from frontend.scaffold import init_project, new_function
 from tests.support.servers import ROOT, free_port
 
 HANDLER = '''import time
@@ -140,3 +141,28 @@ def test_an_invocation_in_flight_finishes_on_the_old_code(live):
         rest = resp.read().decode()
     assert rest.count('"version":"v1"') == 5 and "v2" not in rest and '"v1-plain"' in rest
     assert server.invoke() == "v2-plain"
+
+
+@pytest.mark.skipif(shutil.which("javac") is None or not Path("/usr/share/java/gson.jar").is_file(),
+                    reason="needs a JDK (javac) and gson (libgoogle-gson-java)")
+def test_a_java_source_edit_is_compiled_and_reaches_the_next_call(tmp_path):
+    init_project(tmp_path)
+    new_function(tmp_path, "jlive", "java")
+    source = tmp_path / "functions/jlive/jlive/Jlive.java"
+    server = ProjectServer(tmp_path)
+
+    def call() -> object:
+        req = urllib.request.Request(server.url + "/serverless/v1/functions/jlive/invocations",
+                                     data=b'{"count": 0}', method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+    try:
+        assert call() == {"count": 0, "function": "jlive"}
+        write(source, source.read_text().replace('result.addProperty("count", count);',
+                                                 'result.addProperty("count", count + 100);'))
+        wait_for(lambda: call() == {"count": 100, "function": "jlive"}, "the edited Java handler", server.output)
+        write(source, source.read_text().replace("count + 100)", "count + )"))  # a compile error
+        wait_for(lambda: "Jlive.java, line" in server.output(), "the compile error in the log", server.output)
+        assert call() == {"count": 100, "function": "jlive"}  # the old revision keeps serving
+    finally:
+        server.stop()

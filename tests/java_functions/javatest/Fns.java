@@ -30,6 +30,18 @@ public class Fns {
         context.getLogger().info("initialised " + context.getFunctionName());
     }
 
+    public void badInit(Context context) {
+        throw new IllegalStateException("no database");
+    }
+
+    /** preStop: leaves a file where the environment says (the test waits for it). */
+    public void bye(Context context) throws java.io.IOException {
+        Path done = Paths.get(context.getUserData("BYE_FILE"));
+        Path tmp = Paths.get(done + ".tmp");
+        Files.writeString(tmp, "bye from " + context.getFunctionName());
+        Files.move(tmp, done, java.nio.file.StandardCopyOption.ATOMIC_MOVE);
+    }
+
     public JsonObject fields(JsonObject event, Context context) {
         JsonObject out = new JsonObject();
         out.add("event", event);
@@ -46,6 +58,7 @@ public class Fns {
         out.addProperty("timeout", context.getRunningTimeInSeconds());
         out.addProperty("inits", INITS.get());
         out.addProperty("pid", ProcessHandle.current().pid());
+        out.addProperty("session", context.getSessionId());
         context.getLogger().info("fields of " + context.getInvokeID());
         return out;
     }

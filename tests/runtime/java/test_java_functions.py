@@ -34,6 +34,7 @@ FUNCTIONS_UNDER_TEST = [
     _fn("jfields", "fields", initializer="javatest.Fns::init", environment={"GREETING": "hi"}, instances=1,
         memory=128),
     _fn("jupper", "upper"),
+    _fn("jbadinit", "upper", initializer="badInit"),
     _fn("jpoint", "point"),
     _fn("jstep", "stepped"),
     _fn("jmany", "many"),
@@ -128,6 +129,35 @@ async def test_context_fields_initializer_once_and_logger(jserver):
     assert [b["inits"] for b in bodies] == [1, 1, 1]  # the initializer ran once in this instance
     assert len({b["pid"] for b in bodies}) == 1
     assert "initialised jfields" in jserver.output() and f"fields of {body['invokeId']}" in jserver.output()
+
+
+async def test_a_failed_initializer_answers_4201(jserver):
+    status, body = await _post(jserver, "jbadinit", "x")
+    assert status == 500 and body["code"] == 4201, body
+    assert "initializer failed: java.lang.IllegalStateException: no database" in body["message"]
+
+
+async def test_pre_stop_runs_when_the_function_is_deleted(jserver):
+    done = jserver.code / "bye.txt"
+    status, body = await _deploy(jserver, _fn("jbye", "upper", preStop="javatest.Fns::bye", instances=1,
+                                              environment={"BYE_FILE": str(done)}))
+    assert status == 201, body
+    assert await _post(jserver, "jbye", "x") == (200, "X")
+    async with aiohttp.ClientSession() as s, s.delete(f"{jserver.url}/admin/v1/functions/jbye") as r:
+        assert r.status == 200
+    for _ in range(400):
+        if done.exists():
+            break
+        await asyncio.sleep(0.05)
+    assert done.read_text() == "bye from jbye"
+
+
+async def test_a_session_turn_sees_its_session_id(jserver):
+    session = {"X-Instance-Session": json.dumps({"sessionID": "java-chat-1", "sessionTTL": 60})}
+    status, body = await _post(jserver, "jfields", {}, headers=session)
+    assert status == 200 and body["session"] == "java-chat-1"
+    status, plain = await _post(jserver, "jfields", {})
+    assert plain["session"] == ""
 
 
 async def test_string_event_and_pojo_result(jserver):

@@ -41,6 +41,7 @@ log = logging.getLogger("fnstream.runtime")
 
 STREAM_PREFIX = "invocations/"  # the named stream of invocation X is `invocations/X` in its tenant's namespace
 DONE = "[DONE]"
+_REAP_DELAY = 0.1  # seconds: forgotten streams are deleted in batches (at 10k ends/s, ~1000 wait)
 
 
 class InvocationNotFoundError(FunctionServiceError, LookupError):
@@ -115,6 +116,8 @@ class DurableOutputs:
         self._ended: OrderedDict[str, Retained] = OrderedDict()  # oldest end first
         self._tasks: set[asyncio.Task[Any]] = set()
         self._warned = -math.inf
+        self._doomed: list[str] = []  # streams of forgotten records, deleted by `_reap`
+        self._reaper: asyncio.TimerHandle | None = None  # armed while streams wait to be deleted
         self._options = StreamOptions(retain_bytes=max_bytes, policy="cut", max_stream_size=max_bytes)
 
     def __len__(self) -> int:
@@ -167,38 +170,46 @@ class DurableOutputs:
 
     async def finish(self, rec: Retained, last: str | None) -> None:
         """The last event (result or error; None: none), then [DONE]; kept for `seconds` more."""
-        if rec.over:
+        if rec.over:  # (set before the publish: a second finisher, e.g. a drop's, adds nothing)
             return
-        rec.done_id = rec.next_id + (last is not None)
-        await self.publish(rec, [DONE] if last is None else [last, DONE])
         rec.over = True
         rec.inv = None
+        rec.done_id = rec.next_id + (last is not None)
+        await self.publish(rec, [DONE] if last is None else [last, DONE])
         if self._running.pop(rec.id, None) is None:
             return
         self._ended[rec.id] = rec
         rec.timer = asyncio.get_running_loop().call_later(self.seconds, self._expire, rec.id)
-        while len(self._ended) > self.count:  # the oldest go now, in this task: a burst cannot outrun them
-            oldest = self._forget(next(iter(self._ended)))
-            if oldest is not None:
-                await self._delete(oldest.key)
-
-    def _forget(self, inv_id: str) -> Retained | None:
-        """Drop the record; its stream still needs deleting (when it was made)."""
-        rec = self._ended.pop(inv_id, None)
-        if rec is not None and rec.timer is not None:
-            rec.timer.cancel()
-        return rec if rec is not None and rec.configured else None
+        while len(self._ended) > self.count:
+            self._expire(next(iter(self._ended)))
 
     def _expire(self, inv_id: str) -> None:
-        rec = self._forget(inv_id)
-        if rec is not None:
-            self._spawn(self._delete(rec.key))
+        """Forget the record now; its stream goes with the next reaping, `_REAP_DELAY` later: one
+        task for every stream doomed meanwhile, not one per invocation."""
+        rec = self._ended.pop(inv_id, None)
+        if rec is None:
+            return
+        if rec.timer is not None:
+            rec.timer.cancel()
+        if rec.configured:
+            self._doomed.append(rec.key)
+            if self._reaper is None:
+                self._reaper = asyncio.get_running_loop().call_later(_REAP_DELAY, self._spawn_reap)
 
-    async def _delete(self, key: str) -> None:
+    def _spawn_reap(self) -> None:
+        self._spawn(self._reap())
+
+    async def _reap(self) -> None:
         try:
-            await self._broker().delete(key)
-        except FunctionServiceError:
-            pass  # already gone (deleted by its tenant, or the broker's own limits)
+            while self._doomed:
+                keys, self._doomed = self._doomed, []
+                for key in keys:
+                    try:
+                        await self._broker().delete(key)
+                    except FunctionServiceError:
+                        pass  # already gone (deleted by its tenant, or the broker's own limits)
+        finally:
+            self._reaper = None
 
     def client_left(self, inv: InvocationSurface, reason: str) -> None:
         """The answer's client left: cancel `inv`, or (onDisconnect: continue) pump its output on."""
@@ -290,6 +301,9 @@ class DurableOutputs:
             task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=1.0)
+        if self._reaper is not None:
+            self._reaper.cancel()
+        await self._reap()
         for rec in self._ended.values():
             if rec.timer is not None:
                 rec.timer.cancel()

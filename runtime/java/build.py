@@ -99,7 +99,7 @@ def _compile(jdk: Jdk, sources: list[Path], root: Path, classpath: list[str], ke
     staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=out.parent))
     try:
         args = staging / "sources.txt"
-        args.write_text("\n".join(f'"{p}"' for p in sources))
+        args.write_text("\n".join('"' + str(p).replace("\\", "\\\\").replace('"', '\\"') + '"' for p in sources))
         cmd = [jdk.javac, "-encoding", "UTF-8", "-nowarn", "-g", "-d", str(staging / "classes"),
                "-cp", os.pathsep.join(classpath), f"@{args}"]
         try:

@@ -171,6 +171,10 @@ async def test_an_exception_is_the_routes_json_error(jserver):
     assert status == 500 and body["code"] == 4001
     assert "java.lang.IllegalStateException: no widgets" in body["message"]
     assert "at javatest.Fns.boom" in jserver.output()  # the stack trace is in the log
+    status, body = await _post(jserver, "jpoint", "not an object")
+    assert status == 200  # an Object parameter takes any JSON
+    status, body = await _post(jserver, "jstep", "not an object")
+    assert status == 500 and "the event cannot be converted to the handler's JsonObject parameter" in body["message"]
 
 
 async def test_timeout_interrupts_the_thread_and_keeps_the_jvm(jserver):
@@ -251,11 +255,11 @@ async def _deploy(server, manifest: dict) -> tuple[int, dict]:
 
 
 async def test_a_compile_error_names_file_line_and_message(jserver):
-    src = jserver.code / "broken" / "pkg"
+    src = jserver.code / "broken \"dir\"" / "pkg"  # a path javac's argument file must quote
     src.mkdir(parents=True)
     (src / "Broken.java").write_text("package pkg;\npublic class Broken {\n    int x = ;\n}\n")
     status, body = await _deploy(jserver, {"name": "jbroken", "runtime": "java17", "handler": "pkg.Broken::h",
-                                           "codePath": str(jserver.code / "broken")})
+                                           "codePath": str(src.parent)})
     assert status == 400, body
     assert "pkg/Broken.java, line 3: illegal start of expression" in body["message"]
     async with aiohttp.ClientSession() as s, s.get(f"{jserver.url}/admin/v1/functions/jbroken") as r:

@@ -217,7 +217,14 @@ final class Handler {
             if (method.getParameterCount() == 1) {
                 return method.invoke(target, ctx);
             }
-            return method.invoke(target, convert(event), ctx);
+            Object converted;
+            try {
+                converted = convert(event);
+            } catch (RuntimeException e) {
+                throw new IllegalArgumentException("the event cannot be converted to the handler's "
+                        + eventType.getSimpleName() + " parameter: " + e.getMessage(), e);
+            }
+            return method.invoke(target, converted, ctx);
         } catch (InvocationTargetException e) {
             throw e.getCause();
         }

@@ -390,7 +390,20 @@ public final class Worker {
         }
     }
 
+    /** A worker thread of fnstream's own that dies (an OutOfMemoryError outside a handler) ends the JVM:
+     * the pool replaces it, instead of invocations waiting for frames nobody will send. */
+    private static void dieWithInternalThreads() {
+        Thread.setDefaultUncaughtExceptionHandler((t, e) -> {
+            if (t.getName().startsWith("fnstream-") && !t.getName().startsWith("fnstream-invocation-")) {
+                System.err.println("fnstream java worker: thread " + t.getName() + " died: " + e);
+                halt(70);
+            }
+            e.printStackTrace();
+        });
+    }
+
     public static void main(String[] args) {
+        dieWithInternalThreads();
         OutputStream protocol = new BufferedOutputStream(new FileOutputStream(FileDescriptor.out), 1 << 16);
         System.setOut(new PrintStream(new FileOutputStream(FileDescriptor.err), true));
         DataInputStream in = new DataInputStream(new BufferedInputStream(new FileInputStream(FileDescriptor.in),

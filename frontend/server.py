@@ -32,6 +32,7 @@ from aiohttp.web_request import BaseRequest
 
 from runtime.config import Config, FrontendLimits
 from runtime.errors import ConfigError
+from runtime.fork_guard import release_in_forked_children
 from runtime.invocation import new_trace_id
 from runtime.tracing import make_traceparent
 
@@ -412,6 +413,9 @@ async def start_site(runner: web.BaseRunner, config: Config, host: str, port: in
         await site.start()
     except OSError as exc:  # in use, not this machine's address, no permission
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    server = site._server  # aiohttp internal (tests/frontend/test_aiohttp_internals.py)
+    for sock in getattr(server, "sockets", ()):
+        release_in_forked_children(sock.fileno())  # a handler's fork must not accept our connections
     return site
 
 

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 
 from .executor import Executor
+from .fork_guard import end_descendants
 from .registry import Registry
 
 __all__ = ("Lifecycle", "wait_for_stop_signal", "exit_after_shutdown")
@@ -112,7 +113,11 @@ class Lifecycle:
 
 def exit_after_shutdown(abandoned_threads: int) -> int:
     """0 after a clean stop. Handler threads that would not stop cannot be joined (the interpreter
-    would wait for them for ever at exit): say so, and leave at once with status 1."""
+    would wait for them for ever at exit): say so, and leave at once with status 1. Child processes
+    a handler left running end here too."""
+    left = end_descendants()
+    if left:
+        log.warning("killed %d process(es) that handlers started and left running", left)
     if not abandoned_threads:
         return 0
     log.error("exiting with %d handler thread(s) still running: they were abandoned (a thread cannot be "

@@ -66,4 +66,4 @@ class JavaWorkerPool(WorkerPool):
     def launch(self, child_sock: socket.socket) -> subprocess.Popen[bytes]:
         fd = child_sock.fileno()
         return subprocess.Popen(self.command(), stdin=fd, stdout=fd, cwd=str(self.spec.codePath),
-                                env={**os.environ, "MALLOC_ARENA_MAX": "2"})
+                                env={**os.environ, "MALLOC_ARENA_MAX": "2"}, process_group=0)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from ..errors import ConfigError
+from ..fork_guard import forget, release_in_forked_children
 from .errors import JobStoreError
 from .model import Job
 
@@ -159,6 +160,7 @@ class SqliteJobStore(JobStore):
                               "server its own jobs.path") from None
         lock.write(str(os.getpid()))
         lock.flush()
+        release_in_forked_children(lock.fileno())  # a handler's fork must not keep the store locked
         self._lock_file = lock
 
     async def open(self) -> None:
@@ -184,6 +186,7 @@ class SqliteJobStore(JobStore):
 
     def _release_lock(self) -> None:
         if self._lock_file is not None:
+            forget(self._lock_file.fileno())
             self._lock_file.close()
             self._lock_file = None
 

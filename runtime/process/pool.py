@@ -214,10 +214,16 @@ class WorkerProcess:
             self.state = "killed"
             self.kill_reason = reason
         log.warning("function %s: killing worker %d: %s", self.pool.name, self.pid, reason)
+        self.kill_group()
+
+    def kill_group(self) -> None:
+        """SIGKILL the worker and whatever its handlers started (its process group: launch)."""
         try:
-            self.proc.kill()
+            os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:
-            pass  # it already exited; the reader thread is reaping it
+            pass  # all gone; the reader thread is reaping the worker
+        except PermissionError:  # not a group of ours (a pool that launched without one)
+            self.proc.kill()
 
     def stop(self) -> None:
         """Ask the worker to run preStop and exit."""
@@ -239,6 +245,7 @@ class WorkerProcess:
             self.proc.kill()
         finally:
             self.returncode = self.proc.wait()
+            self.kill_group()  # a handler's leftover children end with their worker
             self.conn.close()
             self.streams.release()
             self.exited.set()
@@ -408,7 +415,8 @@ class WorkerPool:
                "PYTHONPATH": os.pathsep.join(p for p in (_PROJECT_ROOT, os.environ.get("PYTHONPATH")) if p)}
         return subprocess.Popen(
             [sys.executable, "-m", "runtime.process.worker", str(child_sock.fileno())],
-            pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL, env=env, cwd=_PROJECT_ROOT)
+            pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL, env=env, cwd=_PROJECT_ROOT,
+            process_group=0)  # its own group: what its handlers spawn ends with it (kill_group)
 
     def _live(self) -> list[WorkerProcess]:
         """Workers that serve or will serve (called with the lock held)."""

@@ -44,6 +44,7 @@ from ..errors import (
     StreamClosedError,
     handler_failure,
 )
+from ..fork_guard import release_in_forked_children
 from ..invocation import WRITTEN, Written, drain_generator, encode_json, encode_payload, encode_write
 from ..loader import LoadedCode, load_code
 from ..logs import log_context, set_log_context
@@ -681,7 +682,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
     args = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the frontend decides
     faulthandler.enable()  # a segfault prints the Python stack to the server's stderr
-    conn: Connection[ToFrontend, ToWorker] = Connection(socket.socket(fileno=int(args[0])))
+    fd = int(args[0])
+    os.set_inheritable(fd, False)  # passed to us inheritable: a handler's subprocess must not get it
+    release_in_forked_children(fd)  # nor a handler's fork (the server would never see us end)
+    conn: Connection[ToFrontend, ToWorker] = Connection(socket.socket(fileno=fd))
     hello = conn.recv()
     if hello["t"] != "hello":
         raise ProtocolError(f"the first frame must be 'hello', not {hello['t']!r}")

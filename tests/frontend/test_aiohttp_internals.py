@@ -41,3 +41,17 @@ async def test_the_server_and_runner_still_have_the_hooks_the_listener_uses() ->
     await server.shutdown()
     assert callable(getattr(web.AppRunner, "_make_server", None)), "AppRunner._make_server is gone"
     assert issubclass(FnstreamRunner, web.AppRunner)
+
+
+async def test_a_started_site_still_shows_its_listening_sockets() -> None:
+    # start_site hands them to runtime/fork_guard.py: a handler's fork must not keep them.
+    app = web.Application()
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        sockets = getattr(getattr(site, "_server", None), "sockets", None)
+        assert sockets and all(s.fileno() >= 0 for s in sockets), "TCPSite._server.sockets is gone"
+    finally:
+        await runner.cleanup()

@@ -45,3 +45,22 @@ def swallow(event, context):
 def stuck(event, context):
     """Blocked in one C call for an hour: what no stop reaches (it lands when the call returns)."""
     time.sleep(3600)
+
+
+def forks(event, context):
+    """Forks without exec (as multiprocessing's default does) a child that lingers; answers its pid."""
+    import os
+    pid = os.fork()
+    if pid == 0:  # the child: holds whatever the fork gave it, for a while
+        time.sleep(float(event.get("linger", 30)))
+        os._exit(0)
+    return pid
+
+
+def spawns(event, context):
+    """Starts a subprocess and its grandchild (sh running sleep) and returns without waiting."""
+    import subprocess
+    proc = subprocess.Popen(["sh", "-c", f"sleep {float(event.get('linger', 60))} & echo $!; wait"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return {"child": proc.pid, "grandchild": int(proc.stdout.readline())}

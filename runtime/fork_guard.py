@@ -1,0 +1,77 @@
+"""A handler's child processes: what they must not keep, and that they end with the server.
+
+`end_descendants` (at exit): children a `def` handler started and left running are killed with
+their own descendants, rather than outliving the server that ran the call. (A process worker's
+are its process group, killed with it: runtime/process/pool.py.)
+
+What a forked child must not keep: the server's listening sockets, its job-store lock, a worker's
+channel to the server.
+A handler that forks without exec (`os.fork()`, multiprocessing's default start method) gets a copy
+of every file descriptor. A child that outlives the call would keep the listening socket (new
+connections queue to a process that never serves them), the job store's lock (a restart fails with
+"jobs.path in use") or a process worker's socket (the server never sees the worker end). Exec'd
+children are safe already: these descriptors are close-on-exec. In a forked child each registered
+descriptor is replaced by /dev/null: the child no longer holds what it referred to, and a later
+close of the number closes nothing of anyone else's.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+__all__ = ("end_descendants", "forget", "release_in_forked_children")
+
+_fds: set[int] = set()
+
+
+def release_in_forked_children(fd: int) -> None:
+    """Replace `fd` with /dev/null in every child this process forks from now on."""
+    if not _fds:
+        os.register_at_fork(after_in_child=_release)
+    _fds.add(fd)
+
+
+def forget(fd: int) -> None:
+    """`fd` was closed here: nothing to release in later children."""
+    _fds.discard(fd)
+
+
+def _release() -> None:
+    fds = list(_fds)
+    _fds.clear()  # the child's own forks have nothing of the server's left to release
+    if not fds:
+        return
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    for fd in fds:
+        try:
+            os.dup2(null, fd, inheritable=False)
+        except OSError:  # closed meanwhile
+            pass
+    os.close(null)
+
+
+def _children(pid: int | str) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):  # gone meanwhile, or no such file (not Linux)
+            continue
+    return found
+
+
+def end_descendants() -> int:
+    """SIGKILL every process below this one, deepest first; how many there were."""
+    order: list[int] = []
+    todo = _children("self")
+    while todo:
+        pid = todo.pop()
+        order.append(pid)
+        todo += _children(pid)
+    for pid in reversed(order):  # children before their parents: none is orphaned to escape
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(order)

@@ -1,0 +1,93 @@
+"""Handlers that start processes: a forked child keeps none of the server's listening sockets, job-store
+lock or worker channels (runtime/fork_guard.py), and every descendant ends with its server or
+worker — a restart never fails because of one. Real servers over real sockets; pids read from /proc."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.support.servers import FUNCTIONS, HANDLERS, fn
+
+INVOKE = "/serverless/v1/functions/{}/invocations"
+
+
+def _invoke(server, name: str, event: dict) -> object:
+    req = urllib.request.Request(server.url + INVOKE.format(name), data=json.dumps(event).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _gone(*pids: int, limit: float = 10) -> bool:
+    deadline = time.monotonic() + limit
+    while any(_alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _listening_inode(port: int) -> str:
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return fields[9]
+    raise AssertionError(f"nothing listens on {port}")
+
+
+def _fd_targets(pid: int) -> list[str]:
+    fds = Path(f"/proc/{pid}/fd")
+    return [os.readlink(fds / n) for n in os.listdir(fds)]
+
+
+def _serve(start_server, deploy_dir, tmp_path, *manifests):
+    deploy = deploy_dir(*manifests)
+    return start_server("--deploy-dir", str(deploy), "-s", f"jobs.path={tmp_path / 'jobs.sqlite3'}",
+                        "-s", f"runtime.codeRoots={json.dumps([str(FUNCTIONS), str(HANDLERS)])}")
+
+
+def test_a_def_handlers_fork_keeps_nothing_of_the_server_and_ends_with_it(start_server, deploy_dir, tmp_path):
+    server = _serve(start_server, deploy_dir, tmp_path, fn("forks", "runaway_fns.forks", timeout=10))
+    child = _invoke(server, "forks", {"linger": 60})
+    assert isinstance(child, int) and _alive(child)
+    held = _fd_targets(child)
+    assert f"socket:[{_listening_inode(server.port)}]" not in held  # it would take our connections
+    assert not [t for t in held if t.endswith("jobs.sqlite3.lock")]   # and keep the store locked
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(20) == 0
+    assert _gone(child)                                              # it ended with its server
+    again = _serve(start_server, deploy_dir, tmp_path, fn("forks", "runaway_fns.forks", timeout=10))
+    assert _invoke(again, "forks", {"linger": 0}) != child          # the same store serves again
+
+
+def test_a_process_handlers_children_end_with_their_worker(start_server, deploy_dir, tmp_path):
+    server = _serve(start_server, deploy_dir, tmp_path,
+                    fn("pforks", "runaway_fns.forks", timeout=10, executor="process", instances=1),
+                    fn("pspawns", "runaway_fns.spawns", timeout=10, executor="process", instances=1))
+    forked = _invoke(server, "pforks", {"linger": 60})
+    spawned = _invoke(server, "pspawns", {"linger": 60})
+    assert isinstance(forked, int) and isinstance(spawned, dict)
+    pids = (forked, spawned["child"], spawned["grandchild"])
+    assert all(_alive(p) for p in pids)
+    worker = int(Path(f"/proc/{forked}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent
+    channel_fd = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")[-2].decode()  # worker.py FD
+    channel = os.readlink(f"/proc/{worker}/fd/{channel_fd}")
+    assert channel.startswith("socket:") and channel not in _fd_targets(forked)  # not the worker's channel
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(30) == 0
+    assert time.monotonic() - started < 15  # the grace is 10 s: nothing a handler left holds it up
+    assert _gone(*pids)

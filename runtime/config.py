@@ -292,6 +292,9 @@ class JobsConfig(_Strict):
                                               "they expire; beyond, 507 at submit")
     maxOutputBytes: int = Field(10 * 1024 * 1024, ge=1, description="output bytes per job; beyond, the job is "
                                                                     "`FAILED` (413)")
+    cacheBytes: int = Field(64 * 1024 * 1024, ge=0, description="bytes of finished jobs' inputs, outputs and "
+                            "results kept in memory (the most recently finished); the others are read back from "
+                            "the store when asked for (SQLite store only)")
     retentionSeconds: float = Field(3600, gt=0, description="finished jobs and their output expire after this "
                                                             "(openYuanrong keeps 60 minutes)")
     runsyncWaitMs: int = Field(90_000, ge=0, description="default and maximum `wait` of `/runsync`")

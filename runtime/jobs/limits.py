@@ -49,6 +49,9 @@ class JobBytes:
         self._outputs[job.id] = (job.tenant, job.output_bytes)
         self.by_tenant[job.tenant] += job.output_bytes - before
 
+    def input_of(self, job_id: str) -> int:
+        return self._inputs.get(job_id, ("", 0))[1]
+
     def forget(self, job_id: str) -> None:
         for table in (self._inputs, self._outputs):
             tenant, size = table.pop(job_id, ("", 0))

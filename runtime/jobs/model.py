@@ -72,6 +72,7 @@ class Job:
     cancel_requested: bool = field(default=False, compare=False)
     remote: bool = field(default=False, compare=False)  # read from a shared store: another node runs it
     changing: bool = field(default=False, compare=False)  # a new state is being stored (runtime/jobs/writes.py)
+    cold_count: int | None = field(default=None, compare=False)  # a stub (runtime/jobs/cache.py): its outputs' count
 
     @property
     def final(self) -> bool:
@@ -113,9 +114,17 @@ class Job:
         return {"id": self.id, "function": self.function, "tenant": self.tenant, "status": self.status,
                 "api": self.api, "createdAt": _rfc3339(self.created_at), "startedAt": _rfc3339(self.started_at),
                 "completedAt": _rfc3339(self.completed_at), "delayTime": self.delay_ms(),
-                "executionTime": self.execution_ms(), "outputCount": len(self.outputs),
+                "executionTime": self.execution_ms(), "outputCount": self.output_count(),
                 "outputBytes": self.output_bytes, "result": self.result, "error": self.error,
                 "statusCode": self.status_code, "retries": self.retried}
+
+    def output_count(self) -> int:
+        return len(self.outputs) if self.cold_count is None else self.cold_count
+
+    @property
+    def cold(self) -> bool:
+        """A stub of a finished job whose input and outputs are in the store only (runtime/jobs/cache.py)."""
+        return self.cold_count is not None
 
     def completed_at_rfc3339(self) -> str | None:
         return _rfc3339(self.completed_at)

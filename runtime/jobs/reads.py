@@ -1,5 +1,6 @@
 """What the job manager answers about its jobs: look-ups, listings, waiting for and following a
-job's output (on this node, or read again from a shared store when another node runs it)."""
+job's output (on this node, or read again from a shared store when another node runs it), and
+which finished jobs it holds in full (runtime/jobs/cache.py): a stub's job is read back here."""
 from __future__ import annotations
 
 import asyncio
@@ -8,9 +9,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..principal import Principal
+from .cache import JobCache, payload_size, stub
 from .errors import JobNotFoundError
+from .limits import JobBytes
 from .model import Job
-from .store import SharedStore
+from .store import JobStore, SharedStore
 
 __all__ = ("REMOTE_POLL", "JobReads")
 
@@ -21,8 +24,33 @@ class JobReads:
     """The read side of JobManager (its base): nothing here changes a job."""
 
     jobs: dict[str, Job]
+    store: JobStore
     shared: SharedStore | None
+    cache: JobCache | None  # None: every job is held in full (a store that cannot read one back)
+    bytes: JobBytes
     _changed: dict[str, asyncio.Event]
+
+    def _keep(self, job: Job) -> None:
+        """A job just finished (and stored), or read back: hold it in full while the cache has room."""
+        if self.cache is None or not job.final or job.remote:
+            return
+        for victim_id in self.cache.add(job.id, payload_size(job, self.bytes.input_of(job.id))):
+            victim = self.jobs.get(victim_id)
+            if victim is not None and victim.final and not victim.changing and not victim.cold:
+                self.jobs[victim_id] = stub(victim)  # readers holding the full job keep it until they end
+
+    async def _warm(self, cold: Job) -> Job:
+        """The stub's job in full, read back from the store (and held again, as the most recent)."""
+        job = await self.store.read_job(cold.id)
+        if job is None:
+            raise JobNotFoundError(f"job {cold.id!r} not found (it expired)")
+        held = self.jobs.get(cold.id)
+        if held is cold:
+            self.jobs[job.id] = job
+            self._keep(job)
+        elif held is not None and not held.cold:
+            return held  # read back by another call meanwhile, or retried
+        return job
 
     def get(self, job_id: str, principal: Principal | None = None, function: str | None = None) -> Job:
         """A job of this node; 404 when unknown, of another tenant than the principal's, or of
@@ -36,7 +64,8 @@ class JobReads:
             job = await self.shared.fetch(job_id)
             if job is not None:
                 job.remote = True
-        return _visible(job, job_id, principal, function)
+        job = _visible(job, job_id, principal, function)
+        return await self._warm(job) if job.cold else job
 
     async def _refresh(self, job: Job) -> None:
         """Re-read a remote job (its new output items appended)."""

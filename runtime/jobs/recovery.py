@@ -51,6 +51,8 @@ async def adopt(manager: JobManager, job: Job, what: str, *, take_ownership: boo
     manager.jobs[job.id] = job
     manager.bytes.add_input(job, input_size(job.event))
     manager.bytes.outputs(job)
+    if job.final:
+        manager._keep(job)  # loaded oldest first: the most recently finished stay held in full
     if job.status == "IN_PROGRESS":
         if job.outputs:
             await manager._finish(job, "FAILED", error=ServiceUnavailableError(

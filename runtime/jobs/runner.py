@@ -26,6 +26,7 @@ from ..dispatch import InvokeOptions
 from ..errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError
 from ..principal import Principal
 from ..tasks import stop_tasks
+from .cache import JobCache
 from .collect import cancelled, collect
 from .errors import (
     JobQueueFullError,
@@ -61,6 +62,7 @@ class JobManager(JobReads):
         self.dispatcher = dispatcher
         self.store = store
         self.writes = StoreWrites(store)
+        self.cache = JobCache(config.cacheBytes) if store.readable else None
         self.jobs: dict[str, Job] = {}
         self._queues: dict[str, collections.deque[str]] = {}
         self._dispatchers: dict[str, asyncio.Task[None]] = {}
@@ -245,6 +247,9 @@ class JobManager(JobReads):
         finally:
             job.changing = False
         self.writes.forget(job.id)
+        if self.cache is not None:
+            self.cache.forget(job.id)
+        self.jobs[job.id] = job  # `job` was read back from the store if only a stub was held
         for name in ("status", "started_at", "completed_at", "result", "error", "status_code", "aggregated",
                      "outputs", "output_bytes", "stream_cursor", "retried", "created_at"):
             setattr(job, name, getattr(again, name))
@@ -372,6 +377,8 @@ class JobManager(JobReads):
                 callback(job)
             except Exception:  # a callback's failure must not lose the job's end
                 log.exception("jobs: on_final callback failed for job %s", job.id)
+        if job.id not in self.writes.unsaved:  # what the store holds can be read back
+            self._keep(job)
 
     # -- expiry ------------------------------------------------------------------------------
     async def _flush_unsaved(self) -> None:
@@ -395,6 +402,8 @@ class JobManager(JobReads):
             self._changed.pop(job_id, None)
             self.bytes.forget(job_id)
             self.writes.forget(job_id)
+            if self.cache is not None:
+                self.cache.forget(job_id)
         if old:
             await self.writes.delete(old)
         return len(old)

@@ -49,6 +49,7 @@ class JobStore:
     """The memory store (nothing survives a restart); the base of the durable ones."""
 
     durable = False
+    readable = False  # read_job works: finished jobs need not stay in memory (runtime/jobs/cache.py)
 
     async def open(self) -> None:
         return None
@@ -59,6 +60,10 @@ class JobStore:
     async def load(self) -> list[Job]:
         """Every stored job with its outputs (at start)."""
         return []
+
+    async def read_job(self, job_id: str) -> Job | None:
+        """The stored job with its outputs; None when not stored."""
+        return None
 
     def save(self, job: Job) -> asyncio.Future[None]:
         """Insert or replace the job's fields (not its outputs). Writes are queued at call time,
@@ -124,6 +129,7 @@ class SqliteJobStore(JobStore):
     """`jobs.store: sqlite`: one file, one writer thread, WAL."""
 
     durable = True
+    readable = True
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -217,6 +223,20 @@ class SqliteJobStore(JobStore):
             return await self._run(read)
         except (sqlite3.Error, ValueError, TypeError, KeyError) as exc:  # corrupt pages or rows
             raise ConfigError(f"jobs.path {self.path} cannot be read as the job store: {exc}") from None
+
+    async def read_job(self, job_id: str) -> Job | None:
+        def read(db: sqlite3.Connection) -> Job | None:
+            found = db.execute("SELECT data FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if found is None:
+                return None
+            items = [json.loads(i) for (i,) in db.execute("SELECT item FROM outputs WHERE job_id = ? ORDER BY seq",
+                                                          (job_id,))]
+            return Job.from_row(json.loads(found[0]), items)
+
+        try:
+            return await self._run(read)
+        except sqlite3.Error as exc:
+            raise JobStoreError(f"the job store {self.path} could not be read: {exc}") from None
 
     def save(self, job: Job) -> asyncio.Future[None]:
         data = _dumps(job.row())

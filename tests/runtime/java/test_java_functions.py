@@ -34,6 +34,7 @@ FUNCTIONS_UNDER_TEST = [
     _fn("jfields", "fields", initializer="javatest.Fns::init", environment={"GREETING": "hi"}, instances=1,
         memory=128),
     _fn("jupper", "upper"),
+    _fn("jzero", "upper", minInstances=0, scaleDownIdleSeconds=0.3),
     _fn("jbadinit", "upper", initializer="badInit"),
     _fn("jpoint", "point"),
     _fn("jstep", "stepped"),
@@ -129,6 +130,19 @@ async def test_context_fields_initializer_once_and_logger(jserver):
     assert [b["inits"] for b in bodies] == [1, 1, 1]  # the initializer ran once in this instance
     assert len({b["pid"] for b in bodies}) == 1
     assert "initialised jfields" in jserver.output() and f"fields of {body['invokeId']}" in jserver.output()
+
+
+async def test_scale_to_zero_and_a_cold_start(jserver):
+    assert await _post(jserver, "jzero", "a") == (200, "A")
+    for _ in range(400):
+        pool = await _pool(jserver, "jzero")
+        if pool["instances"] == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert pool["instances"] == 0, pool
+    assert await _post(jserver, "jzero", "b") == (200, "B")  # a new JVM, started for this call
+    after = await _pool(jserver, "jzero")
+    assert after["coldStarts"] == pool["coldStarts"] + 1 and after["restarts"] == 0
 
 
 async def test_a_failed_initializer_answers_4201(jserver):

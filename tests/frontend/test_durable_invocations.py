@@ -108,6 +108,14 @@ async def test_a_window_that_no_longer_reaches_back_says_so(make_client, deploy_
     assert body["lost_from_id"] == 1 and body["lost_to_id"] >= 1 and "no longer kept" in body["message"]
 
 
+async def test_retention_zero_keeps_nothing_and_answers_as_before(make_client, deploy_dir):
+    client = await make_client(_config(deploy_dir, **{"streams.invocationRetentionSeconds": 0}))
+    resp = await client.post(INVOKE("ticker"), json={"count": 2, "delay_ms": 1}, headers=SSE)
+    assert (await resp.read()).endswith(b"data: [DONE]\n\n")
+    assert (await client.get(EVENTS(resp.headers["X-Invocation-Id"]))).status == 404
+    assert (await (await client.get("/serverless/v1/streams")).json())["streams"] == []
+
+
 async def test_json_calls_are_not_kept(client):
     resp = await client.post(INVOKE("ticker"), json={"count": 1})
     assert resp.status == 200

@@ -14,6 +14,7 @@ import socket
 import subprocess
 from pathlib import Path
 
+from ..errors import DeployError
 from ..manifest import FunctionSpec
 from ..process.pool import WorkerPool
 from .build import cache_root, classpath_for, find_jdk
@@ -31,7 +32,11 @@ class JavaWorkerPool(WorkerPool):
 
     def __init__(self, spec: FunctionSpec, code_roots: list[Path], **kwargs: int) -> None:
         self.jdk = find_jdk(spec.name)
-        code = classpath_for(self.jdk, spec.name, spec.codePath)
+        try:
+            code = classpath_for(self.jdk, spec.name, spec.codePath)
+        except OSError as exc:
+            raise DeployError(f"function {spec.name!r}: cannot compile into the Java cache {cache_root()}: {exc} "
+                              "(set FNSTREAM_JAVA_CACHE to a writable directory)") from None
         self.classpath = code.classpath
         self.user_classpath = os.pathsep.join(code.own)
         refs = "\0".join(str(r) for r in (spec.handler, spec.initializer, spec.preStop))

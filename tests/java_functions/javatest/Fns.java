@@ -64,6 +64,7 @@ public class Fns {
     }
 
     public String upper(String event, Context context) {
+        System.out.println("upper called with " + event.length() + " chars"); // must not corrupt the protocol
         return event.toUpperCase();
     }
 

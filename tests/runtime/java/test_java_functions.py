@@ -178,6 +178,9 @@ async def test_string_event_and_pojo_result(jserver):
     assert await _post(jserver, "jupper", "shout") == (200, "SHOUT")
     assert await _post(jserver, "jupper", {"k": "v"}) == (200, '{"K":"V"}')  # a String parameter gets the JSON text
     assert await _post(jserver, "jpoint", {}) == (200, {"x": 1, "label": "p", "more": [2, 3]})
+    big = "é€𝄞" * 30_000  # 270 KB of UTF-8 (an event the frontend sends from a thread), astral chars too
+    assert await _post(jserver, "jupper", big) == (200, big.upper())
+    assert "upper called with 120000 chars" in jserver.output()  # System.out goes to the log
 
 
 async def test_an_exception_is_the_routes_json_error(jserver):

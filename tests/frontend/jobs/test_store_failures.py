@@ -218,3 +218,15 @@ async def test_a_corrupt_store_stops_start_up_with_one_line(tmp_path):
     assert "Traceback" not in out, out
     errors = [ln for ln in out.splitlines() if ln.startswith("fnstream:")]
     assert len(errors) == 1 and str(store) in errors[0], out
+
+
+async def test_a_read_only_store_stops_start_up_with_one_line(start_server, tmp_path, tmpfs):
+    store = tmpfs / "jobs.sqlite3"
+    start_server("-s", f"jobs.path={store}").stop()
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    proc = FnstreamProcess("serve", "--port", str(free_port()), "-s", f"jobs.path={store}")
+    assert await asyncio.to_thread(proc.proc.wait, 30) == 2
+    out = proc.stop()
+    assert "Traceback" not in out, out
+    errors = [ln for ln in out.splitlines() if ln.startswith("fnstream:")]
+    assert len(errors) == 1 and str(store) in errors[0], out

@@ -49,6 +49,13 @@ FUNCTIONS_UNDER_TEST = [
 ]
 
 
+class JavaServer(ServerProcess):
+    """A server whose start compiles the SDK and the test code on a cold cache and starts a dozen JVMs."""
+
+    def _wait_ready(self, timeout: float = 90) -> None:
+        super()._wait_ready(timeout)
+
+
 @pytest.fixture(scope="module")
 def jserver(tmp_path_factory):
     deploy = tmp_path_factory.mktemp("java-deploy")
@@ -57,7 +64,7 @@ def jserver(tmp_path_factory):
     (deploy / "java-demo.yaml").write_text(yaml.safe_dump(demo))
     (deploy / "tests.yaml").write_text(yaml.safe_dump(FUNCTIONS_UNDER_TEST))
     code = tmp_path_factory.mktemp("java-code")
-    server = ServerProcess("--deploy-dir", str(deploy), "-s",
+    server = JavaServer("--deploy-dir", str(deploy), "-s",
                            f"runtime.codeRoots={json.dumps([str(FUNCTIONS), str(JAVA_FNS), str(code)])}")
     server.code = code
     yield server

@@ -118,7 +118,10 @@ class DurableOutputs:
         self._warned = -math.inf
         self._doomed: list[str] = []  # streams of forgotten records, deleted by `_reap`
         self._reaper: asyncio.TimerHandle | None = None  # armed while streams wait to be deleted
-        self._options = StreamOptions(retain_bytes=max_bytes, policy="cut", max_stream_size=max_bytes)
+        # Bytes bound it, not a count (each event is a byte at least): the Redis broker would
+        # otherwise keep only streams.subscriberBuffer events of a long answer.
+        self._options = StreamOptions(retain_num=max_bytes, retain_bytes=max_bytes, policy="cut",
+                                      max_stream_size=max_bytes)
 
     def __len__(self) -> int:
         return len(self._running) + len(self._ended)

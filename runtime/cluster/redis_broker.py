@@ -65,8 +65,9 @@ local len = redis.call('XLEN', KEYS[1])
 local kept = tonumber(redis.call('HGET', KEYS[2], 'retained_bytes') or '0') + bytes
 local retain = tonumber(redis.call('HGET', KEYS[2], 'retain_num') or '0')
 local maxlen, window = tonumber(ARGV[1]), tonumber(ARGV[3])
+local cap = tonumber(redis.call('HGET', KEYS[2], 'max_stream_size') or '0')
 local function over()
-  return len > maxlen or (len > retain and len > 1 and kept > window)
+  return len > maxlen or (len > retain and len > 1 and kept > window) or (cap > 0 and len > 1 and kept > cap)
 end
 local dropped, cursor = 0, '-'
 while over() do
@@ -297,8 +298,10 @@ class RedisBroker(AbstractBroker):
             raise BadRequestError(f"stream {shown(name)!r}: slow-subscriber policy 'block' is not offered in "
                                   "cluster mode (a producer cannot see subscribers on other nodes); use 'cut'")
         keys = await self._ensure(name)
-        current = int(await self._call(self.redis.hget(keys[1], "retain_num")) or 0)
-        fields: dict[FieldT, EncodableT] = {"retain_num": max(current, options.retain_num)}
+        current, cap = await self._call(self.redis.hmget(keys[1], "retain_num", "max_stream_size"))
+        fields: dict[FieldT, EncodableT] = {"retain_num": max(int(current or 0), options.retain_num)}
+        if options.max_stream_size is not None:  # a cap on retained bytes only lowers, as the memory broker's
+            fields["max_stream_size"] = min(int(cap or options.max_stream_size), options.max_stream_size)
         if options.terminator is not None:
             fields["terminator"] = options.terminator
         await self._call(self.redis.hset(keys[1], mapping=fields))

@@ -52,3 +52,21 @@ async def test_a_reconnect_through_another_frontend_gets_the_rest(redis_server, 
     produced_last = json.loads(events[-3]["data"])["at"]
     assert rest[0][0] < produced_last  # live: event 3 reached B's reader before event 8 was written
     assert [(e["id"], e["data"]) for e in replayed] == [(e["id"], e["data"]) for e in first + events]
+
+
+async def test_in_redis_the_kept_window_has_the_same_byte_bound(redis_server, start_server, start_worker):
+    a = start_server(*frontend_args(redis_server.url), "-s", "streams.invocationRetentionBytes=100")
+    start_worker(redis_server.url)
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, STAMPED)
+        await workers_serving(s, a.url, "stamped")
+        resp = await s.post(a.url + INVOKE, json={"count": 12, "delay_ms": 1}, headers={"Accept": "text/event-stream"})
+        answer = [ev async for ev in iter_sse(resp)]
+        inv_id = resp.headers["X-Invocation-Id"]
+        tail = await s.get(a.url + EVENTS(inv_id), headers={"Last-Event-ID": "12"})
+        tail_events = [ev async for ev in iter_sse(tail)]
+        whole = await s.get(a.url + EVENTS(inv_id))
+        [error] = [ev async for ev in iter_sse(whole)]
+    assert len(answer) == 14  # 12 events (about 40 bytes each), the result, [DONE]: far more than 100 bytes
+    assert [(e["id"], e["data"]) for e in tail_events] == [("13", '{"written":12}'), (None, "[DONE]")]
+    assert error["event"] == "error" and json.loads(error["data"])["lost_from_id"] == 1

@@ -14,7 +14,7 @@ from typing import Any
 
 from .model import Job
 
-__all__ = ("SMALL_RESULT", "JobCache", "payload_size", "stub")
+__all__ = ("SMALL_RESULT", "JobCache", "result_size", "stub")
 
 SMALL_RESULT = 4096  # a result up to this many bytes stays on the stub (the job list shows it)
 
@@ -25,15 +25,14 @@ def _size(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str).encode())
 
 
-def payload_size(job: Job, input_bytes: int) -> int:
-    """The bytes the job's input, outputs and result hold (a generator's aggregated result is its items)."""
-    result = job.output_bytes if job.aggregated else _size(job.result)
-    return input_bytes + job.output_bytes + result
+def result_size(job: Job) -> int:
+    """The bytes of the job's result (a generator's aggregated result is its items): encoded once a job."""
+    return job.output_bytes if job.aggregated else _size(job.result)
 
 
-def stub(job: Job) -> Job:
+def stub(job: Job, result_bytes: int) -> Job:
     """The job without its input and outputs (and without a result over SMALL_RESULT bytes)."""
-    small = job.result if not job.aggregated and _size(job.result) <= SMALL_RESULT else None
+    small = job.result if not job.aggregated and result_bytes <= SMALL_RESULT else None
     return Job(id=job.id, function=job.function, tenant=job.tenant, event=None, api=job.api, status=job.status,
                created_at=job.created_at, started_at=job.started_at, completed_at=job.completed_at,
                result=small, error=job.error, status_code=job.status_code, webhook=job.webhook,
@@ -48,24 +47,25 @@ class JobCache:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.bytes = 0
-        self._sizes: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._sizes: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()  # total, result
 
-    def add(self, job_id: str, size: int) -> list[str]:
-        """Hold the job (as the most recent); the ids to make stubs of, oldest first (it may be one)."""
+    def add(self, job_id: str, size: int, result_bytes: int) -> list[tuple[str, int]]:
+        """Hold the job (as the most recent); (id, result bytes) of the jobs to make stubs of, oldest
+        first (it may be this one)."""
         self.forget(job_id)
-        self._sizes[job_id] = size
+        self._sizes[job_id] = (size, result_bytes)
         self.bytes += size
-        out: list[str] = []
+        out: list[tuple[str, int]] = []
         while self.bytes > self.limit and self._sizes:
-            victim, victim_size = self._sizes.popitem(last=False)
+            victim, (victim_size, victim_result) = self._sizes.popitem(last=False)
             self.bytes -= victim_size
-            out.append(victim)
+            out.append((victim, victim_result))
         return out
 
     def forget(self, job_id: str) -> None:
-        size = self._sizes.pop(job_id, None)
-        if size is not None:
-            self.bytes -= size
+        sizes = self._sizes.pop(job_id, None)
+        if sizes is not None:
+            self.bytes -= sizes[0]
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._sizes

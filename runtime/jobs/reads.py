@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..principal import Principal
-from .cache import JobCache, payload_size, stub
+from .cache import JobCache, result_size, stub
 from .errors import JobNotFoundError
 from .limits import JobBytes
 from .model import Job
@@ -34,10 +34,12 @@ class JobReads:
         """A job just finished (and stored), or read back: hold it in full while the cache has room."""
         if self.cache is None or not job.final or job.remote:
             return
-        for victim_id in self.cache.add(job.id, payload_size(job, self.bytes.input_of(job.id))):
+        result_bytes = result_size(job)
+        size = self.bytes.input_of(job.id) + job.output_bytes + result_bytes
+        for victim_id, victim_result in self.cache.add(job.id, size, result_bytes):
             victim = self.jobs.get(victim_id)
             if victim is not None and victim.final and not victim.changing and not victim.cold:
-                self.jobs[victim_id] = stub(victim)  # readers holding the full job keep it until they end
+                self.jobs[victim_id] = stub(victim, victim_result)  # readers of the full job keep it till they end
 
     async def _warm(self, cold: Job) -> Job:
         """The stub's job in full, read back from the store (and held again, as the most recent)."""

@@ -102,6 +102,21 @@ public class Fns {
         return "ok";
     }
 
+    /** Writes `n` events of `size` chars, recording in the file `progress` how many went out. */
+    public int flood(JsonObject event, Context context) throws java.io.IOException {
+        int n = event.get("n").getAsInt();
+        String pad = "x".repeat(event.get("size").getAsInt());
+        Path progress = Paths.get(event.get("progress").getAsString());
+        Path tmp = Paths.get(progress + ".tmp");
+        Stream stream = context.getStream();
+        for (int i = 1; i <= n; i++) {
+            stream.write("{\"i\":" + i + ",\"pad\":\"" + pad + "\"}");
+            Files.writeString(tmp, Integer.toString(i));
+            Files.move(tmp, progress, java.nio.file.StandardCopyOption.ATOMIC_MOVE);
+        }
+        return n;
+    }
+
     public String boom(JsonObject event, Context context) {
         throw new IllegalStateException("no widgets");
     }

@@ -39,6 +39,7 @@ FUNCTIONS_UNDER_TEST = [
     _fn("jpoint", "point"),
     _fn("jstep", "stepped"),
     _fn("jmany", "many"),
+    _fn("jflood", "flood"),
     _fn("jboom", "boom"),
     _fn("jsleep", "sleep", timeout=1, instances=1),
     _fn("jstub", "stubborn", timeout=1, instances=1),
@@ -102,6 +103,34 @@ async def test_events_arrive_while_the_handler_runs(jserver, tmp_path):
         signal.write_text("go")
         rest = b"".join([line async for line in lines])
     assert rest == (b'\nid: 2\ndata: {"n":2}\n\nid: 3\ndata: [3,4]\n\nid: 4\ndata: "done"\n\ndata: [DONE]\n\n')
+
+
+async def test_many_events_return_their_credits(jserver):
+    """More writes than the worker's credits (256): each comes back once the frontend took the write."""
+    async with aiohttp.ClientSession() as s, \
+            s.post(jserver.url + INVOKE.format("jmany"), json={"n": 3000}, headers=SSE) as r:
+        data = [line for line in (await r.read()).split(b"\n") if line.startswith(b"data: ")]
+    assert data[:2] == [b'data: {"i":0}', b'data: {"i":1}'] and data[2999] == b'data: {"i":2999}'
+    assert data[3000:] == [b'data: "ok"', b"data: [DONE]"]
+
+
+async def test_a_slow_client_holds_the_writer_back(jserver, tmp_path):
+    """A client that stops reading stops the handler's writes (credits, then the bounded channel):
+    the handler cannot run ahead; once the client reads on, every event arrives."""
+    progress, n = tmp_path / "progress", 2000
+    async with aiohttp.ClientSession() as s, \
+            s.post(jserver.url + INVOKE.format("jflood"), json={"n": n, "size": 10_000, "progress": str(progress)},
+                   headers=SSE) as r:
+        assert await r.content.readline() == b"id: 1\n"
+        seen, still = -1, 0
+        while still < 10:  # until the handler's progress stops moving
+            await asyncio.sleep(0.1)
+            now = int(progress.read_text()) if progress.exists() else 0
+            still = still + 1 if now == seen else 0
+            seen = now
+        assert 0 < seen < n, seen  # held back: 20 MB were not buffered anywhere
+        body = await r.read()
+    assert body.count(b"data: {") == n and body.endswith(f'data: {n}\n\ndata: [DONE]\n\n'.encode())
 
 
 async def test_a_client_that_leaves_interrupts_the_handler(jserver, tmp_path):

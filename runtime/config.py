@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigError
+from .jobs.signing import decode_secret
 
 __all__ = ("Config", "FrontendConfig", "FrontendArgs", "FrontendLimits", "RuntimeConfig", "AuthConfig",
            "AuthToken", "StreamsConfig", "OpenAIConfig", "ClusterConfig", "CorsConfig", "MetricsConfig",
@@ -267,6 +268,20 @@ class WebhookConfig(_Strict):
     allowPrivate: bool = Field(False, description="let webhooks call loopback, private, link-local and other "
                                                   "non-public addresses (refused by default: any user could make "
                                                   "the server call them)")
+    secret: list[str] = Field(default_factory=list, description="`whsec_<base64>` secret(s) signing every "
+                              "delivery (Standard Webhooks `webhook-signature`); a list signs with each, so "
+                              "receivers keep verifying while secrets rotate; empty = unsigned")
+
+    @field_validator("secret", mode="before")
+    @classmethod
+    def _secrets(cls, value: Any) -> Any:
+        """One secret or a list; each a `whsec_` secret of at least 24 bytes (never echoed back)."""
+        secrets = [value] if isinstance(value, str) else value
+        if isinstance(secrets, list):
+            for text in secrets:
+                if isinstance(text, str):
+                    decode_secret(text)
+        return secrets
 
 
 class JobsConfig(_Strict):
@@ -361,7 +376,8 @@ def _describe(err: ValidationError, source: str) -> str:
         if e["type"] == "extra_forbidden":
             lines.append(f"{source}: unknown key {key!r}")
         else:
-            lines.append(f"{source}: key {key!r}: {e['msg']} (got {e.get('input')!r})")
+            got = "" if "secret" in key else f" (got {e.get('input')!r})"  # a secret never goes to a log
+            lines.append(f"{source}: key {key!r}: {e['msg']}{got}")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 

@@ -6,7 +6,9 @@ openYuanrong's body `{"requestId","status","statusCode","result" (base64 of the 
 failures are logged, never retried forever. At most `queueSize` deliveries are pending; beyond,
 a delivery is dropped and logged. `allowedHosts` (empty = any) limits the hosts a webhook may
 name; loopback, private and other non-public addresses are refused unless `allowPrivate`
-(runtime/jobs/webhook_guard.py).
+(runtime/jobs/webhook_guard.py). Every attempt carries the Standard Webhooks headers, signed
+with each `secret` (runtime/jobs/signing.py): the body is serialized once, so the bytes signed
+are the bytes sent.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import base64
 import collections
 import json
 import logging
+import time
 import urllib.parse
 from typing import Any
 
@@ -24,6 +27,7 @@ from ..config import WebhookConfig
 from ..tasks import stop_tasks
 from .errors import JobBadRequestError
 from .model import YUANRONG_STATUS, Job
+from .signing import decode_secret, message_id, signature_headers
 from .webhook_guard import GuardedResolver, WebhookRefused, literal_address, refusal
 
 __all__ = ("WebhookSender", "webhook_body")
@@ -49,6 +53,7 @@ class WebhookSender:
     def __init__(self, config: WebhookConfig, *, backoff: float = 1.0) -> None:
         self.config = config
         self.backoff = backoff
+        self._keys = [decode_secret(s) for s in config.secret]  # checked already when the config loaded
         self._tasks: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
         self.delivered = 0
@@ -94,8 +99,9 @@ class WebhookSender:
             log.warning("webhook of job %s dropped: %d deliveries pending (jobs.webhook.queueSize)",
                         job.id, len(self._tasks))
             return
-        task = asyncio.get_running_loop().create_task(self._deliver(job.id, job.webhook, webhook_body(job)),
-                                                      name=f"webhook-{job.id}")
+        body = json.dumps(webhook_body(job), ensure_ascii=False, separators=(",", ":")).encode()
+        task = asyncio.get_running_loop().create_task(
+            self._deliver(job.id, job.webhook, body, message_id(job.id, job.retried)), name=f"webhook-{job.id}")
         self._tasks.add(task)
         self._pending[tenant] += 1
         task.add_done_callback(self._tasks.discard)
@@ -106,7 +112,7 @@ class WebhookSender:
         if self._pending[tenant] <= 0:
             del self._pending[tenant]
 
-    async def _deliver(self, job_id: str, url: str, body: dict[str, Any]) -> None:
+    async def _deliver(self, job_id: str, url: str, body: bytes, msg_id: str) -> None:
         if self._session is None:
             # Names resolve through the guard, and the connection goes to the addresses it checked.
             connector = None if self.config.allowPrivate else aiohttp.TCPConnector(resolver=GuardedResolver())
@@ -116,11 +122,13 @@ class WebhookSender:
             self.failed += 1
             log.warning("webhook of job %s to %s refused: %s", job_id, url, reason)
             return
-        headers = {"X-Async-Request-Id": job_id}
         timeout = aiohttp.ClientTimeout(total=self.config.timeoutSeconds)
         for attempt in range(1, self.config.attempts + 1):
+            # Signed afresh each attempt (receivers refuse old timestamps); the id stays: they dedupe on it.
+            headers = {"X-Async-Request-Id": job_id, "Content-Type": "application/json",
+                       **signature_headers(self._keys, msg_id, int(time.time()), body)}
             try:
-                async with self._session.post(url, json=body, headers=headers, timeout=timeout,
+                async with self._session.post(url, data=body, headers=headers, timeout=timeout,
                                               allow_redirects=False) as resp:
                     if 200 <= resp.status < 300:
                         self.delivered += 1

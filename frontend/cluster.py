@@ -5,15 +5,18 @@ unreachable, and the change is stored in Redis before the response goes out.
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from runtime.cluster import ClusterNode
+from runtime.cluster.invocation_cancels import InvocationCancels
+from runtime.tasks import stop_tasks
 
 from .auth import principal_of
-from .keys import BROKER, DISPATCHER, EXECUTOR, LIFECYCLE, REGISTRY
+from .keys import BROKER, DISPATCHER, EXECUTOR, LIFECYCLE, OUTPUTS, REGISTRY
 
 __all__ = ("CLUSTER", "attach_cluster", "cluster_middleware", "routes")
 
@@ -54,9 +57,15 @@ def attach_cluster(app: web.Application) -> None:
     app[DISPATCHER].cluster = node   # functions found and run here or queued for the cluster's workers
     app[LIFECYCLE].stop_intake.append(node.stop_taking)
 
+    outputs = app[OUTPUTS]
+    cancels = InvocationCancels(node.redis, node.keys, outputs.cancel_here)
+    outputs.send_cancel = cancels.send
+
     async def _node(app: web.Application) -> AsyncIterator[None]:
         await node.start()
+        listener = asyncio.create_task(cancels.listen(), name="cluster-invocation-cancels")
         yield
+        await stop_tasks((listener,), "invocation cancels")
         await node.stop()
 
     app.cleanup_ctx.append(_node)

@@ -74,8 +74,8 @@ def error_text(exc: FunctionServiceError) -> str:
 class Retained:
     """One kept invocation: where its output goes, and how far it got."""
 
-    __slots__ = ("broken", "configured", "continues", "done_id", "ending", "id", "inv", "key", "next_id", "outputs",
-                 "over", "remote", "timer")
+    __slots__ = ("broken", "cancelled", "configured", "continues", "done_id", "ending", "id", "inv", "key", "next_id",
+                 "outputs", "over", "remote", "timer")
 
     def __init__(self, inv: InvocationSurface | None, tenant: str, continues: bool, inv_id: str = "") -> None:
         self.id = inv.id if inv is not None else inv_id
@@ -91,6 +91,7 @@ class Retained:
         self.timer: asyncio.TimerHandle | None = None
         self.outputs: DurableOutputs | None = None
         self.remote = False  # a view of one another frontend keeps (cluster mode): see find_shared
+        self.cancelled: FunctionServiceError | None = None  # a cancel by id of an invocation with no abort()
 
     async def put(self, batch: list[str]) -> None:
         assert self.outputs is not None
@@ -108,6 +109,8 @@ class DurableOutputs:
                  shared: Callable[[], bool] = lambda: False) -> None:
         self._broker = broker  # looked up per use: cluster mode replaces the app's broker at startup
         self.shared = shared   # whether other frontends publish to the same broker (cluster mode)
+        # Cluster mode: tell every frontend to cancel an id (runtime/cluster/invocation_cancels.py).
+        self.send_cancel: Callable[[str], Awaitable[None]] | None = None
         self.seconds = seconds
         self.max_bytes = max_bytes
         self.count = count
@@ -164,12 +167,20 @@ class DurableOutputs:
     async def result(self, rec: Retained | None, inv: InvocationSurface) -> str | None:
         """`inv.encoded_result()`; with onDisconnect: continue, awaited so that the answer's task
         being cancelled (its client left) does not cancel the invocation (the pump awaits it then)."""
-        if rec is None or not rec.continues:
+        if rec is None:
             return await inv.encoded_result()
-        if rec.ending is None:
-            rec.ending = asyncio.ensure_future(inv.encoded_result())
-            rec.ending.add_done_callback(retrieve)
-        return await asyncio.shield(rec.ending)
+        try:
+            if not rec.continues:
+                return await inv.encoded_result()
+            if rec.ending is None:
+                rec.ending = asyncio.ensure_future(inv.encoded_result())
+                rec.ending.add_done_callback(retrieve)
+            return await asyncio.shield(rec.ending)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if rec.cancelled is None or (task is not None and task.cancelling()):
+                raise
+            raise rec.cancelled from None  # a cluster invocation cancelled by id: its error, as abort() gives
 
     async def finish(self, rec: Retained, last: str | None) -> None:
         """The last event (result or error; None: none), then [DONE]; kept for `seconds` more."""
@@ -293,10 +304,34 @@ class DurableOutputs:
         abort = getattr(inv, "abort", None)
         if abort is not None:
             abort(error)
-        else:  # a cluster invocation: its relay ends; the kept output ends here
+        else:  # a cluster invocation: its outcome is then this error (see `result`)
+            rec.cancelled = error
             inv.cancel(error.message)
-            self._spawn(self.finish(rec, error_text(error)))
         return rec
+
+    def cancel_here(self, inv_id: str) -> None:
+        """A cancel another frontend was asked for (cluster mode; the tenant was checked there):
+        this frontend's invocation, if it answers it and it still runs."""
+        rec = self._running.get(inv_id)
+        if rec is not None and not rec.over:
+            self.cancel(None, inv_id)
+
+    async def cancel_shared(self, tenant: str, inv_id: str) -> None:
+        """Cluster mode: cancel an invocation another frontend answers (404 unless `tenant` has its
+        kept stream; 409 once that ends with [DONE])."""
+        view = await self.find_shared(tenant, inv_id)
+        if self.send_cancel is None:
+            raise InvocationNotFoundError("no such invocation is kept here")
+        last = view.next_id - 1
+        if last >= 1:
+            sub = await self._broker().subscribe(view.key, from_id=last - 1)
+            try:
+                batch = await sub.next_batch(timeout=1.0)
+            finally:
+                await sub.close()
+            if batch and batch[-1].data == DONE.encode():
+                raise InvocationOverError(f"invocation {inv_id!r} is already over")
+        await self.send_cancel(inv_id)
 
     async def close(self) -> None:
         """Shutdown: stop the pumps (their invocations are aborted) and forget the rest."""

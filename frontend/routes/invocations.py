@@ -103,7 +103,13 @@ def _error(message: str, **extra: int) -> bytes:
 @routes.post("/serverless/v1/invocations/{inv_id}/cancel")
 async def cancel(request: web.Request) -> web.Response:
     inv_id = request.match_info["inv_id"]
-    request.app[OUTPUTS].cancel(principal_of(request), inv_id)
+    outputs = request.app[OUTPUTS]
+    try:
+        outputs.cancel(principal_of(request), inv_id)
+    except InvocationNotFoundError:
+        if not outputs.shared():
+            raise
+        await outputs.cancel_shared(stream_tenant(request), inv_id)  # answered by another frontend
     return web.json_response({"id": inv_id, "status": "cancelled"})
 
 

@@ -70,3 +70,26 @@ async def test_in_redis_the_kept_window_has_the_same_byte_bound(redis_server, st
     assert len(answer) == 14  # 12 events (about 40 bytes each), the result, [DONE]: far more than 100 bytes
     assert [(e["id"], e["data"]) for e in tail_events] == [("13", '{"written":12}'), (None, "[DONE]")]
     assert error["event"] == "error" and json.loads(error["data"])["lost_from_id"] == 1
+
+
+async def test_a_cancel_through_another_frontend_ends_the_answer(redis_server, start_server, start_worker):
+    a = start_server(*frontend_args(redis_server.url))
+    b = start_server(*frontend_args(redis_server.url))
+    start_worker(redis_server.url)
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, STAMPED)
+        await workers_serving(s, a.url, "stamped")
+        resp = await s.post(a.url + INVOKE, json={"count": 1000, "delay_ms": 50},
+                            headers={"Accept": "text/event-stream"})
+        inv_id = resp.headers["X-Invocation-Id"]
+        events = []
+        async for ev in iter_sse(resp):
+            events.append(ev)
+            if len(events) == 2:
+                cancelled = await s.post(b.url + f"/serverless/v1/invocations/{inv_id}/cancel")
+                assert cancelled.status == 200, await cancelled.text()
+        again = await s.post(b.url + f"/serverless/v1/invocations/{inv_id}/cancel")
+        unknown = await s.post(b.url + "/serverless/v1/invocations/" + "q" * 22 + "/cancel")
+    assert events[-1]["data"] == "[DONE]" and len(events) < 100  # ended by the cancel, long before its 1000
+    assert json.loads(events[-2]["data"])["code"] == 200410
+    assert again.status == 409 and unknown.status == 404

@@ -19,6 +19,11 @@ final class Invocation {
     final Stream stream;
     private final Worker worker;
     private int credits;
+    // Stream text in flight (sent, not yet credited back), as runtime/process/worker.py's WINDOW_BYTES:
+    // the frontend holds at most this much of one invocation when its client is slow.
+    static final int WINDOW_CHARS = 256 * 1024;
+    private final java.util.ArrayDeque<Integer> unacked = new java.util.ArrayDeque<>();
+    private long unackedChars;
     private volatile String cancelReason;
     private Thread thread;
 
@@ -63,7 +68,15 @@ final class Invocation {
 
     synchronized void credit(int n) {
         credits += n;
+        for (int i = 0; i < n && !unacked.isEmpty(); i++) {
+            unackedChars -= unacked.removeFirst();
+        }
         notifyAll();
+    }
+
+    /** Room for one more write of `size` in flight? At most the credits, and WINDOW_CHARS (one larger write alone). */
+    private boolean hasRoom(int size) {
+        return credits > 0 && (unackedChars == 0 || unackedChars + size <= WINDOW_CHARS);
     }
 
     /** A stream write: waits for a credit, then goes out on the socket at once. */
@@ -75,7 +88,7 @@ final class Invocation {
             return; // a plain JSON request has no stream: writes are dropped, as in Python
         }
         synchronized (this) {
-            while (credits <= 0) {
+            while (!hasRoom(payload.length())) {
                 if (cancelReason != null) {
                     break;
                 }
@@ -96,6 +109,8 @@ final class Invocation {
                 throw new YRException("stream closed: " + cancelReason);
             }
             credits--;
+            unacked.addLast(payload.length());
+            unackedChars += payload.length();
         }
         worker.sendWrite(id, payload);
     }

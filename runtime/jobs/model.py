@@ -73,6 +73,7 @@ class Job:
     remote: bool = field(default=False, compare=False)  # read from a shared store: another node runs it
     changing: bool = field(default=False, compare=False)  # a new state is being stored (runtime/jobs/writes.py)
     cold_count: int | None = field(default=None, compare=False)  # a stub (runtime/jobs/cache.py): its outputs' count
+    stored_input: int = field(default=0, compare=False)  # a stub's input bytes in the store (jobs.tenantQuotaBytes)
 
     @property
     def final(self) -> bool:

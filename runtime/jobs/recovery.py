@@ -49,10 +49,10 @@ async def recover(manager: JobManager) -> None:
 async def adopt(manager: JobManager, job: Job, what: str, *, take_ownership: bool = False) -> None:
     """Hold `job` and apply the restart rules to it (`what` says why its runner is gone)."""
     manager.jobs[job.id] = job
-    manager.bytes.add_input(job, input_size(job.event))
+    manager.bytes.add_input(job, job.stored_input if job.cold else input_size(job.event))
     manager.bytes.outputs(job)
-    if job.final:
-        manager._keep(job)  # loaded oldest first: the most recently finished stay held in full
+    if job.final and not job.cold:
+        manager._keep(job)  # (the SQLite store loads finished jobs as stubs: read back when asked for)
     if job.status == "IN_PROGRESS":
         if job.outputs:
             await manager._finish(job, "FAILED", error=ServiceUnavailableError(

@@ -62,3 +62,36 @@ async def test_a_cold_generator_job_streams_all_its_items(make_client, job_confi
     await manager.wait(manager.jobs[failed["id"]], 10)
     retried = await (await client.get(f"/v2/raises/status/{failed['id']}")).json()
     assert retried["status"] == "FAILED" and retried["retries"] == 1
+
+
+async def test_a_restart_loads_finished_jobs_as_stubs(tmp_path):
+    """At start only unfinished jobs are read in full: a finished one's input and outputs stay in
+    the store (a restart does not read every kept job into memory), a small result stays on the stub."""
+    from runtime.jobs.model import Job
+    from runtime.jobs.store import SqliteJobStore
+
+    path = tmp_path / "jobs.sqlite3"
+    store = SqliteJobStore(path)
+    await store.open()
+    done = Job(id="done", function="f", tenant="t", event={"pad": BIG}, status="COMPLETED", result={"ok": 1},
+               completed_at=1.0, output_bytes=6)
+    large = Job(id="large", function="f", tenant="t", event={}, status="FAILED", result=BIG, completed_at=1.0)
+    running = Job(id="running", function="f", tenant="t", event={"pad": BIG}, status="IN_PROGRESS")
+    for job in (done, large, running):
+        await store.save(job)
+    await store.add_outputs("done", 1, ["a", "b"], 2)
+    await store.add_outputs("running", 1, ["c"], 1)
+    await store.close()
+
+    store = SqliteJobStore(path)
+    await store.open()
+    loaded = {j.id: j for j in await store.load()}
+    assert loaded["done"].cold and loaded["done"].event is None and loaded["done"].outputs == []
+    assert loaded["done"].output_count() == 2 and loaded["done"].result == {"ok": 1}
+    assert loaded["done"].stored_input == len('{"pad":"' + BIG + '"}')
+    assert loaded["large"].cold and loaded["large"].result is None  # read back when asked for
+    assert not loaded["running"].cold and loaded["running"].event == {"pad": BIG}
+    assert loaded["running"].outputs == ["c"]
+    full = await store.read_job("done")
+    assert full is not None and full.event == {"pad": BIG} and full.outputs == ["a", "b"]
+    await store.close()

@@ -51,6 +51,9 @@ class InvokeOptions(NamedTuple):
     timeout: float | None = None
     # Streaming generator items reach the channel as `Item`s with their values (a job's output).
     keep_items: bool = False
+    # Work already accepted (a stored job): queued for the cluster, a Redis outage is waited out
+    # within the deadline instead of answered 503 at once (a caller that waits gets that 503).
+    accepted: bool = False
 
 
 PLAIN = InvokeOptions()  # a plain JSON call with the function's own settings
@@ -79,7 +82,7 @@ class ClusterRoute(Protocol):
     async def submit(self, function: FunctionRef, event: Any, *, mode: Mode, buffer_events: int,
                      max_write_size: int, max_response_size: int, trace_id: str | None,
                      timeout: float | None = None, buffer_bytes: int | None = None,
-                     keep_items: bool = False) -> InvocationSurface: ...
+                     keep_items: bool = False, accepted: bool = False) -> InvocationSurface: ...
 
 
 class JobQueue(Protocol):
@@ -125,7 +128,7 @@ class Dispatcher:
                                         max_write_size=limits.max_write_size,
                                         max_response_size=limits.max_response_size, trace_id=options.trace_id,
                                         timeout=options.timeout, buffer_bytes=limits.buffer_bytes,
-                                        keep_items=options.keep_items)
+                                        keep_items=options.keep_items, accepted=options.accepted)
         assert isinstance(function, Deployment)  # a RemoteFunction is always enqueued
         inv = Invocation(function, event, mode=options.mode, loop=asyncio.get_running_loop(),
                          buffer_events=limits.buffer_events, max_write_size=limits.max_write_size,

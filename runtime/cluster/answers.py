@@ -9,12 +9,13 @@ every answer in batches, resolves each waiting invocation and trims what it read
 batch, sent with whatever else the loop turn sends).
 
 Deadlines are swept here twice a second (no answer `DEADLINE_GRACE` after the deadline:
-FunctionTimeoutError, as the pump raises); Redis lost while reading fails every waiter at once
-(ClusterUnavailableError), as each pump's own read would have; so does anything Redis refuses
-(the reader itself never stops on an error). A worker of the version before does not know
-`reply`: the node names a reply stream only when every live worker of the function announces
-that it answers there (runtime/cluster/node.py), and since one may join or reclaim the entry
-after that choice, a call waiting 1, 2, 4, 8... s is also looked for in its own stream.
+FunctionTimeoutError, as the pump raises). Redis lost while reading is waited out, as each pump's
+own read waits it out: a waiter fails only at its deadline (then ClusterUnavailableError); what
+Redis refuses fails every waiter at once (the reader itself never stops on an error).
+A worker of the version before does not know `reply`: the node names a reply stream only when
+every live worker of the function announces that it answers there (runtime/cluster/node.py), and
+since one may join or reclaim the entry after that choice, a call waiting 1, 2, 4, 8... s is also
+looked for in its own stream.
 """
 from __future__ import annotations
 
@@ -120,8 +121,9 @@ class AnswerReader:
             try:
                 reply: Any = await self.redis.xread({self.key: last}, count=_BATCH, block=POLL_MS)
             except REDIS_DOWN as exc:
-                self._fail_all(ClusterUnavailableError(f"lost the connection to Redis while waiting for an "
-                                                       f"answer from the cluster's workers: {exc}"))
+                # Waited out: the workers retry their answers too, and a Redis that keeps what it
+                # acknowledged (AOF) still has those written before. Only a call past its deadline fails.
+                self._sweep(time.monotonic(), down=exc)
                 await backoff.sleep()
                 continue
             except RedisError as exc:
@@ -154,12 +156,18 @@ class AnswerReader:
         """A command that needs no reply, sent with the loop turn's others (its failure is harmless)."""
         self.batch.call(*args).add_done_callback(_ignore_outcome)
 
-    def _sweep(self, now: float) -> None:
-        """Give up on invocations whose worker stayed silent past their deadline; look for the
-        answers of those waiting long in their own streams."""
+    def _sweep(self, now: float, down: BaseException | None = None) -> None:
+        """Give up on invocations whose worker stayed silent past their deadline (`down`: Redis is
+        unreachable, so that is why); look for the answers of those waiting long in their own streams."""
         for inv in [i for i in self._waiting.values() if now > i.deadline + DEADLINE_GRACE]:
             self.forget(inv.id)
-            inv.give_up(silent_worker_timeout(inv.spec))
+            if down is None:
+                inv.give_up(silent_worker_timeout(inv.spec))
+            else:
+                inv.give_up(ClusterUnavailableError(f"lost the connection to Redis while waiting for an answer "
+                                                    f"from the cluster's workers: {down}"), cancel=False)
+        if down is not None:
+            return
         for inv_id in [i for i, at in self._look_at.items() if at <= now]:
             inv = self._waiting[inv_id]
             self._look_at[inv_id] = now + (now - inv.started)   # at 1, 2, 4, 8... s: a long call costs little

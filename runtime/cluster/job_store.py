@@ -5,7 +5,8 @@ Keys share the job's hash tag, so they live on one Redis Cluster slot: `{prefix}
 job's keys expire after `jobs.retentionSeconds`. The node that accepted a job runs it and writes
 it through; any other node reads it from here (`fetch`), so `/status`, `/stream` and `/events`
 answer on every frontend. Cancels travel on the `{prefix}:jobs:cancel` channel to the node
-running the job. Writes go out in call order on one background task.
+running the job. Writes go out in call order on one background task, each sent again while Redis
+is unreachable (up to the node's lease).
 
 A node that dies leaves its unfinished jobs behind: each node (listed in `{prefix}:jobs:nodes`)
 keeps the ids of the jobs it owns in `{prefix}:{jobs-node:ID}:jobs` and renews
@@ -22,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -32,6 +34,7 @@ from ..jobs.errors import JobStoreError
 from ..jobs.model import Job
 from ..jobs.store import SharedStore
 from ..tasks import checkpoint, stop_tasks
+from .settings import through_outage
 
 __all__ = ("RedisJobStore", "connect_store")
 
@@ -70,11 +73,14 @@ end
 return 1
 """
 
-# Output items, appended by the job's owner only. KEYS: owner, out; ARGV: node, items...
+# Output items, appended by the job's owner only. KEYS: owner, out; ARGV: node, the 1-based index
+# of the first item, items... Those already in the list (a write sent again after a lost reply)
+# are not appended twice.
 _ADD = """
 local owner = redis.call('GET', KEYS[1])
 if owner and owner ~= ARGV[1] then return 0 end
-for i = 2, #ARGV, 1000 do  -- unpack in chunks: Lua's stack takes a few thousand values at once
+local there = redis.call('LLEN', KEYS[2]) - (tonumber(ARGV[2]) - 1)
+for i = 3 + math.max(0, there), #ARGV, 1000 do  -- in chunks: Lua's stack takes a few thousand values
   redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 return 1
@@ -159,7 +165,9 @@ class RedisJobStore(SharedStore):
         while True:
             op, future = await self._writes.get()
             try:
-                await op()
+                # A Redis restart of a few seconds is waited out (every op is idempotent: _ADD skips
+                # what is there), for as long as this node's lease: past it, its jobs are another's.
+                await through_outage(op, time.monotonic() + self.lease, cap=1.0)
                 if not future.done():
                     future.set_result(None)
                 checkpoint()
@@ -212,7 +220,8 @@ class RedisJobStore(SharedStore):
         values = [_dumps(i) for i in items]
 
         async def op() -> None:
-            if not await self.redis.eval(_ADD, 2, self._owner(job_id), self._out(job_id), self.node, *values):
+            if not await self.redis.eval(_ADD, 2, self._owner(job_id), self._out(job_id), self.node, first_seq,
+                                         *values):
                 self._refused(job_id)
 
         return self._queue(op)

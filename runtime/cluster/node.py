@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any
 
 from runtime.config import Config
@@ -56,6 +57,7 @@ class ClusterNode:
         self.worker: QueueWorker | None = None
         self.workers: dict[str, dict[str, Any]] = {}   # live workers (refreshed every heartbeat)
         self.redis_reachable = False
+        self._reachable_since = 0.0   # time.monotonic() when the watcher last found Redis back
         self._watcher: asyncio.Task[None] | None = None
         if self.role != "frontend":
             self.worker = QueueWorker(self.redis, self.keys, registry, executor, self.id,
@@ -103,18 +105,31 @@ class ClusterNode:
     async def submit(self, function: FunctionRef, event: Any, *, mode: Mode, buffer_events: int,
                      max_write_size: int, max_response_size: int, trace_id: str | None,
                      timeout: float | None = None, buffer_bytes: int | None = None,
-                     keep_items: bool = False) -> RemoteInvocation:
-        """Queue it for the workers; 503 when Redis is down or no live worker serves the function."""
+                     keep_items: bool = False, accepted: bool = False) -> RemoteInvocation:
+        """Queue it for the workers; 503 when Redis is down or no live worker serves the function.
+        `accepted` work (a stored job) waits instead, within its deadline, while Redis is down or
+        the workers have yet to announce themselves again after it came back."""
         dep = function
-        if not self.serving(dep.spec.name):
-            why = f" (here: {dep.unavailable})" if isinstance(dep, RemoteFunction) else ""
-            state = "" if self.redis_reachable else f"; Redis at {describe_url(self.url)} is unreachable"
-            raise ClusterUnavailableError(f"no live worker serves function {dep.spec.name!r}{why}{state}; "
-                                          "retry later")
+        until = time.monotonic() + (dep.spec.timeout if timeout is None else min(timeout, dep.spec.timeout))
+        while not self.serving(dep.spec.name):
+            if not (accepted and self._recovering() and time.monotonic() < until):
+                why = f" (here: {dep.unavailable})" if isinstance(dep, RemoteFunction) else ""
+                state = "" if self.redis_reachable else f"; Redis at {describe_url(self.url)} is unreachable"
+                raise ClusterUnavailableError(f"no live worker serves function {dep.spec.name!r}{why}{state}; "
+                                              "retry later")
+            await asyncio.sleep(self.config.cluster.workerHeartbeatSeconds / 2)
         return await self.queue.submit(dep.spec, event, mode=mode, buffer_events=buffer_events,
                                        max_write_size=max_write_size, max_response_size=max_response_size,
                                        trace_id=trace_id, timeout=timeout, buffer_bytes=buffer_bytes,
-                                       keep_items=keep_items, reply=self._all_answer(dep.spec.name))
+                                       keep_items=keep_items, reply=self._all_answer(dep.spec.name),
+                                       accepted=accepted)
+
+    def _recovering(self) -> bool:
+        """Redis is unreachable, or came back so recently that the workers' heartbeat keys (which
+        expired meanwhile) may not all be set again: three heartbeats and a scan."""
+        if not self.redis_reachable:
+            return True
+        return time.monotonic() - self._reachable_since < 4 * self.config.cluster.workerHeartbeatSeconds
 
     async def require(self) -> None:
         """503 unless Redis answers (for admin changes, which must reach every node)."""
@@ -134,6 +149,8 @@ class ClusterNode:
                     if text:
                         found[key.rsplit(":", 1)[1]] = json.loads(text)
                 self.workers = found
+                if not self.redis_reachable:
+                    self._reachable_since = time.monotonic()
                 self.redis_reachable = True
             except REDIS_DOWN:
                 self.redis_reachable = False

@@ -12,13 +12,15 @@ Flow control: the pump records how many events and characters it has taken (`{in
 agrees with this one) and trims what it has read from the output stream (all but the last entry, which
 tells a reclaiming worker the output had begun); a worker never runs more than two buffers of
 bytes (eight of events) ahead of it, so Redis holds about that much of a stream a client reads slowly.
-Every per-invocation key has a TTL and is deleted by the frontend at the end, many invocations' in one DEL.
+Every per-invocation key has a TTL and is deleted by the frontend at the end, many invocations' in one DEL
+(the worker's `taken` guard too, but when the enqueue was resent: see WorkQueue.submit).
 A plain JSON invocation relays nothing but its answer: when the workers know how, the worker puts
 it on the frontend's answers stream instead, which one task reads for all (runtime/cluster/answers.py).
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -38,7 +40,15 @@ from runtime.tasks import checkpoint, retrieve
 
 from .answers import DEADLINE_GRACE, POLL_MS, AnswerReader, silent_worker_timeout
 from .batch import Batcher
-from .settings import REDIS_DOWN, AnyRedis, ClusterUnavailableError, Keys, OutputLostError, WorkerLostError
+from .settings import (
+    REDIS_DOWN,
+    AnyRedis,
+    ClusterUnavailableError,
+    Keys,
+    OutputLostError,
+    WorkerLostError,
+    through_outage,
+)
 
 __all__ = ("RemoteInvocation", "WorkQueue", "error_from_fields")
 
@@ -73,12 +83,13 @@ class WorkQueue:
     async def submit(self, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int, max_write_size: int,
                      max_response_size: int, trace_id: str | None, timeout: float | None = None,
                      buffer_bytes: int | None = None, keep_items: bool = False,
-                     reply: bool = False) -> RemoteInvocation:
+                     reply: bool = False, accepted: bool = False) -> RemoteInvocation:
         """Queue one invocation; `timeout` shortens the function's own (a job's executionTimeout);
         `buffer_events` / `buffer_bytes` bound its output channel here as a local one's; with
         `keep_items` its generator items reach the channel as `Item`s with their values (a job's
         output), as a local invocation's do; with `reply`, a JSON invocation's answer comes on this
-        node's answers stream."""
+        node's answers stream; with `accepted` (a stored job) the enqueue is retried while
+        Redis is down, within the deadline (else it is a 503 at once: a caller waits for it)."""
         seconds = spec.timeout if timeout is None else min(timeout, spec.timeout)
         inv = RemoteInvocation(self, spec, event, mode=mode, buffer_events=buffer_events,
                                max_response_size=max_response_size, trace_id=trace_id, timeout=seconds,
@@ -94,8 +105,18 @@ class WorkQueue:
         if reply and inv.mode == "json":
             entry += ("reply", self.answers.key)
             inv.answer = self.answers.wait(inv)  # before the entry exists: its answer may come first
+        attempts = 0
+
+        def enqueue() -> asyncio.Future[Any]:
+            nonlocal attempts
+            attempts += 1
+            return self.batch.call("XADD", self.keys.queue(spec.name), "*", *entry)
         try:
-            await self.batch.call("XADD", self.keys.queue(spec.name), "*", *entry)
+            # Again while Redis is down, within the deadline: the same entry (the same invocation
+            # id), so a repeat that landed twice runs once (the worker's `taken` guard, worker_intake.py),
+            # a guard then kept to its TTL (`resent`), not deleted with the invocation's keys.
+            await through_outage(enqueue, inv.deadline if accepted else 0.0)
+            inv.resent = attempts > 1
         except REDIS_DOWN as exc:
             inv.drop_answer()
             raise ClusterUnavailableError(f"cannot queue {spec.name!r} for the cluster's workers: Redis is "
@@ -117,7 +138,8 @@ class WorkQueue:
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.set(self.keys.cancelled(inv_id), reason, ex=ttl)
-                pipe.delete(self.keys.output(inv_id), self.keys.ack(inv_id), self.keys.ack_chars(inv_id))
+                pipe.delete(self.keys.output(inv_id), self.keys.ack(inv_id), self.keys.ack_chars(inv_id),
+                            self.keys.taken(inv_id))   # (the marker keeps any second entry from running)
                 await pipe.execute()
             # After the marker is set; outside the pipeline (a cluster pipeline cannot PUBLISH).
             await self.redis.publish(self.keys.cancel_channel, inv_id)
@@ -175,6 +197,8 @@ class RemoteInvocation:
         self.chars = 0  # characters of the payloads relayed: the worker's byte window
         self.cancel_reason: str | None = None
         self._finished = False
+        self._worker_missing_since: float | None = None
+        self.resent = False   # its enqueue was sent more than once: it may be queued twice
 
     @property
     def streaming(self) -> bool:
@@ -197,6 +221,8 @@ class RemoteInvocation:
         """The AnswerReader found its terminal entry: a `result` or an `error`."""
         self._finished = True
         self.worker = fields.get("w", self.worker)
+        if not self.resent:
+            self.queue.drop(self.queue.keys.taken(self.id))
         assert self.answer is not None
         if self.answer.done():
             return
@@ -254,8 +280,10 @@ class RemoteInvocation:
                     error = silent_worker_timeout(self.spec)
                     self.cancel(error.message)
                     raise error
-                try:
-                    reply: Any = await redis.xread({out: last}, count=self.buffer_events, block=POLL_MS)
+                try:   # a Redis restart is waited out, up to the deadline (what was read is acked)
+                    reply: Any = await through_outage(
+                        functools.partial(redis.xread, {out: last}, count=self.buffer_events, block=POLL_MS),
+                        self.deadline + DEADLINE_GRACE)
                 except REDIS_DOWN as exc:
                     raise self._redis_lost(exc) from None
                 checkpoint()  # a client gone while the read ran: its cancel must not be lost in redis-py
@@ -281,8 +309,9 @@ class RemoteInvocation:
                     await self._ack(out, last)
         finally:
             self.channel.close()
-            if self._finished:
-                self.queue.drop(keys.output(self.id), keys.ack(self.id), keys.ack_chars(self.id))
+            if self._finished:   # (the worker's `taken` guard too, unless a second entry may be queued)
+                self.queue.drop(keys.output(self.id), keys.ack(self.id), keys.ack_chars(self.id),
+                                *(() if self.resent else (keys.taken(self.id),)))
 
     async def _relay(self, lengths: str, payloads: str, skip: int = 0, values: str | None = None) -> None:
         """Put a data entry's payloads (`payloads` end to end, `lengths` in characters) in the channel,
@@ -328,18 +357,21 @@ class RemoteInvocation:
             except TimeoutError:
                 try:
                     await self.queue.redis.expire(self.queue.keys.output(self.id), ttl)
-                except REDIS_DOWN as exc:
-                    raise self._redis_lost(exc) from None
+                except REDIS_DOWN as exc:   # renewed at the next turn: a third of the TTL is left
+                    log.info("could not renew the output TTL of %s: %s", self.id, exc)
 
     async def _ack(self, out: str, last: str) -> None:
         """Move the worker's window and drop what was relayed, up to (not including) `last`."""
         keys, ttl = self.queue.keys, self.queue.key_ttl
-        pipe = self.queue.redis.pipeline(transaction=False)
-        pipe.set(keys.ack_chars(self.id), self.chars, ex=ttl)  # first: an ack without it is an old node's
-        pipe.set(keys.ack(self.id), self.events, ex=ttl)
-        pipe.xtrim(out, minid=last, approximate=False)
+
+        async def send() -> None:   # idempotent: sent again while Redis is down
+            async with self.queue.redis.pipeline(transaction=False) as pipe:
+                pipe.set(keys.ack_chars(self.id), self.chars, ex=ttl)  # first: an ack without it is an old node's
+                pipe.set(keys.ack(self.id), self.events, ex=ttl)
+                pipe.xtrim(out, minid=last, approximate=False)
+                await pipe.execute()
         try:
-            await pipe.execute()
+            await through_outage(send, self.deadline + DEADLINE_GRACE)
         except REDIS_DOWN as exc:
             raise self._redis_lost(exc) from None
 
@@ -348,11 +380,23 @@ class RemoteInvocation:
                                        f"from worker {self.worker}: {exc}")
 
     async def _check_worker(self) -> None:
-        """A worker that vanished after output began is lost; before that, its entry is reclaimed."""
+        """A worker that vanished after output began is lost; before that, its entry is reclaimed.
+        Vanished: its heartbeat key absent for as long as one lives (three heartbeats). A Redis
+        restart of a few seconds expires every worker's key at once, and each sets it again within
+        a heartbeat of Redis coming back: one look at that moment is not a death."""
         if self.worker is None or self.events == 0:
             return
-        alive = await self.queue.redis.exists(self.queue.keys.worker(self.worker))
-        if not alive:
+        try:
+            alive = await self.queue.redis.exists(self.queue.keys.worker(self.worker))
+        except REDIS_DOWN:
+            return   # unknown: the next poll looks again
+        now = time.monotonic()
+        if alive:
+            self._worker_missing_since = None
+            return
+        if self._worker_missing_since is None:
+            self._worker_missing_since = now
+        if now - self._worker_missing_since >= 3 * self.queue.heartbeat:
             self._finished = True
             self._tell_workers_to_stop("worker lost")
             raise WorkerLostError(f"worker {self.worker} running {self.spec.name!r} was lost after "

@@ -80,6 +80,10 @@ class Keys:
     def cancelled(self, inv_id: str) -> str:
         return f"{self.prefix}:{{inv:{inv_id}}}:cancel"
 
+    def taken(self, inv_id: str) -> str:
+        """Which worker took the invocation, and which queue entry of it (worker_intake.py _take)."""
+        return f"{self.prefix}:{{inv:{inv_id}}}:taken"
+
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}:worker:{worker_id}"
 

@@ -80,7 +80,9 @@ class QueueWorker(Intake):
         await self.redis.set(self.keys.worker(self.id), info, px=int(self.heartbeat * 3000))
 
     async def _beat(self) -> None:
-        backoff = Backoff()
+        # Backoff capped at a heartbeat: after a Redis outage (which expired this worker's key) it says
+        # it is alive within a heartbeat, before frontends and reclaimers take it for dead.
+        backoff = Backoff(min(0.1, self.heartbeat), self.heartbeat)
         while True:
             try:
                 await self._announce()
@@ -93,6 +95,7 @@ class QueueWorker(Intake):
                 checkpoint()
                 await asyncio.sleep(self.heartbeat)
             except REDIS_DOWN:
+                self._outage()
                 await backoff.sleep()
 
     async def _listen_cancel(self) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
+import time
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -20,6 +22,19 @@ from .settings import REDIS_DOWN, Backoff, Keys, slot_of
 from .worker_run import Runner, log
 
 __all__ = ("Intake",)
+
+# KEYS: the invocation's `taken` key, its cancel marker; ARGV: this worker and entry ("WORKER
+# ENTRY"), the key's TTL, a (dead) taker to take it from, or "". 1 when it is this worker's now,
+# 0 when it was cancelled (nothing set), else the taker. The frontend deletes the key at the end.
+_TAKEN = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+local taker = redis.call('GET', KEYS[1])
+if taker and taker ~= ARGV[1] and taker ~= ARGV[3] then return taker end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
+"""
+# Seconds a `taken` key outlives its invocation's deadline (other nodes' clocks may be behind).
+TAKEN_MARGIN = 5
 
 # Empty blocking reads (1 s each) after which a queue's own reader hands it back to its slot's.
 _ALONE_IDLE_READS = 5
@@ -163,6 +178,7 @@ class Intake(Runner):
                 taken += await self._take(key, entries, reclaimed=False)
         except REDIS_DOWN as exc:
             log.warning("worker %s: Redis unreachable (%s); retrying", self.id, exc)
+            self._outage()
             self._grouped.clear()
             await backoff.sleep()
         except aioredis.ResponseError as exc:
@@ -181,11 +197,15 @@ class Intake(Runner):
         return taken
 
     async def _reclaim(self) -> None:
-        """Take over entries other (dead) workers held longer than claimIdleSeconds."""
+        """Take over entries other (dead) workers held longer than claimIdleSeconds. Not just after
+        Redis was unreachable: every entry went idle meanwhile and every heartbeat key expired, and
+        the live workers need a heartbeat or two to say so again (`_outage`)."""
         backoff = Backoff()
         while True:
             await asyncio.sleep(self.claim_idle / 2)
             checkpoint()
+            if time.monotonic() < self._reclaim_after:
+                continue
             try:
                 for key in list(self._grouped):
                     free = self._slots.reserve(self._slots.free)   # reclaim is rare: every free slot
@@ -205,6 +225,7 @@ class Intake(Runner):
                         await self.redis.xack(key, Keys.GROUP, entry_id)
                 backoff.reset()
             except REDIS_DOWN:
+                self._outage()
                 await backoff.sleep()
             except aioredis.ResponseError as exc:
                 log.debug("reclaim: %s", exc)
@@ -212,21 +233,73 @@ class Intake(Runner):
     async def _take(self, key: str, entries: list[tuple[str, dict[str, str]]], *, reclaimed: bool) -> int:
         """Run these entries, one per slot the caller reserved (each released by _done_with); how many.
         Their cancel markers are checked in one round trip, once they are held: a cancel message that
-        comes while the check is on its way is kept in `_cancelled`, so none falls in between."""
-        ids = [fields.get("id", entry_id) for entry_id, fields in entries]
-        for inv_id, (entry_id, _) in zip(ids, entries, strict=True):
+        comes while the check is on its way is kept in `_cancelled`, so none falls in between.
+        Exactly once: the same script records this worker as the invocation's taker (`taken`, one
+        per invocation id, _TAKEN). An enqueue sent again through a Redis outage can queue an
+        invocation twice: its second entry finds the first taken and is dropped; a reclaimed entry
+        whose taker still lives (its heartbeat key is there) is left to it."""
+        runs: list[tuple[str, str, dict[str, str]]] = []
+        for entry_id, fields in entries:
+            inv_id = fields.get("id", entry_id)
+            if inv_id in self._held:   # the same invocation queued twice, both read at once: run it once
+                self._drop_entry(key, entry_id)
+                continue
             self._hold(inv_id, key, entry_id)
+            runs.append((inv_id, entry_id, fields))
+        started = 0
         try:
-            marks = await asyncio.gather(*(self.batch.call("EXISTS", self.keys.cancelled(i)) for i in ids))
+            takers = await asyncio.gather(*(self._claim(i, f"{self.id} {e}", f, "") for i, e, f in runs))
+            for (inv_id, entry_id, fields), taker in zip(runs, takers, strict=True):
+                if taker not in (0, 1):
+                    taker = await self._take_over(key, inv_id, entry_id, fields, str(taker))
+                if taker is None:
+                    self._unhold(inv_id)
+                    self._cancelled.discard(inv_id)
+                    started += 1   # (counted as started: its slot is released here)
+                    self._slots.release()
+                    continue
+                job = asyncio.create_task(self._run_entry(key, entry_id, fields, reclaimed, taker == 0),
+                                          name=f"worker-run-{inv_id}")
+                self._jobs.add(job)
+                job.add_done_callback(self._jobs.discard)
+                started += 1
         except BaseException:
-            for inv_id in ids:   # not taken after all: the caller releases their slots, reclaim takes them
-                self._unhold(inv_id)
+            for inv_id, _e, _f in runs[started:]:   # not taken after all: the caller releases their slots,
+                self._unhold(inv_id)                # reclaim takes them
                 self._cancelled.discard(inv_id)
             raise
-        for inv_id, (entry_id, fields), marked in zip(ids, entries, marks, strict=True):
-            job = asyncio.create_task(self._run_entry(key, entry_id, fields, reclaimed, bool(marked)),
-                                      name=f"worker-run-{inv_id}")
-            self._jobs.add(job)
-            job.add_done_callback(self._jobs.discard)
-        return len(entries)
+        return started
 
+    async def _take_over(self, key: str, inv_id: str, entry_id: str, fields: dict[str, str],
+                         taker: str) -> int | None:
+        """Another worker is the invocation's taker: 1 once this one took it over from a dead one
+        (0: it was cancelled meanwhile, the entry is only to be acked), None if it is not this one's."""
+        worker, _, taken_entry = taker.partition(" ")
+        if taken_entry != entry_id:   # another entry of the same invocation is the one that runs
+            log.info("worker %s: dropping entry %s of invocation %s: queued twice, taken as %s",
+                     self.id, entry_id, inv_id, taken_entry)
+            self._drop_entry(key, entry_id)
+            return None
+        if await self.redis.exists(self.keys.worker(worker)):
+            return None   # alive: it runs it, and its heartbeat claims the entry back
+        took = await self._claim(inv_id, f"{self.id} {entry_id}", fields, taker)
+        return took if took in (0, 1) else None
+
+    def _claim(self, inv_id: str, mine: str, fields: dict[str, str], instead_of: str) -> asyncio.Future[Any]:
+        return self.batch.call("EVAL", _TAKEN, 2, self.keys.taken(inv_id), self.keys.cancelled(inv_id), mine,
+                               self._taken_ttl(fields), instead_of)
+
+    def _taken_ttl(self, fields: dict[str, str]) -> int:
+        """Seconds a `taken` key lives: while its entry (or a second one of it) may still be taken."""
+        left = float(fields.get("deadline", "0") or 0) - time.time()
+        return max(int(self.ttl), math.ceil(left) + TAKEN_MARGIN) if math.isfinite(left) else int(self.ttl)
+
+    def _drop_entry(self, key: str, entry_id: str) -> None:
+        """Ack and delete an entry without running it (if Redis is down it stays pending: reclaimed, dropped)."""
+        for call in (self.batch.call("XACK", key, Keys.GROUP, entry_id), self.batch.call("XDEL", key, entry_id)):
+            call.add_done_callback(_ignore_outcome)
+
+
+def _ignore_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.debug("worker: dropping a duplicate entry: %s", future.exception())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from typing import Any, get_args
 
@@ -25,7 +26,7 @@ from runtime.surface import Mode
 
 from .answers import ANSWER_SCRIPT
 from .batch import Batcher
-from .settings import REDIS_DOWN, AnyRedis, Keys, WorkerLostError
+from .settings import REDIS_DOWN, AnyRedis, Backoff, Keys, WorkerLostError, through_outage
 
 __all__ = ("Runner",)
 
@@ -129,6 +130,8 @@ class Runner:
         self.completed = 0
         self.taking = True  # False once shutting down: it serves no function, what it runs goes on
         self.batch = Batcher(redis)
+        self._reclaim_after = 0.0                          # time.monotonic(): see _outage
+        self._deadlines: dict[str, float] = {}             # invocation id -> its deadline (time.monotonic())
 
 
     def _hold(self, inv_id: str, key: str, entry_id: str) -> None:
@@ -141,6 +144,15 @@ class Runner:
             self._held_of[held[0]] -= 1
             self._room_back(held[0])
         return held
+
+    def _outage(self) -> None:
+        """Redis was unreachable just now: no reclaim until the live workers have had the time to
+        renew their heartbeat keys and claim back their entries (a heartbeat or two, then some)."""
+        self._reclaim_after = time.monotonic() + self.claim_idle + 4 * self.heartbeat
+
+    def _until(self, inv_id: str) -> float:
+        """When (time.monotonic()) to stop retrying the invocation's commands through an outage."""
+        return self._deadlines.get(inv_id) or time.monotonic() + self.ttl
 
     def _room_back(self, key: str) -> None:
         """An entry of queue `key` ended here (the intake reads that queue again if it left it out)."""
@@ -155,25 +167,40 @@ class Runner:
         key, entry_id = held
         self._cancelled.discard(inv_id)
         self._slots.release()
-        calls: list[asyncio.Future[Any]] = []
+        commands: list[tuple[EncodableT, ...]] = []
         if terminal and reply:
             pairs = [x for name, value in {"id": inv_id, **terminal[-1]}.items() for x in (name, value)]
-            calls.append(self.batch.call("EVAL", ANSWER_SCRIPT, 1, reply, max(1, int(self.ttl)), *pairs))
+            commands.append(("EVAL", ANSWER_SCRIPT, 1, reply, max(1, int(self.ttl)), *pairs))
         elif terminal:
-            calls.append(self.batch.call("EVAL", _APPEND, *self._append_args(inv_id, terminal)))
-        calls += [self.batch.call("XACK", key, Keys.GROUP, entry_id), self.batch.call("XDEL", key, entry_id)]
-        for outcome in await asyncio.gather(*calls, return_exceptions=True):
-            # Redis down: it stays pending; whoever reclaims it finds a streaming call's finished output
-            # and just acks it. A JSON call's answer went to its frontend (which already dropped the
-            # call's own stream before this change too): it runs again, and its second answer is dropped.
-            if isinstance(outcome, Exception) and not isinstance(outcome, REDIS_DOWN):
-                log.warning("worker %s: finishing invocation %s: %s", self.id, inv_id, outcome)
+            commands.append(("EVAL", _APPEND, *self._append_args(inv_id, terminal)))
+        commands += [("XACK", key, Keys.GROUP, entry_id), ("XDEL", key, entry_id)]
+        # Sent again while Redis is down (the keys' TTL at most: then nobody waits for the answer):
+        # an answer written twice is taken once (its id, its index), XACK and XDEL are idempotent.
+        # Left pending, a JSON call's entry would be reclaimed and run again. One pipeline fails whole,
+        # so what is sent again is all of it, in order.
+        until, backoff = time.monotonic() + self.ttl, Backoff(0.05, 0.5)
+        while True:
+            outcomes = await asyncio.gather(*(self.batch.call(*c) for c in commands), return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, Exception) and not isinstance(outcome, REDIS_DOWN):
+                    log.warning("worker %s: finishing invocation %s: %s", self.id, inv_id, outcome)
+            down = [c for c, o in zip(commands, outcomes, strict=True) if isinstance(o, REDIS_DOWN)]
+            if not down:
+                return
+            if time.monotonic() + backoff.delay > until:
+                log.warning("worker %s: could not finish invocation %s (Redis unreachable for %g s); its "
+                            "entry stays pending", self.id, inv_id, self.ttl)
+                return
+            commands = down
+            await backoff.sleep()
 
     # -- running -----------------------------------------------------------------------------
     async def _run_entry(self, key: str, entry_id: str, fields: dict[str, str], reclaimed: bool,
                          cancelled: bool) -> None:
         inv_id = fields.get("id", entry_id)
         terminal: list[dict[str, str]] | None = None
+        left = float(fields.get("deadline", "inf") or "inf") - time.time()
+        self._deadlines[inv_id] = time.monotonic() + (left if math.isfinite(left) else self.ttl)
         try:
             if not cancelled and inv_id not in self._cancelled and await self._should_run(inv_id, fields, reclaimed):
                 terminal = await self._execute(inv_id, fields)
@@ -192,6 +219,7 @@ class Runner:
             log.exception("worker %s: invocation %s failed", self.id, inv_id)
         finally:
             self._running.pop(inv_id, None)
+            self._deadlines.pop(inv_id, None)
             self.completed += 1
         await self._done_with(inv_id, terminal, fields.get("reply"))
 
@@ -200,7 +228,8 @@ class Runner:
         or answered here with "worker lost" since its output had begun. (Cancelled while queued:
         the caller checked the marker.)"""
         if reclaimed:
-            last: Any = await self.redis.xrevrange(self.keys.output(inv_id), count=1)
+            last: Any = await through_outage(lambda: self.redis.xrevrange(self.keys.output(inv_id), count=1),
+                                             self._until(inv_id))
             kind = last[0][1].get("t") if last else None
             if kind in ("result", "error"):
                 return False  # finished, only the ack was lost
@@ -227,8 +256,11 @@ class Runner:
     async def _write(self, inv_id: str, entries: list[dict[str, str]]) -> bool:
         """Append to the output stream and renew its TTL; False (nothing written) once the frontend
         cancelled: it deleted the keys, and a late write would recreate them until they expire.
-        (EVAL, not EVALSHA: in a pipeline a missing script would fail with no retry; Redis caches it.)"""
-        return bool(await self.batch.call("EVAL", _APPEND, *self._append_args(inv_id, entries)))
+        (EVAL, not EVALSHA: in a pipeline a missing script would fail with no retry; Redis caches it.)
+        Sent again while Redis is down, until the invocation's deadline: the frontend relays an entry
+        written twice once (its index `i`) and ends at the first terminal entry."""
+        args = self._append_args(inv_id, entries)
+        return bool(await through_outage(lambda: self.batch.call("EVAL", _APPEND, *args), self._until(inv_id)))
 
     async def _execute(self, inv_id: str, fields: dict[str, str]) -> list[dict[str, str]] | None:
         """Run it, writing its stream as it goes; returns its terminal entry, which _done_with writes
@@ -283,7 +315,8 @@ class Runner:
             stalled_since = time.monotonic()
             while window.full() and inv.cancel_reason is None:
                 acked = window.acked_events, window.acked_chars
-                window.acked(*await self.redis.mget(self.keys.ack(inv_id), self.keys.ack_chars(inv_id)))
+                window.acked(*await through_outage(
+                    lambda: self.redis.mget(self.keys.ack(inv_id), self.keys.ack_chars(inv_id)), self._until(inv_id)))
                 if window.full():
                     now = time.monotonic()
                     if (window.acked_events, window.acked_chars) != acked:
@@ -292,7 +325,8 @@ class Runner:
                         # No ack for as long as the invocation's keys live. A frontend whose client
                         # stalls renews the output stream's TTL while it waits; if the stream expired,
                         # nobody did: its frontend is gone (killed, or cut off from Redis).
-                        if not await self.redis.exists(self.keys.output(inv_id)):
+                        if not await through_outage(lambda: self.redis.exists(self.keys.output(inv_id)),
+                                                    self._until(inv_id)):
                             log.warning("worker %s: stopping invocation %s: its frontend stopped reading its "
                                         "output (none read, nor its TTL renewed, for %g s: "
                                         "cluster.outputTtlSeconds)", self.id, inv_id, self.ttl)
@@ -330,6 +364,10 @@ class Runner:
                     raise FunctionTimeoutError(f"function {inv.spec.name!r} timed out waiting for a free slot "
                                                f"(concurrency {inv.spec.concurrency})") from None
                 waited += 1
-                if waited % 25 == 0 and await self.redis.exists(self.keys.cancelled(inv_id)):
-                    return False
+                if waited % 25 == 0:
+                    try:
+                        if await self.redis.exists(self.keys.cancelled(inv_id)):
+                            return False
+                    except REDIS_DOWN:
+                        pass   # looked at again 25 waits later
                 await asyncio.sleep(0.02)

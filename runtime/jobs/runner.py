@@ -301,7 +301,7 @@ class JobManager(JobReads):
         concurrency here (it stays first in its queue)."""
         principal = Principal(job.tenant, "user")
         options = InvokeOptions(mode="sse", trace_id=job.id.replace("-", ""), keep_items=True,
-                                timeout=job.execution_timeout)
+                                timeout=job.execution_timeout, accepted=True)  # stored: outlasts a Redis outage
         try:
             function = self.dispatcher.find(principal, job.function)
         except FunctionServiceError as exc:  # not deployed (any more), another tenant's...

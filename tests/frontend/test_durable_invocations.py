@@ -243,3 +243,20 @@ async def test_at_most_count_ended_invocations_are_kept_the_oldest_go_first(make
             break
         await asyncio.sleep(0.005)
     assert await names() == kept
+
+
+async def test_with_continue_a_thread_handler_is_not_held_by_the_drop(make_client, deploy_dir):
+    """A `def` handler blocks in write() while its buffer is full: after the drop the kept output
+    drains it, so it writes on to its end (a buffer of 2 events; 30 to write)."""
+    deploy = deploy_dir(fn("kept-sync", "testfns.sync_ticker", onDisconnect="continue", timeout=60))
+    client = await make_client(test_config(deploy, **{"frontend.args.enableEvent": True,
+                                                      "frontend.args.streamBufferEvents": 2}))
+    resp = await client.post(INVOKE("kept-sync"), json={"count": 30, "delay_ms": 1}, headers=SSE)
+    inv_id = resp.headers["X-Invocation-Id"]
+    async for _ev in iter_sse(resp):
+        break
+    resp.close()
+    again = await client.get(EVENTS(inv_id), headers={"Last-Event-ID": "1"})
+    events = [ev async for ev in iter_sse(again)]
+    assert [e["id"] for e in events] == [str(i) for i in range(2, 32)] + [None]
+    assert events[-2]["data"] == '"done"' and events[-1]["data"] == "[DONE]"

@@ -49,8 +49,10 @@ _INVOKE_DOC = ("The result as JSON, or with `Accept: text/event-stream` every `c
                "one SSE event the moment it is written (`id:` 1, 2, ...), the result as the last event, then "
                "`data: [DONE]`. Errors after the first event arrive as a last event `{code, message}`. "
                "With `X-Invoke-Type: async` it runs as a background job instead: 202 `{requestId}`.")
+_IDEMPOTENCY = Param("Idempotency-Key", "header", "a job submit with a key used before (same tenant, within "
+                    "jobs.idempotencySeconds) answers that job; with another request 422")
 _ASYNC = (Param("X-Invoke-Type", "header", "`async`: run it as a background job (202 {requestId})"),
-          Param("X-Webhook-Url", "header", "with async: POSTed the result when the job ends"))
+          Param("X-Webhook-Url", "header", "with async: POSTed the result when the job ends"), _IDEMPOTENCY)
 _JOB_EVENTS = ("SSE: output item n as `id: n`, live while the job runs, then the result (or error) event and "
                "`data: [DONE]`; reads never consume, any number of readers.")
 _LAST_EVENT = (Param("Last-Event-ID", "header", "resume after this item"),
@@ -72,11 +74,12 @@ document(
     Op("POST", "/serverless/v1/functions/{ref}/invocations", "invoke", "Invoke a function (JSON or SSE)",
        description=_INVOKE_DOC + " `{ref}` is the function's name or URN.", body=_EVENT, ok=SSE | {"json": _EVENT},
        accepted=AsyncAccepted, params=(_ACCEPT, _SESSION, *_TRACE, *_ASYNC),
-       errors=(400, 404, 406, 413, 429, 500, 503, 504), role="user"),
+       errors=(400, 404, 406, 409, 413, 422, 429, 500, 503, 504), role="user"),
     Op("POST", "/invocations/{tenant}/{namespace}/{function}/", "invoke",
        "Invoke by tenant, namespace, function[:version]",
        description=_INVOKE_DOC, body=_EVENT, ok=SSE | {"json": _EVENT}, accepted=AsyncAccepted,
-       params=(_ACCEPT, _SESSION, *_TRACE, *_ASYNC), errors=(400, 404, 406, 413, 429, 500, 503, 504), role="user"),
+       params=(_ACCEPT, _SESSION, *_TRACE, *_ASYNC), errors=(400, 404, 406, 409, 413, 422, 429, 500, 503, 504),
+       role="user"),
     # -- instance sessions (runtime/sessions.py)
     Op("POST", "/serverless/v1/functions/{ref}/sessions/{session_id}/interrupt", "sessions",
        "Interrupt a session's running invocations",
@@ -99,10 +102,10 @@ document(
        errors=(404, 409), role="user"),
     # -- RunPod's serverless endpoint API (the runpod SDK; the endpoint id is the function name)
     Op("POST", "/v2/{fn}/run", "runpod", "Submit a job", body=_RUNPOD_BODY, ok=RunpodQueued,
-       errors=(400, 404, 429, 503), role="user"),
+       params=(_IDEMPOTENCY,), errors=(400, 404, 409, 422, 429, 503), role="user"),
     Op("POST", "/v2/{fn}/runsync", "runpod", "Submit a job and wait for it (up to ?wait= ms)", body=_RUNPOD_BODY,
-       ok=RunpodStatus, params=(Param("wait", "query", "ms to wait (default and cap jobs.runsyncWaitMs)"),),
-       errors=(400, 404, 429, 503), role="user"),
+       ok=RunpodStatus, params=(Param("wait", "query", "ms to wait (default and cap jobs.runsyncWaitMs)"),
+                                _IDEMPOTENCY), errors=(400, 404, 409, 422, 429, 503), role="user"),
     Op("GET", "/v2/{fn}/status/{job_id}", "runpod", "A job's status (and output once completed)", ok=RunpodStatus,
        errors=(404,), role="user"),
     Op("GET", "/v2/{fn}/stream/{job_id}", "runpod", "The output items not returned by /stream before",

@@ -17,6 +17,7 @@ from aiohttp import web
 from runtime.config import Config
 from runtime.deployment import Deployment
 from runtime.errors import ConfigError, FunctionServiceError
+from runtime.jobs.idempotency import IdempotentSubmits
 from runtime.jobs.model import Job
 from runtime.jobs.runner import JobManager
 from runtime.jobs.store import JobStore, MemoryJobStore, SqliteJobStore
@@ -27,6 +28,7 @@ from .auth import principal_of
 from .keys import CONFIG, DISPATCHER, LIFECYCLE, REGISTRY
 
 __all__ = (
+    "IDEMPOTENCY",
     "JOBS",
     "JOB_STORE",
     "WEBHOOKS",
@@ -41,6 +43,7 @@ log = logging.getLogger("fnstream.frontend")
 JOBS = web.AppKey("jobs", JobManager)
 WEBHOOKS = web.AppKey("webhooks", WebhookSender)
 JOB_STORE = web.AppKey("job_store", JobStore)
+IDEMPOTENCY = web.AppKey("idempotency", IdempotentSubmits)
 
 
 def attach_jobs(app: web.Application) -> None:
@@ -51,6 +54,8 @@ def attach_jobs(app: web.Application) -> None:
     manager = JobManager(config.jobs, dispatcher, store)
     webhooks = WebhookSender(config.jobs.webhook)
     manager.on_final.append(webhooks.job_ended)
+    idempotency = IdempotentSubmits(store.idempotency_keys(), config.jobs.idempotencySeconds)
+    app[IDEMPOTENCY] = idempotency
     app[JOB_STORE] = store
     app[JOBS] = manager
     app[WEBHOOKS] = webhooks
@@ -60,6 +65,7 @@ def attach_jobs(app: web.Application) -> None:
 
     async def _jobs(app: web.Application) -> AsyncIterator[None]:
         await store.open()
+        await idempotency.open()
         await _restore_functions(app, store)
         await manager.start()
         yield

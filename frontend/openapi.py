@@ -132,7 +132,8 @@ def _error_body(op: Op, schemas: _Schemas) -> dict[str, Any]:
 
 
 _REASONS = {400: "bad request", 401: "no or invalid token", 403: "forbidden (role, tenant or origin)",
-            404: "not found", 406: "not acceptable", 409: "already exists", 413: "body too large",
+            404: "not found", 406: "not acceptable", 409: "already exists, or in a state that refuses it",
+            413: "body too large", 422: "an Idempotency-Key used before with another request",
             429: "concurrency limit reached", 500: "the function failed", 503: "unavailable (shutting down, cluster)",
             504: "the function timed out"}
 

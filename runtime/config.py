@@ -313,6 +313,10 @@ class JobsConfig(_Strict):
     retentionSeconds: float = Field(3600, gt=0, description="finished jobs and their output expire after this "
                                                             "(openYuanrong keeps 60 minutes)")
     runsyncWaitMs: int = Field(90_000, ge=0, description="default and maximum `wait` of `/runsync`")
+    idempotencySeconds: float = Field(86400, gt=0, description="how long an `Idempotency-Key` of a job submit "
+                                      "names its job (a day, as Stripe: a client's retries through an outage "
+                                      "fall within it; it may outlive the job, whose retry still never runs "
+                                      "twice)")
     takeoverSeconds: float = Field(15, gt=0, description="cluster mode: how long after a node stops renewing its "
                                                          "lease its unfinished jobs pass to another node (the "
                                                          "restart rules apply)")

@@ -20,6 +20,7 @@ from runtime.jobs.model import Job, JobRequest
 from runtime.principal import Principal
 
 from ..auth import principal_of
+from ..idempotency import REPLAYED, submit_once
 from ..jobs import JOBS, WEBHOOKS, find_job
 from ..keys import CONFIG, DISPATCHER
 from ..sse import DONE_EVENT, EventStream, encode_event
@@ -86,9 +87,14 @@ async def submit_async(request: web.Request, principal: Principal | None, functi
     webhook = request.headers.get("X-Webhook-Url")
     if webhook is not None:
         webhook = request.app[WEBHOOKS].check_url(webhook)
-    job = await request.app[DISPATCHER].submit_job(principal, function, event,
-                                                   JobRequest(api="yuanrong", webhook=webhook))
-    return web.json_response({"requestId": job.id}, status=202, headers={"X-Async-Request-Id": job.id})
+    dispatcher = request.app[DISPATCHER]
+
+    async def create() -> Job:
+        return await dispatcher.submit_job(principal, function, event, JobRequest(api="yuanrong", webhook=webhook))
+
+    job_id, job = await submit_once(request, function, ("yuanrong-async", event, webhook), create)
+    headers = {"X-Async-Request-Id": job_id, **(REPLAYED if job is None else {})}
+    return web.json_response({"requestId": job_id}, status=202, headers=headers)
 
 
 @routes.get("/serverless/v1/functions/async-results/{request_id}")

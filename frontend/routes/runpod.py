@@ -19,6 +19,7 @@ from runtime.jobs.model import Job, JobRequest
 
 from ..auth import principal_of
 from ..body import read_json_body
+from ..idempotency import REPLAYED, submit_once
 from ..jobs import JOBS, WEBHOOKS, find_job
 from ..keys import CONFIG, DISPATCHER
 from ..negotiation import parse_accept, quality
@@ -44,7 +45,8 @@ def _milliseconds(policy: dict[str, Any], key: str) -> float | None:
     return value / 1000
 
 
-async def _submit(request: web.Request, *, sync: bool = False) -> Job:
+async def _submit(request: web.Request, *, sync: bool = False) -> tuple[str, Job | None]:
+    """(the job's id, the job; None when an Idempotency-Key names a job an earlier request made)."""
     function = _function(request)
     if "X-Instance-Session" in request.headers:  # a job runs later, outside any session: not silently dropped
         raise JobBadRequestError("header X-Instance-Session cannot be used with /v2 jobs "
@@ -62,14 +64,20 @@ async def _submit(request: web.Request, *, sync: bool = False) -> Job:
     event = {"id": None, "input": body["input"]}
     job_request = JobRequest(api="runpod", webhook=webhook, execution_timeout=_milliseconds(policy, "executionTimeout"),
                              ttl=_milliseconds(policy, "ttl"), sync=sync)
-    return await request.app[DISPATCHER].submit_job(principal_of(request), function, event, job_request)
+    dispatcher, principal = request.app[DISPATCHER], principal_of(request)
+
+    async def create() -> Job:
+        return await dispatcher.submit_job(principal, function, event, job_request)
+
+    return await submit_once(request, function, ("runsync" if sync else "run", body), create)
 
 
 @routes.post("/v2/{fn}/run")
 async def run(request: web.Request) -> web.Response:
-    job = await _submit(request)
-    # It may have started already while it was being stored; it was acknowledged as queued.
-    return web.json_response({"id": job.id, "status": "IN_QUEUE"})
+    job_id, job = await _submit(request)
+    # It may have started already while it was being stored; it was acknowledged as queued (and a
+    # replay answers as the first answer did: /status says how it is now).
+    return web.json_response({"id": job_id, "status": "IN_QUEUE"}, headers=REPLAYED if job is None else None)
 
 
 @routes.post("/v2/{fn}/runsync")
@@ -82,9 +90,12 @@ async def runsync(request: web.Request) -> web.Response:
         raise JobBadRequestError(f"wait must be an integer of milliseconds (got {raw!r})") from None
     if wait < 0:
         raise JobBadRequestError(f"wait must not be negative (got {wait})")
-    job = await _submit(request, sync=True)
+    job_id, job = await _submit(request, sync=True)
+    replayed = job is None
+    if job is None:  # the job of an earlier request with this Idempotency-Key: waited for again
+        job = await find_job(request, job_id)
     await request.app[JOBS].wait(job, min(wait, limit) / 1000)
-    return web.json_response(job.runpod())
+    return web.json_response(job.runpod(), headers=REPLAYED if replayed else None)
 
 
 @routes.get("/v2/{fn}/status/{job_id}")

@@ -31,6 +31,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from ..jobs.errors import JobStoreError
+from ..jobs.key_store import KeyStore
 from ..jobs.model import Job
 from ..jobs.store import SharedStore
 from ..tasks import checkpoint, stop_tasks
@@ -257,6 +258,11 @@ class RedisJobStore(SharedStore):
         row = json.loads(data)
         job = Job.from_row(row, [json.loads(i) for i in items])
         return job
+
+    def idempotency_keys(self) -> KeyStore:
+        from .idempotency_keys import RedisKeys
+
+        return RedisKeys(self.redis, self.prefix)  # shared: one job per key across the cluster
 
     async def request_cancel(self, job_id: str) -> None:
         await self.redis.publish(self.cancel_channel, job_id)

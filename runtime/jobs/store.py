@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from ..fork_guard import forget, release_in_forked_children
 from .cache import SMALL_RESULT
 from .errors import JobStoreError
+from .key_store import KeyStore, MemoryKeys, SqliteKeys
 from .model import Job
 
 __all__ = ("JobStore", "MemoryJobStore", "SharedStore", "SqliteJobStore")
@@ -102,6 +103,10 @@ class JobStore:
     def delete_function(self, name: str) -> asyncio.Future[None]:
         return _done()
 
+    def idempotency_keys(self) -> KeyStore:
+        """Where this store keeps `Idempotency-Key`s (runtime/jobs/key_store.py)."""
+        return MemoryKeys()
+
 
 def _done() -> asyncio.Future[None]:
     future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -156,6 +161,9 @@ class SqliteJobStore(JobStore):
             return fn(self._db)
 
         return asyncio.get_running_loop().run_in_executor(self._thread, call)
+
+    def idempotency_keys(self) -> KeyStore:
+        return SqliteKeys(self)  # in this file, on this thread: they survive a restart with the jobs
 
     def _write(self, fn: Callable[[sqlite3.Connection], object]) -> asyncio.Future[None]:
         def call(db: sqlite3.Connection) -> None:

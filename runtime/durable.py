@@ -23,8 +23,8 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from .errors import FunctionServiceError
 from .principal import Principal, may_manage
@@ -38,6 +38,7 @@ __all__ = ("DurableOutputs", "Retained", "STREAM_PREFIX", "DONE", "InvocationNot
            "InvocationCancelledError", "ClientGoneError", "error_text")
 
 log = logging.getLogger("fnstream.runtime")
+T = TypeVar("T")
 
 STREAM_PREFIX = "invocations/"  # the named stream of invocation X is `invocations/X` in its tenant's namespace
 DONE = "[DONE]"
@@ -74,8 +75,8 @@ def error_text(exc: FunctionServiceError) -> str:
 class Retained:
     """One kept invocation: where its output goes, and how far it got."""
 
-    __slots__ = ("broken", "cancelled", "configured", "continues", "done_id", "ending", "id", "inv", "key", "next_id",
-                 "outputs", "over", "remote", "timer")
+    __slots__ = ("broken", "cancelled", "configured", "continues", "done_id", "ending", "flusher", "id", "inv", "key",
+                 "next_id", "outputs", "over", "queue", "remote", "timer")
 
     def __init__(self, inv: InvocationSurface | None, tenant: str, continues: bool, inv_id: str = "") -> None:
         self.id = inv.id if inv is not None else inv_id
@@ -92,6 +93,8 @@ class Retained:
         self.outputs: DurableOutputs | None = None
         self.remote = False  # a view of one another frontend keeps (cluster mode): see find_shared
         self.cancelled: FunctionServiceError | None = None  # a cancel by id of an invocation with no abort()
+        self.queue: list[str] | None = None  # cluster mode: events not yet published (DurableOutputs._flush)
+        self.flusher: asyncio.Task[None] | None = None
 
     async def put(self, batch: list[str]) -> None:
         assert self.outputs is not None
@@ -149,6 +152,33 @@ class DurableOutputs:
         """Append events; a refusal (a full broker, an empty write) marks the kept output broken,
         never the live answer."""
         rec.next_id += len(payloads)
+        if rec.broken is not None:
+            return
+        if self.shared():  # Redis: a publish is ~1 ms; off the answer's path, in order (see _flush)
+            if rec.queue is None:
+                rec.queue = []
+            rec.queue.extend(payloads)
+            if rec.flusher is None:
+                rec.flusher = self._spawn(self._flush(rec))
+            return
+        await self._put(rec, payloads)
+
+    async def _flush(self, rec: Retained) -> None:
+        """Publish what the answer queued, everything pending at once, until nothing is left
+        (one task per record only while it has something to send)."""
+        try:
+            while rec.queue:
+                payloads, rec.queue = rec.queue, []
+                await self._put(rec, payloads)
+        finally:
+            rec.flusher = None
+
+    async def flushed(self, rec: Retained) -> None:
+        """Wait until everything queued for `rec` is published (a reader is about to subscribe)."""
+        while rec.flusher is not None:
+            await asyncio.wait([rec.flusher])
+
+    async def _put(self, rec: Retained, payloads: Sequence[str]) -> None:
         if rec.broken is not None:
             return
         try:
@@ -253,11 +283,12 @@ class DurableOutputs:
             inv.cancel("the server is shutting down")
             raise
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(retrieve)
+        return task
 
     # -- readers -------------------------------------------------------------------------------
     def find(self, principal: Principal | None, inv_id: str) -> Retained:
@@ -335,6 +366,8 @@ class DurableOutputs:
 
     async def close(self) -> None:
         """Shutdown: stop the pumps (their invocations are aborted) and forget the rest."""
+        if self._tasks:  # queued publishes and detached invocations (aborted by the drain) end by themselves
+            await asyncio.wait(list(self._tasks), timeout=1.0)
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

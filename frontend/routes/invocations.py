@@ -63,6 +63,7 @@ async def events(request: web.Request) -> web.StreamResponse:
         if rec.broken is not None:
             await out.write(_error(f"the output of invocation {inv_id} is not kept whole: {rec.broken}"))
             return await out.finish()
+        await outputs.flushed(rec)  # (cluster mode: what this frontend answered but had not yet published)
         sub = await outputs.subscribe(rec, from_id)
         try:
             if sub.lost is not None:

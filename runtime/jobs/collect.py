@@ -13,7 +13,7 @@ from .model import Job
 
 if TYPE_CHECKING:
     from ..surface import InvocationSurface
-    from .runner import JobManager
+    from .host import JobHost
 
 __all__ = ("cancelled", "collect")
 
@@ -32,7 +32,7 @@ def _error_item(job: Job, value: Any) -> FunctionServiceError | None:
         return JobItemError(_error_text(value["error"]))
     return None
 
-async def collect(manager: JobManager, job: Job, function: FunctionRef, inv: InvocationSurface) -> None:
+async def collect(manager: JobHost, job: Job, function: FunctionRef, inv: InvocationSurface) -> None:
     """Read the invocation's output into the job, then record how it ended."""
     generator_items: list[Any] = []
     stopped: FunctionServiceError | None = None  # output too large, or RunPod's error item

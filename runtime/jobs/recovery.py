@@ -21,14 +21,14 @@ from .model import Job
 from .store import SharedStore
 
 if TYPE_CHECKING:
-    from .runner import JobManager
+    from .host import JobHost
 
 __all__ = ("adopt", "recover", "take_over")
 
 log = logging.getLogger("fnstream.jobs")
 
 
-async def recover(manager: JobManager) -> None:
+async def recover(manager: JobHost) -> None:
     """Load the stored jobs (at start) and apply the restart rules; expired finished jobs are deleted."""
     recovered = requeued = 0
     now = time.time()
@@ -46,7 +46,7 @@ async def recover(manager: JobManager) -> None:
         log.info("jobs: %d queued job(s) after restart (%d were running)", requeued, recovered)
 
 
-async def adopt(manager: JobManager, job: Job, what: str, *, take_ownership: bool = False) -> None:
+async def adopt(manager: JobHost, job: Job, what: str, *, take_ownership: bool = False) -> None:
     """Hold `job` and apply the restart rules to it (`what` says why its runner is gone)."""
     manager.jobs[job.id] = job
     manager.bytes.add_input(job, job.stored_input if job.cold else input_size(job.event))
@@ -71,7 +71,7 @@ async def adopt(manager: JobManager, job: Job, what: str, *, take_ownership: boo
                             job.id, exc.message)
 
 
-async def take_over(manager: JobManager, shared: SharedStore) -> None:
+async def take_over(manager: JobHost, shared: SharedStore) -> None:
     """Cluster mode: adopt the unfinished jobs of nodes that stopped renewing their lease."""
     def take(job: Job) -> None:
         if job.id not in manager.jobs:

@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 
-__all__ = ("Client", "SSEEvent", "iter_sse", "DEFAULT_URL")
+__all__ = ("Client", "SSEEvent", "iter_sse")
 
-DEFAULT_URL = os.environ.get("FNSTREAM_URL", "http://127.0.0.1:8888")
 
 
 class SSEEvent(dict[str, Any]):
@@ -41,7 +39,7 @@ async def iter_sse(response: aiohttp.ClientResponse) -> AsyncIterator[SSEEvent]:
 class Client:
     """Talks to a running fnstream server."""
 
-    def __init__(self, url: str = DEFAULT_URL, token: str | None = None) -> None:
+    def __init__(self, url: str, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 

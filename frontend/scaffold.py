@@ -12,15 +12,12 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
-from pydantic import BaseModel, ValidationError
-
-from runtime.config import Config, packaged_default_config
-from runtime.manifest import FunctionSpec, parse_manifest
+from typing import TYPE_CHECKING, Any
 
 from .templates import TEMPLATES
+
+if TYPE_CHECKING:  # the rest is imported where used: the CLI parser builds from this module
+    from pydantic import BaseModel
 
 __all__ = (
     "ScaffoldError",
@@ -70,6 +67,7 @@ def bundled_examples() -> tuple[Path, Path]:
 
 
 def _yaml_value(value: Any) -> str:
+    import yaml
     return yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=10_000).strip().removesuffix(
         "\n...").strip()
 
@@ -78,6 +76,7 @@ def _render(model: type[BaseModel], defaults: dict[str, Any], shipped: dict[str,
             lines: list[str]) -> None:
     """One line per key; a key the shipped file does not set is commented out as `# ` + its line,
     so removing the leading `# ` of a key (and of its section) turns it on."""
+    from pydantic import BaseModel
     pad = "  " * indent
     for key, field in model.model_fields.items():
         if field.exclude:
@@ -104,6 +103,9 @@ def _render(model: type[BaseModel], defaults: dict[str, Any], shipped: dict[str,
 def render_config() -> str:
     """config/default.yaml for a new project: the shipped settings active, every other key commented
     out with its default (uncomment to change). Relative paths resolve against the file's directory."""
+    import yaml
+
+    from runtime.config import Config, packaged_default_config
     shipped = yaml.safe_load(packaged_default_config().read_text()) or {}
     lines = ["# fnstream configuration (written by `fnstream init`). Every key is listed with its default;",
              "# uncomment a line to change it. Relative paths resolve against this file's directory.",
@@ -184,6 +186,9 @@ def init_project(directory: Path, *, force: bool = False, examples: bool = False
 
 def _check_name(name: str) -> str:
     """The module name for function `name`, or ScaffoldError with the manifest's own message."""
+    from pydantic import ValidationError
+
+    from runtime.manifest import FunctionSpec
     try:
         FunctionSpec.model_validate({"name": name, "handler": "module.handler"})
     except ValidationError as exc:
@@ -215,6 +220,7 @@ def new_function(directory: Path, name: str, template: str = "stream", *, force:
     manifest = (f"name: {name}\ndescription: {tpl.summary} (fnstream new --template {template})\n"
                 f"handler: {handler}\ncodePath: {code_path}\ntimeout: 60\n"
                 + tpl.manifest_extra.format(name=name))
+    from runtime.manifest import parse_manifest
     parse_manifest(manifest, f"deploy/{name}.yaml", directory / "deploy")  # a template bug fails here, not later
     files: dict[Path, str | Path] = {source: code, Path(f"deploy/{name}.yaml"): manifest}
     written = _write_all(directory, files, force)

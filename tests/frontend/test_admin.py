@@ -182,6 +182,10 @@ def test_cli_deploy_of_a_multi_function_file_is_one_all_or_nothing_request(start
                                     {"name": "cli-b", **echo}]))
     done = _cli("deploy", str(both), "--url", server.url)
     assert done.returncode == 0, done
+    lines = done.stdout.splitlines()  # one line a function: name, URN, executor, revision
+    assert [line.split()[0] for line in lines] == ["cli-a", "cli-b"]
+    assert all(":function:0@" in line.split()[1] and line.split()[2] == "thread" for line in lines), lines
+    done = _cli("deploy", str(both), "--json", "--url", server.url)  # the whole answer, for machines
     assert [f["name"] for f in json.loads(done.stdout)["functions"]] == ["cli-a", "cli-b"]
     _, body = _get_function(server, "cli-a")
     assert body["function"]["environment"] == {"v": "2"} and body["function"]["status"]["revision"] > revision

@@ -10,7 +10,14 @@ import time
 
 import pytest
 
-from tests.support.cluster import CLUSTER_FUNCTIONS, RedisServer, require_redis_server, serving, sse
+from tests.support.cluster import (
+    CLUSTER_FUNCTIONS,
+    RedisServer,
+    require_redis_server,
+    serving,
+    sse,
+    workers_serving,
+)
 
 COUNTED = {"name": "counted", "handler": "relay.counted", "codePath": str(CLUSTER_FUNCTIONS), "timeout": 60,
            "concurrency": 2}
@@ -35,13 +42,20 @@ async def _final(s, base: str, job_id: str) -> dict:
         await asyncio.sleep(0.1)
 
 
-async def test_jobs_survive_a_redis_outage_and_run_exactly_once(aof_redis, start_server, start_worker, tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_jobs_survive_a_redis_outage_and_run_exactly_once(aof_redis, start_server, start_worker, tmp_path,
+                                                                 workers):
+    """With two workers, each may find the other's entries idle and its heartbeat key expired once
+    Redis is back (the reclaim waits after an outage; `taken` refuses a live taker's entry)."""
     runs = tmp_path / "runs.log"
     runs.touch()
     async with serving(aof_redis.url, start_server, start_worker, COUNTED) as cluster:
         s, base = cluster.session, cluster.frontend.url
+        for _ in range(workers - 1):
+            start_worker(aof_redis.url)
+        await workers_serving(s, base, "counted", workers)
         ids = []
-        for n in range(JOBS):   # two run at once (concurrency 2), four wait in the Redis queue
+        for n in range(JOBS):   # two run at once per worker (concurrency 2), the others wait in the Redis queue
             async with s.post(f"{base}/v2/counted/run",
                               json={"input": {"n": n, "log": str(runs), "wait_ms": 1500}}) as r:
                 assert r.status == 200, await r.text()
@@ -51,7 +65,7 @@ async def test_jobs_survive_a_redis_outage_and_run_exactly_once(aof_redis, start
         queued = aof_redis.client()
         deadline = time.monotonic() + 20
         # readiness: two handlers run, and the streaming call is queued (its entry is in the stream)
-        while len(runs.read_text().split()) < 2 or not any(
+        while len(runs.read_text().split()) < 2 * workers or not any(
                 f.get("mode") == "sse" and "items" not in f   # (a job's entry keeps its items)
                 for _, f in queued.xrange("fnstream:{queue:counted}")):
             assert time.monotonic() < deadline, "no job started"

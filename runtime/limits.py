@@ -159,6 +159,15 @@ class ThreadGate:
                 "overranTotal": self.overran_total, "burningCpu": len(self.burning)}
 
 
+def _runqueue_wait() -> float:
+    """Seconds this thread spent ready to run but waiting for a CPU (Linux schedstat); 0 elsewhere."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class LoopLagMonitor:
     """Every `interval` s, how late the timer fired; a lateness over `threshold` s is a stall."""
 
@@ -171,6 +180,7 @@ class LoopLagMonitor:
         self.last_lag = 0.0
         self.max_lag = 0.0
         self.total_stall_seconds = 0.0
+        self.host_stalls = 0  # stalls the host caused (no CPU for the process), not counted in `stalls`
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -187,24 +197,39 @@ class LoopLagMonitor:
             self._task = None
 
     async def _run(self) -> None:
+        waited = _runqueue_wait()
         while True:
             expected = time.monotonic() + self.interval
             await asyncio.sleep(self.interval)
             lag = time.monotonic() - expected
+            before, waited = waited, _runqueue_wait()
             # Functions that ran on the loop during this interval (the executor remembers them).
-            self.record(lag, sorted(set(self._running_on_loop())))
+            self.record(lag, sorted(set(self._running_on_loop())), waited - before)
 
-    def record(self, lag: float, running: list[str]) -> None:
+    def record(self, lag: float, running: list[str], waited: float = 0.0) -> None:
+        """`waited`: how long the loop's thread was ready to run but got no CPU meanwhile. A stall
+        mostly spent so is the host's (another process was busy), not a handler's: logged as such,
+        counted in `host_stalls`, and blames no function."""
         self.last_lag = max(0.0, lag)
         self.max_lag = max(self.max_lag, self.last_lag)
-        if self.last_lag >= self.threshold:
-            self.stalls += 1
-            self.total_stall_seconds += self.last_lag
+        if self.last_lag < self.threshold:
+            return
+        if waited >= self.last_lag / 2:
+            self.host_stalls += 1
+            log.warning("event loop stalled for %.2fs, %.2fs of it waiting for a CPU: the host was busy "
+                        "(another process had the CPU), not a handler", self.last_lag, waited)
+            return
+        self.stalls += 1
+        self.total_stall_seconds += self.last_lag
+        if running:
             log.warning("event loop stalled for %.2fs (every request waited); running on the loop: %s. "
                         "A blocking call in an `async def` handler holds the whole server: make it a "
                         "plain `def` handler or use `await asyncio.to_thread(...)`",
-                        self.last_lag, ", ".join(running) or "no function (fnstream itself?)")
+                        self.last_lag, ", ".join(running))
+        else:
+            log.warning("event loop stalled for %.2fs (every request waited) while no handler ran on the "
+                        "loop: fnstream itself held it (please report it)", self.last_lag)
 
     def describe(self) -> dict[str, float | int]:
-        return {"stalls": self.stalls, "lastLagSeconds": round(self.last_lag, 4),
+        return {"stalls": self.stalls, "hostStalls": self.host_stalls, "lastLagSeconds": round(self.last_lag, 4),
                 "maxLagSeconds": round(self.max_lag, 4), "totalStallSeconds": round(self.total_stall_seconds, 4)}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from runtime.limits import Waiters
 
@@ -26,3 +27,19 @@ async def test_waiters_wake_in_order_and_a_cancelled_wakeup_passes_on():
     waiters.wake_one()
     await asyncio.wait_for(tasks[2], 5)
     assert order == ["b", "c"] and not waiters
+
+
+def test_a_stall_spent_waiting_for_a_cpu_is_the_hosts_and_blames_no_function(caplog):
+    from runtime.limits import LoopLagMonitor
+    monitor = LoopLagMonitor(lambda: [])
+    with caplog.at_level(logging.WARNING, logger="fnstream.runtime"):
+        monitor.record(1.2, [], waited=1.0)  # ready to run, no CPU given: a busy host
+        assert monitor.host_stalls == 1 and monitor.stalls == 0
+        assert "the host was busy" in caplog.text and "async def" not in caplog.text
+        caplog.clear()
+        monitor.record(1.2, ["blocker"], waited=0.01)  # the loop ran (or slept in) a handler's code
+        assert monitor.stalls == 1 and "blocker" in caplog.text and "async def" in caplog.text
+        caplog.clear()
+        monitor.record(1.2, [], waited=0.0)  # no handler ran: not one to name
+        assert monitor.stalls == 2 and "no handler ran" in caplog.text and "async def" not in caplog.text
+    assert monitor.describe()["hostStalls"] == 1

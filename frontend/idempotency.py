@@ -27,5 +27,5 @@ async def submit_once(request: web.Request, function: FunctionRef, parts: tuple[
     if key is None:
         job = await create()
         return job.id, job
-    print_ = fingerprint(function.spec.name, *parts)
+    print_ = fingerprint(function.spec.urn, *parts)  # tenant, namespace, name and version
     return await request.app[IDEMPOTENCY].submit(function.spec.tenant, key, print_, create)

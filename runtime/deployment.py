@@ -97,6 +97,9 @@ class Deployment:
     """
 
     def __init__(self, spec: FunctionSpec, code: LoadedCode | None, revision: int = 0) -> None:
+        wanted = code.runpod.concurrency if code is not None and code.runpod is not None else None
+        if wanted is not None and "concurrency" not in spec.model_fields_set:
+            spec = spec.model_copy(update={"concurrency": wanted})  # RunPod's concurrency_modifier
         self.spec = spec
         self.code = code
         self.kind: Kind = handler_kind(code.handler) if code is not None else "sync"

@@ -17,9 +17,12 @@ from typing import Any, cast
 from .errors import DeployError
 from .jobs.handler_style import adapt_handler
 from .manifest import FunctionSpec
+from .runpod_compat import RunpodOptions, capture_start
+from .runpod_compat import install as install_runpod_shim
 from .yr_compat import install as install_yr_shim
 
 install_yr_shim()  # [jobs hook] openYuanrong handler code may `import yr` (no real yr installed)
+install_runpod_shim()  # RunPod worker files call runpod.serverless.start() when imported
 
 __all__ = ("LoadedCode", "load_code", "check_code_root", "check_code_location")
 
@@ -29,13 +32,14 @@ _counter = itertools.count(1)
 class LoadedCode:
     """The callables of one deployment."""
 
-    __slots__ = ("handler", "initializer", "pre_stop")
+    __slots__ = ("handler", "initializer", "pre_stop", "runpod")
 
     def __init__(self, handler: Callable[..., Any], initializer: Callable[..., Any] | None,
-                 pre_stop: Callable[..., Any] | None) -> None:
+                 pre_stop: Callable[..., Any] | None, runpod: RunpodOptions | None = None) -> None:
         self.handler = handler
         self.initializer = initializer
         self.pre_stop = pre_stop
+        self.runpod = runpod  # the handler module's runpod.serverless.start() options
 
 
 def check_code_root(code_path: Path, code_roots: list[Path], name: str) -> None:
@@ -58,7 +62,7 @@ def _module_file(code_path: Path, module: str) -> Path:
     raise FileNotFoundError(f"no module {module!r} in {code_path}")
 
 
-def _import(spec: FunctionSpec, module: str) -> ModuleType:
+def _import(spec: FunctionSpec, module: str) -> tuple[ModuleType, RunpodOptions | None]:
     path = _module_file(spec.codePath, module)
     unique = f"_fnstream_{spec.name.replace('-', '_')}_{next(_counter)}_{module.replace('.', '_')}"
     mod_spec = importlib.util.spec_from_file_location(unique, path)
@@ -70,11 +74,13 @@ def _import(spec: FunctionSpec, module: str) -> ModuleType:
         sys.path.append(code_dir)
     sys.modules[unique] = mod
     try:
-        mod_spec.loader.exec_module(mod)
+        with capture_start() as starts:
+            mod_spec.loader.exec_module(mod)
+        options = RunpodOptions.from_config(starts[-1], f"module {module!r}") if starts else None
     except BaseException:
         del sys.modules[unique]
         raise
-    return mod
+    return mod, options
 
 
 def _where(exc: BaseException, code_path: Path) -> str:
@@ -113,12 +119,12 @@ def check_code_location(spec: FunctionSpec, code_roots: list[Path]) -> None:
 def load_code(spec: FunctionSpec, code_roots: list[Path]) -> LoadedCode:
     """Import the handler (and initializer/preStop) of `spec`; DeployError says what failed."""
     check_code_location(spec, code_roots)
-    modules: dict[str, ModuleType] = {}
+    modules: dict[str, tuple[ModuleType, RunpodOptions | None]] = {}
 
     def resolve(field: str, ref: str | None) -> Callable[..., Any] | None:
         if ref is None:
             return None
-        module, _, attr = ref.rpartition(".")
+        module, _, attr = ref.rpartition(".") if "." in ref else (ref, "", "")
         try:
             if module not in modules:
                 modules[module] = _import(spec, module)
@@ -128,12 +134,20 @@ def load_code(spec: FunctionSpec, code_roots: list[Path]) -> LoadedCode:
             where = _where(exc, spec.codePath)
             raise DeployError(f"function {spec.name!r}: importing {module!r} failed: "
                               f"{type(exc).__name__}: {exc}{where}") from None
-        func = getattr(modules[module], attr, None)
+        mod, options = modules[module]
+        if not attr:  # `handler: MODULE`: the handler its runpod.serverless.start() call names
+            if options is None:
+                raise DeployError(f"function {spec.name!r}: {field} {ref!r}: module {module!r} does not call "
+                                  "runpod.serverless.start(); name the function as 'module.function'")
+            return options.handler
+        func = getattr(mod, attr, None)
         if not callable(func):
             raise DeployError(f"function {spec.name!r}: {field} {ref!r}: module {module!r} has no callable {attr!r}")
         return cast("Callable[..., Any]", func)
 
     handler = resolve("handler", spec.handler)
     assert handler is not None
+    module = spec.handler.rpartition(".")[0] if "." in spec.handler else spec.handler
+    options = modules[module][1] if module in modules else None
     handler = adapt_handler(handler)  # [jobs hook] `def handler(job)`: RunPod-style, one parameter
-    return LoadedCode(handler, resolve("initializer", spec.initializer), resolve("preStop", spec.preStop))
+    return LoadedCode(handler, resolve("initializer", spec.initializer), resolve("preStop", spec.preStop), options)

@@ -25,6 +25,7 @@ _JAVA_ID = r"[A-Za-z_$][A-Za-z0-9_$]*"
 _JAVA_HANDLER_RE = re.compile(rf"^{_JAVA_ID}(\.{_JAVA_ID})*(::|\.){_JAVA_ID}$")
 _JAVA_HOOK_RE = re.compile(rf"^({_JAVA_ID}(\.{_JAVA_ID})*(::|\.))?{_JAVA_ID}$")
 JAVA_RUNTIMES = ("java8", "java11", "java17", "java21")
+_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # `handler: MODULE`: its runpod.serverless.start()
 _IDENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 
 
@@ -34,7 +35,8 @@ class FunctionSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
     name: str
-    handler: str = Field(description="module.function (Java: package.Class::method)")
+    handler: str = Field("handler", description="module.function (Java: package.Class::method), or a module "
+                         "that calls runpod.serverless.start() (a RunPod worker file)")
     codePath: Path = Field(Path("."), description="directory of the handler module, relative to the manifest")
     runtime: Literal["python3", "python3.9", "python3.10", "python3.11", "python3.12", "python3.13",
                      "java8", "java11", "java17", "java21"] = Field(
@@ -108,7 +110,7 @@ class FunctionSpec(BaseModel):
             if java and not (_JAVA_HANDLER_RE if field == "handler" else _JAVA_HOOK_RE).match(value):
                 raise ValueError(f"field {field!r}: must be 'package.Class::method', e.g. "
                                  "'org.yuanrong.demo.Demo::handler'")
-            if not java and not _HANDLER_RE.match(value):
+            if not java and not (_HANDLER_RE.match(value) or (field == "handler" and _MODULE_RE.match(value))):
                 raise ValueError(f"field {field!r}: must be 'module.function', e.g. 'echo.handler'")
         return self
 

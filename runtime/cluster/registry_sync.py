@@ -162,7 +162,7 @@ class RegistrySync:
 
     def _local_code_path(self, spec: FunctionSpec, rel: str | None) -> Path:
         """The same path if this node has the module there, else the same place under a local code root."""
-        module = spec.handler.rpartition(".")[0].replace(".", "/")
+        module = (spec.handler.rpartition(".")[0] if "." in spec.handler else spec.handler).replace(".", "/")
         candidates = [Path(spec.codePath)] + [root / rel for root in self.registry.code_roots if rel is not None]
         for directory in candidates:
             if (directory / f"{module}.py").is_file() or (directory / module).is_dir():

@@ -88,6 +88,9 @@ async def collect(manager: JobHost, job: Job, function: FunctionRef, inv: Invoca
             in_process = isinstance(inv, Invocation) and function.executor != "process"
             result = generator_items if in_process else list(job.outputs)
             job.aggregated = True
+            options = function.code.runpod if function.code is not None else None
+            if job.api == "runpod" and options is not None and not options.aggregate_stream:
+                result = []  # RunPod without return_aggregate_stream: the items are read with /stream only
         if job.api == "runpod" and isinstance(result, dict) and result.get("error"):
             await manager._finish(job, "FAILED", error=JobItemError(_error_text(result["error"])))
             return

@@ -74,6 +74,7 @@ class Job:
     changing: bool = field(default=False, compare=False)  # a new state is being stored (runtime/jobs/writes.py)
     cold_count: int | None = field(default=None, compare=False)  # a stub (runtime/jobs/cache.py): its outputs' count
     stored_input: int = field(default=0, compare=False)  # a stub's input bytes in the store (jobs.tenantQuotaBytes)
+    progress: Any = field(default=None, compare=False)  # runpod.serverless.progress_update(job, data)
 
     @property
     def final(self) -> bool:
@@ -96,6 +97,8 @@ class Job:
                                 "executionTime": self.execution_ms()}
         if self.status == "COMPLETED":
             data["output"] = self.result
+        elif self.status == "IN_PROGRESS" and self.progress is not None:
+            data["output"] = self.progress  # RunPod shows the last progress update as the output
         elif self.error is not None:
             data["error"] = self.error["message"]
         if self.retried:

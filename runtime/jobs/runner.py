@@ -25,6 +25,7 @@ from ..deployment import Deployment, FunctionRef
 from ..dispatch import InvokeOptions
 from ..errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError
 from ..principal import Principal
+from ..runpod_compat import set_progress_sink
 from ..tasks import stop_tasks
 from .cache import JobCache
 from .collect import cancelled, collect
@@ -87,9 +88,24 @@ class JobManager(JobReads):
         """Load the stored jobs and apply the restart rules, then run what is queued."""
         await recover(self)
         loop = asyncio.get_running_loop()
+        self._loop = loop
+        set_progress_sink(self._progress_sink)
         self._sweeper = loop.create_task(self._sweep(), name="jobs-sweeper")
         if self.shared is not None:
             self._tasks.add(loop.create_task(take_over(self, self.shared), name="jobs-takeover"))
+
+    def _progress_sink(self, job_id: str, progress: Any) -> bool:
+        """runpod.serverless.progress_update() from a handler (any thread): shown while the job runs."""
+        job = self.jobs.get(job_id)
+        if job is None or job.id not in self._running:
+            return False
+        self._loop.call_soon_threadsafe(self._progressed, job, progress)
+        return True
+
+    def _progressed(self, job: Job, progress: Any) -> None:
+        if job.status == "IN_PROGRESS":
+            job.progress = progress
+            self._notify(job)
 
     def spawn(self, coro: Coroutine[Any, Any, object], name: str) -> asyncio.Task[Any]:
         """Run `coro` as a task of the manager (stopped with it); it handles its own store errors,
@@ -112,6 +128,7 @@ class JobManager(JobReads):
     async def stop(self) -> None:
         """Stop dispatching; running jobs stay IN_PROGRESS in the store (the restart rules apply)."""
         self.stopping = True
+        set_progress_sink(self._progress_sink, remove=True)
         tasks = [*self._dispatchers.values(), *self._tasks]
         if self._sweeper is not None:
             tasks.append(self._sweeper)

@@ -60,7 +60,9 @@ async def test_deploy_json_list_all_or_nothing(client):
     ({"name": "x", "handler": "echo.handler", "codePath": "/etc"}, "outside the allowed code roots"),
     ({"name": "x", "handler": "echo.handler", "codePath": "../.."}, "outside the allowed code roots"),
     ({"name": "Bad_Name", "handler": "echo.handler"}, "field 'name'"),
-    ({"name": "x", "handler": "nodot"}, "field 'handler'"),
+    ({"name": "x", "handler": "no-dot"}, "field 'handler'"),
+    ({"name": "x", "handler": "nodot"}, "handler 'nodot': no module 'nodot'"),  # a RunPod worker module
+    ({"name": "x", "handler": "echo"}, "module 'echo' does not call runpod.serverless.start()"),
     ({"name": "x", "handler": "echo.handler", "timeout": -1}, "field 'timeout'"),
     ({"name": "x", "handler": "echo.handler", "concurrency": "many"}, "field 'concurrency'"),
     ({"name": "x", "handler": "echo.handler", "colour": "red"}, "field 'colour': unknown field"),
@@ -98,7 +100,7 @@ def test_manifest_error_names_file_function_and_field(tmp_path):
 
 
 def test_deploy_dir_lists_every_bad_file(tmp_path):
-    (tmp_path / "a.yaml").write_text(yaml.safe_dump({"name": "a", "handler": "nodot"}))
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump({"name": "a", "handler": "no-dot"}))
     (tmp_path / "b.yaml").write_text("name: [")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump({"name": "c", "handler": "x.y"}))
     (tmp_path / "d.yaml").write_text(yaml.safe_dump({"name": "c", "handler": "x.y"}))

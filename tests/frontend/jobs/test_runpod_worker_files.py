@@ -1,0 +1,123 @@
+"""RunPod worker files deploy unchanged: `runpod.serverless.start(...)` at the bottom of the module
+records the handler and its options, driven here with the real `runpod` SDK over loopback."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import runpod
+
+from tests.support.servers import HANDLERS, test_config
+
+ROOT = HANDLERS.parent.parent
+
+
+@pytest.fixture
+async def workers(make_client, deploy_dir):
+    deploy = deploy_dir(
+        # no `handler`: the module `handler` of codePath, whose start() call names the function
+        {"name": "rp-worker", "codePath": str(HANDLERS / "rp_worker")},
+        {"name": "rp-sync", "handler": "handler", "codePath": str(HANDLERS / "rp_sync_worker")},
+        {"name": "rp-pinned", "handler": "handler.handler", "codePath": str(HANDLERS / "rp_worker"),
+         "concurrency": 5})
+    return await make_client(config=test_config(deploy, **{"runtime.codeRoots": [str(HANDLERS)]}))
+
+
+@pytest.fixture
+def sdk(workers):
+    runpod.api_key = "unused-without-auth"
+    runpod.endpoint_url_base = str(workers.make_url("/v2"))
+    return runpod
+
+
+async def test_async_generator_worker_aggregates_its_stream(sdk):
+    endpoint = sdk.Endpoint("rp-worker")
+    out = await asyncio.to_thread(endpoint.run_sync, {"input": {"prompt": "hi", "n": 3}}, 30)
+    assert out == [{"token": "hi-0"}, {"token": "hi-1"}, {"token": "hi-2"}]
+    job = await asyncio.to_thread(endpoint.run, {"prompt": "s", "n": 2})
+    assert [i async for i in _aiter(job.stream)] == [{"token": "s-0"}, {"token": "s-1"}]
+
+
+async def _aiter(stream):
+    for item in await asyncio.to_thread(lambda: list(stream())):
+        yield item
+
+
+async def test_without_return_aggregate_stream_the_output_holds_no_items(sdk, workers):
+    endpoint = sdk.Endpoint("rp-sync")
+    assert await asyncio.to_thread(endpoint.run_sync, {"input": {"n": 2}}, 30) == []
+    job = await asyncio.to_thread(endpoint.run, {"n": 3})
+    assert [i async for i in _aiter(job.stream)] == ["item-0", "item-1", "item-2"]
+
+
+async def test_concurrency_modifier_sets_the_jobs_one_instance_takes(workers, tmp_path):
+    health = await (await workers.get("/v2/rp-worker/health")).json()
+    assert health["workers"] == {"idle": 2, "running": 0}
+    # the manifest's own `concurrency` wins over the code's
+    assert (await (await workers.get("/v2/rp-pinned/health")).json())["workers"]["idle"] == 5
+    gate = tmp_path / "go"
+    ids = []
+    for _ in range(3):
+        resp = await workers.post("/v2/rp-worker/run", json={"input": {"hold": str(gate), "n": 1}})
+        ids.append((await resp.json())["id"])
+    statuses = await _statuses(workers, ids, until=lambda s: s.count("IN_PROGRESS") == 2)
+    assert sorted(statuses) == ["IN_PROGRESS", "IN_PROGRESS", "IN_QUEUE"]
+    for _ in range(5):  # the third stays queued while both slots are held
+        await asyncio.sleep(0.05)
+        assert sorted(await _statuses(workers, ids)) == ["IN_PROGRESS", "IN_PROGRESS", "IN_QUEUE"]
+    gate.touch()
+    assert await _statuses(workers, ids, until=lambda s: s == ["COMPLETED"] * 3) == ["COMPLETED"] * 3
+
+
+async def _statuses(client, ids, until=None):
+    while True:
+        statuses = [(await (await client.get(f"/v2/rp-worker/status/{i}")).json())["status"] for i in ids]
+        if until is None or until(statuses):
+            return statuses
+        await asyncio.sleep(0.02)
+
+
+async def test_progress_update_shows_in_status_while_the_job_runs(sdk, workers, tmp_path):
+    gate = tmp_path / "go"
+    job = await asyncio.to_thread(sdk.Endpoint("rp-worker").run,
+                                  {"progress": {"step": 1, "of": 2}, "hold": str(gate), "n": 1})
+    while True:
+        body = await (await workers.get(f"/v2/rp-worker/status/{job.job_id}")).json()
+        if "output" in body:
+            break
+        await asyncio.sleep(0.02)
+    assert body["status"] == "IN_PROGRESS" and body["output"] == {"step": 1, "of": 2}
+    gate.touch()
+    assert await asyncio.to_thread(job.output, 20) == [{"token": "t-0"}]
+
+
+def test_worker_file_imports_without_the_runpod_package(tmp_path):
+    """With no `runpod` installed, fnstream's stand-in makes the same file load (a fresh interpreter
+    in which `import runpod` of the real package fails)."""
+    script = textwrap.dedent(f"""
+        import asyncio, sys
+        sys.modules["runpod"] = None  # as if not installed: `import runpod` fails, find_spec finds nothing
+        from pathlib import Path
+        from runtime.loader import load_code
+        from runtime.manifest import FunctionSpec
+        import runpod
+        assert not hasattr(runpod, "__file__"), "the stand-in, not the real package"
+        spec = FunctionSpec(name="w", codePath=Path({str(HANDLERS / "rp_worker")!r}))
+        code = load_code(spec, [])
+        assert code.runpod.concurrency == 2 and code.runpod.aggregate_stream
+        async def run():
+            return [i async for i in code.handler({{"id": "j", "input": {{"prompt": "x", "n": 2}}}}, None)]
+        print(asyncio.run(run()))
+        try:
+            runpod.serverless.start({{"handler": print}})
+        except RuntimeError as exc:
+            print("outside:", exc)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "[{'token': 'x-0'}, {'token': 'x-1'}]"
+    assert lines[1].startswith("outside: runpod.serverless.start(): this `runpod` is fnstream's stand-in")

@@ -309,10 +309,13 @@ async function sendInvoke() {
         addEvent(list, (ev.event !== "message" ? ev.event + ": " : "") + ev.data, ms, ev.id);
         last = ev.data;
       }, seen, controller.signal, (n) => { $("invoke-status").textContent = call.status + " reconnecting (" + n + ")"; });
-      if (last !== null) {
-        if (looksLikeError(last)) $("invoke-error").textContent = last;
-        else $("invoke-result").textContent = last;
-      }
+      // A generator's items are its events and no result event follows them: its last item is not
+      // a result. (Other handlers' last event is the result, unless they returned None.)
+      const info = (state.functions || []).find((f) => f.name === fn);
+      const generator = info && ["gen", "asyncgen"].includes(info.status.kind);
+      if (last !== null && looksLikeError(last)) $("invoke-error").textContent = last;
+      else if (last !== null && !generator) $("invoke-result").textContent = last;
+      else $("invoke-result").textContent = "no result";
     } else {
       const text = await resp.text();
       let shown = text;

@@ -276,3 +276,28 @@ def test_page_on_an_allowed_origin_streams_through_fetch_and_eventsource(browser
     assert page.evaluate("window.results.elements") == ["one", "two", "[DONE]"]
     page.screenshot(path=str(tmp_path / "cross-origin.png"))
     assert problems == []
+
+
+def test_a_generators_last_item_is_not_shown_as_its_result(browser, start_server, tmp_path):
+    from tests.support.servers import FUNCTIONS, HANDLERS
+    server = start_server("-s", f"runtime.codeRoots={json.dumps([str(FUNCTIONS), str(HANDLERS)])}",
+                          "-s", "frontend.args.enableEvent=true")
+    manifest = {"name": "counting", "handler": "testfns.gen", "codePath": str(HANDLERS)}
+    req = urllib.request.Request(f"{server.url}/admin/v1/functions", data=json.dumps(manifest).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 201
+    problems: list[str] = []
+    page = _page(browser, problems)
+    page.goto(server.url + "/console/")
+    page.wait_for_selector("#functions-table tbody tr[data-name=counting]")
+    page.click("#tabs button[data-panel=invoke]")
+    for fn, event, result in (("counting", {"n": 3}, "no result"), ("hello", {}, '"ok"')):
+        page.select_option("#invoke-fn", fn)
+        page.select_option("#invoke-mode", "stream")
+        page.fill("#invoke-event", json.dumps(event))
+        page.click("#invoke-send")
+        page.wait_for_selector("#invoke-events li:has-text('[DONE]')", timeout=15000)
+        page.wait_for_function("() => document.getElementById('invoke-send').disabled === false")
+        assert page.text_content("#invoke-result") == result, fn  # a generator sends no result event
+    assert not problems, problems

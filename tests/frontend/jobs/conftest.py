@@ -23,10 +23,12 @@ JOB_FUNCTIONS = [
 
 @pytest.fixture
 def job_config(deploy_dir):
-    """Factory: the test config with the job handlers deployed and `overrides` applied."""
+    """Factory: the test config with the job handlers deployed and `overrides` applied. A short
+    shutdown grace: a test that leaves a job sleeping would otherwise wait out the default 10 s."""
 
     def factory(**overrides):
-        return test_config(deploy_dir(*JOB_FUNCTIONS), **{"frontend.args.enableEvent": True, **overrides})
+        return test_config(deploy_dir(*JOB_FUNCTIONS), **{"frontend.args.enableEvent": True,
+                                                          "frontend.args.shutdownGraceSeconds": 0.5, **overrides})
 
     return factory
 

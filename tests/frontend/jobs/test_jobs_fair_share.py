@@ -12,7 +12,9 @@ BOB = {"Authorization": "Bearer bob-user"}
 def two_tenants(deploy_dir, **overrides):
     functions = [fn("alice-sleep", "job_fns.sleeper", tenant="alice", concurrency=1),
                  fn("bob-sleep", "job_fns.sleeper", tenant="bob", concurrency=1)]
-    return test_config(deploy_dir(*functions), **{"auth.tokens": TOKENS, **overrides})
+    # A short shutdown grace: the jobs left sleeping would otherwise hold the teardown 10 s.
+    return test_config(deploy_dir(*functions), **{"auth.tokens": TOKENS, "frontend.args.shutdownGraceSeconds": 0.5,
+                                                  **overrides})
 
 
 async def test_one_tenants_backlog_does_not_refuse_another_tenants_jobs(make_client, deploy_dir):

@@ -2,7 +2,6 @@
 and `fnstream worker` processes."""
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import shutil
 import socket
@@ -18,6 +17,7 @@ import redis
 
 from frontend.client import iter_sse
 from tests.support.servers import FUNCTIONS, TESTS, FnstreamProcess, free_port
+from tests.support.waiting import eventually
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
@@ -163,14 +163,7 @@ RELAY = {"name": "relay", "handler": "relay.handler", "codePath": str(CLUSTER_FU
 
 async def wait_until(probe, what: str, limit: float = 15.0):
     """Poll `probe()` until it returns something truthy (readiness, not a timing assertion)."""
-    deadline = time.monotonic() + limit
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        await asyncio.sleep(0.05)
+    return await eventually(probe, what, limit=limit)
 
 
 async def status(session: aiohttp.ClientSession, base: str) -> dict:

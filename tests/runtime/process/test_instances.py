@@ -10,6 +10,7 @@ import pytest
 
 from frontend.keys import EXECUTOR
 from tests.support.servers import PROCESS_FUNCTIONS as PROC
+from tests.support.waiting import eventually
 
 SSE = {"Accept": "text/event-stream"}
 
@@ -34,13 +35,8 @@ async def pool_status(client, name: str) -> dict:
 
 
 async def wait_until(predicate, what: str, limit: float = 30.0):
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        value = await predicate()
-        if value is not None and value is not False:  # [] (no instances) is an answer
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"gave up waiting for {what}")
+    # [] (no instances) is an answer: only None and False mean "not yet".
+    return await eventually(predicate, what, limit=limit, accept=lambda v: v is not None and v is not False)
 
 
 async def wait_idle(client, name: str, count: int) -> list[int]:

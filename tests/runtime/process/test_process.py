@@ -14,6 +14,7 @@ import pytest
 
 from frontend.keys import EXECUTOR
 from tests.support.servers import FUNCTIONS, PROCESS_FUNCTIONS
+from tests.support.waiting import eventually
 
 PROC = PROCESS_FUNCTIONS
 
@@ -42,13 +43,7 @@ async def pool_status(client, name: str) -> dict:
 
 async def wait_until(predicate, what: str, limit: float = 20.0):
     """Poll an async predicate until it returns something truthy (a bounded wait, not a timing check)."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"gave up waiting for {what}")
+    return await eventually(predicate, what, limit=limit)
 
 
 def process_gone(pid: int):

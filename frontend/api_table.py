@@ -44,6 +44,9 @@ _SESSION = Param("X-Instance-Session", "header", 'keep this turn on one instance
                  '"sessionTTL": seconds, "concurrency": n (-1 exclusive)}')
 _MANIFEST = {"model": FunctionSpec, "types": ("application/yaml", "application/json"),
              "description": "a manifest: one function, or a list of them"}
+_YR_FUNCTION = {"description": "openYuanrong's function registration JSON (instance counts as strings)"}
+_YR_ANSWER = {"json": {"description": '{"code": 0, "message": "SUCCESS", "function": {id, functionVersionUrn, '
+                       'revisionId, name, runtime, handler, ...}}'}}
 _EVENT = {"description": "the event handed to the handler: any JSON value"}
 _INVOKE_DOC = ("The result as JSON, or with `Accept: text/event-stream` every `context.get_stream().write()` as "
                "one SSE event the moment it is written (`id:` 1, 2, ...), the result as the last event, then "
@@ -141,6 +144,15 @@ document(
     Op("PUT", "/admin/v1/functions/{name}", "admin", "Redeploy a function (a new revision)", body=_MANIFEST,
        ok=Deployed, errors=(400, 404)),
     Op("DELETE", "/admin/v1/functions/{name}", "admin", "Delete a function", ok=Deleted, errors=(404,)),
+    Op("POST", "/serverless/v1/functions", "admin", "openYuanrong: register a function (its JSON: name "
+       "0@{service}@{func}, runtime, handler, codePath, concurrentNum...)", body=_YR_FUNCTION, ok=_YR_ANSWER,
+       errors=(400, 409)),
+    Op("GET", "/serverless/v1/functions/{name}", "admin", "openYuanrong: one registered function (name "
+       "0@{service}@{func} or its URN)", ok=_YR_ANSWER, errors=(404,)),
+    Op("PUT", "/serverless/v1/functions/{name}", "admin", "openYuanrong: update a registered function",
+       body=_YR_FUNCTION, ok=_YR_ANSWER, errors=(400, 404)),
+    Op("DELETE", "/serverless/v1/functions/{name}", "admin", "openYuanrong: delete a registered function",
+       ok=_YR_ANSWER, errors=(404,)),
     # -- named streams
     Op("GET", "/serverless/v1/stream/subscribe", "streams", "Subscribe to a named stream (openYuanrong headers)",
        description="SSE (or msgpack with Accept: application/x-msgpack): one event per element, `id:` its "

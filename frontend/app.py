@@ -31,7 +31,19 @@ from .hosts import HOST_POLICY, HostPolicy, host_middleware
 from .jobs import attach_jobs
 from .keys import BROKER, CONFIG, DISPATCHER, EXECUTOR, LIFECYCLE, OUTPUTS, REGISTRY, TRACE_ID
 from .metrics import install_metrics
-from .routes import admin, console, health, invocations, invoke, jobs, openai, runpod, sessions, streams
+from .routes import (
+    admin,
+    console,
+    health,
+    invocations,
+    invoke,
+    jobs,
+    openai,
+    runpod,
+    sessions,
+    streams,
+    yr_functions,
+)
 from .server import FnstreamRunner, raise_fd_limit, start_site
 
 __all__ = ("build_app", "build_registry", "serve", "SERVER_KWARGS")
@@ -95,6 +107,7 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app.add_routes(invocations.routes)  # an SSE invocation's kept output, by its id
     app.add_routes(sessions.routes)
     app.add_routes(admin.routes)
+    app.add_routes(yr_functions.routes)  # openYuanrong's function registration
     app.add_routes(streams.routes)
     app.add_routes(openai.routes)
     app.add_routes(jobs.routes)    # [jobs] /serverless/v1/jobs..., async-results

@@ -1,0 +1,91 @@
+"""openYuanrong's function-registration API (`/serverless/v1/functions`) over loopback: its JSON
+in, its answers out, the function invoked by its URN, with roles and tenants."""
+from __future__ import annotations
+
+import pytest
+
+from tests.support.servers import make_config
+
+FUNCS = "/serverless/v1/functions"
+TOKENS = [{"token": "dev-default", "tenant": "default", "role": "developer"},
+          {"token": "user-default", "tenant": "default", "role": "user"},
+          {"token": "dev-acme", "tenant": "acme", "role": "developer"}]
+
+
+def registration(name="0@faaspy@hello3", **fields):
+    """openYuanrong's own request example, pointed at fnstream's shipped echo handler."""
+    return {"name": name, "runtime": "python3.9", "description": "this is a function",
+            "handler": "echo.handler", "kind": "faas", "cpu": 600, "memory": 512, "timeout": 600,
+            "customResources": {}, "environment": {"GREETING": "hi"},
+            "extendedHandler": {}, "extendedTimeout": {"initializer": 600, "pre_stop": 10},
+            "minInstance": "0", "maxInstance": "10", "concurrentNum": "2", "storageType": "local",
+            "codePath": ".", "s3CodePath": {}, "poolId": "pool1", **fields}
+
+
+def bearer(token):
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def test_register_get_invoke_by_urn_update_delete(make_client):
+    client = await make_client(make_config())
+    resp = await client.post(FUNCS, json=registration())
+    body = await resp.json()
+    assert resp.status == 200, body
+    assert body["code"] == 0 and body["message"] == "SUCCESS"
+    urn = body["function"]["functionVersionUrn"]
+    assert urn == "sn:cn:yrk:default:function:0@faaspy@hello3:latest" == body["function"]["id"]
+    assert body["function"]["revisionId"] and body["function"]["concurrentNum"] == 2
+    # invoked by its URN, as openYuanrong's clients do
+    resp = await client.post(f"{FUNCS}/{urn}/invocations", json={"x": 1})
+    assert resp.status == 200 and await resp.json() == {"x": 1}
+    for ref in ("0@faaspy@hello3", urn):
+        got = await (await client.get(f"{FUNCS}/{ref}")).json()
+        assert got["code"] == 0 and got["function"]["name"] == "0@faaspy@hello3"
+        assert got["function"]["handler"] == "echo.handler" and got["function"]["environment"] == {"GREETING": "hi"}
+    # the same name again: openYuanrong's 4101
+    resp = await client.post(FUNCS, json=registration())
+    assert resp.status == 409 and (await resp.json())["code"] == 4101
+    # update: a new revision with the new settings
+    resp = await client.put(f"{FUNCS}/0@faaspy@hello3", json=registration(concurrentNum="3", timeout=30))
+    updated = (await resp.json())["function"]
+    assert resp.status == 200 and updated["concurrentNum"] == 3 and updated["timeout"] == 30
+    assert updated["revisionId"] != body["function"]["revisionId"]
+    # the admin API sees the same function (one deploy path)
+    assert (await (await client.get("/admin/v1/functions/hello3")).json())["function"]["namespace"] == "faaspy"
+    resp = await client.delete(f"{FUNCS}/0@faaspy@hello3")
+    assert resp.status == 200 and (await resp.json())["code"] == 0
+    resp = await client.get(f"{FUNCS}/0@faaspy@hello3")
+    assert resp.status == 404 and (await resp.json())["code"] != 0
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"name": "hello3"}, "is not '0@{service}@{func}'"),
+    ({"name": "0@a_b@hello"}, "is not '0@{service}@{func}'"),
+    ({"kind": "yrlib"}, "only 'faas'"),
+    ({"storageType": "s3"}, "'storageType'"),
+    ({"runtime": "posix-custom-runtime"}, "'runtime'"),
+    ({"concurrentNum": "many"}, "'concurrentNum' must be a string of digits"),
+    ({"handler": "nomodule.handler"}, "nomodule"),
+    ({"codePath": "/etc"}, "outside the allowed code roots"),
+])
+async def test_bad_registrations_are_400_in_openyuanrongs_shape(make_client, fields, says):
+    client = await make_client(make_config())
+    resp = await client.post(FUNCS, json=registration(**fields))
+    body = await resp.json()
+    assert resp.status == 400 and body["code"] != 0 and says in body["message"], body
+    assert (await client.get(f"{FUNCS}/0@faaspy@hello3")).status == 404
+
+
+async def test_roles_and_tenants(make_client):
+    client = await make_client(make_config(**{"auth.tokens": TOKENS}))
+    resp = await client.post(FUNCS, json=registration(), headers=bearer("user-default"))
+    assert resp.status == 403  # registering needs the developer role
+    resp = await client.post(FUNCS, json=registration(), headers=bearer("dev-acme"))
+    urn = (await resp.json())["function"]["functionVersionUrn"]
+    assert resp.status == 200 and urn == "sn:cn:yrk:acme:function:0@faaspy@hello3:latest"  # the token's tenant
+    for method, body in (("GET", None), ("PUT", registration()), ("DELETE", None)):
+        resp = await client.request(method, f"{FUNCS}/0@faaspy@hello3", json=body, headers=bearer("dev-default"))
+        assert resp.status in (403, 404), (method, await resp.text())  # another tenant's function
+    resp = await client.get(f"{FUNCS}/{urn}", headers=bearer("dev-acme"))
+    assert resp.status == 200 and (await resp.json())["function"]["tenantId"] == "acme"
+    assert (await client.get("/openapi.json")).status == 200

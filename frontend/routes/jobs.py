@@ -110,7 +110,7 @@ async def list_jobs(request: web.Request) -> web.Response:
         raise BadRequestError("limit must be an integer") from None
     if not 1 <= limit <= 1000:
         raise BadRequestError("limit must be between 1 and 1000")
-    jobs = request.app[JOBS].list_jobs(principal_of(request), request.query.get("function"), limit)
+    jobs = await request.app[JOBS].list_all(principal_of(request), request.query.get("function"), limit)
     return web.json_response({"jobs": [j.public() for j in jobs]})
 
 

@@ -136,13 +136,14 @@ async def retry(request: web.Request) -> web.Response:
 @routes.post("/v2/{fn}/purge-queue")
 async def purge_queue(request: web.Request) -> web.Response:
     dep = _function(request)
-    return web.json_response({"removed": await request.app[JOBS].purge(dep.name), "status": "completed"})
+    removed = await request.app[JOBS].purge(dep.name, dep.spec.tenant)   # every node's, in cluster mode
+    return web.json_response({"removed": removed, "status": "completed"})
 
 
 @routes.get("/v2/{fn}/health")
 async def health(request: web.Request) -> web.Response:
     dep = _function(request)
-    counts = request.app[JOBS].counts(dep.name)
+    counts = await request.app[JOBS].counts_all(dep.name)   # every node's, in cluster mode
     running = dep.inflight if isinstance(dep, Deployment) else 0  # cluster mode: known here, run elsewhere
     return web.json_response({"jobs": counts,
                               "workers": {"idle": max(0, dep.spec.concurrency - running), "running": running}})

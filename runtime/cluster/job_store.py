@@ -140,6 +140,12 @@ class RedisJobStore(SharedStore):
     def _nodes(self) -> str:
         return f"{self.prefix}:jobs:nodes"
 
+    def _indexes(self, tenant: str, function: str) -> tuple[str, str, str]:
+        """Sorted sets of job ids by creation time (every node's jobs: lists and health counts):
+        all, the tenant's, the function's. Ids of expired jobs are dropped when read (`recent`)."""
+        return (f"{self.prefix}:jobs:index", f"{self.prefix}:{{jobs-tenant:{tenant}}}:index",
+                f"{self.prefix}:{{jobs-fn:{function}}}:index")
+
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
         self._leaser = loop.create_task(self._keep_lease(), name="jobs-redis-lease")
@@ -205,15 +211,21 @@ class RedisJobStore(SharedStore):
         job_id, owned = job.id, self._owned(self.node)
         ttl = self.retention if job.final else 0
 
+        indexes, created = self._indexes(job.tenant, job.function), job.created_at
+
         async def op() -> None:
             if not await self.redis.eval(_SAVE, 3, self._state(job_id), self._owner(job_id), self._out(job_id),
                                          self.node, data, ttl):
                 self._refused(job_id)
                 return
-            if ttl:
-                await self.redis.srem(owned, job_id)
-            else:
-                await self.redis.sadd(owned, job_id)
+            async with self.redis.pipeline(transaction=False) as pipe:   # idempotent, one round trip
+                if ttl:
+                    pipe.srem(owned, job_id)
+                else:
+                    pipe.sadd(owned, job_id)
+                for index in indexes:
+                    pipe.zadd(index, {job_id: created})
+                await pipe.execute()
 
         return self._queue(op)
 
@@ -272,6 +284,33 @@ class RedisJobStore(SharedStore):
         items = await self.redis.eval(_ADVANCE, 2, self._out(job_id), self._cursor(job_id), ttl)
         return [json.loads(i) for i in items]
 
+
+    async def recent(self, *, function: str | None = None, tenant: str | None = None,
+                     limit: int | None = None) -> list[Job]:
+        everything, of_tenant, of_function = self._indexes(tenant or "", function or "")
+        index = of_function if function is not None else of_tenant if tenant is not None else everything
+        ids = [i.decode() if isinstance(i, bytes) else str(i)
+               for i in await self.redis.zrevrange(index, 0, -1 if limit is None else limit - 1)]
+        jobs: list[Job] = []
+        gone: list[str] = []
+        for at in range(0, len(ids), 500):   # a pipeline per 500: a long list does not hold one connection long
+            chunk = ids[at:at + 500]
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for job_id in chunk:
+                    pipe.get(self._state(job_id))
+                    pipe.llen(self._out(job_id))
+                replies = await pipe.execute()
+            for n, job_id in enumerate(chunk):
+                data, count = replies[2 * n], replies[2 * n + 1]
+                if data is None:
+                    gone.append(job_id)
+                    continue
+                job = Job.from_row(json.loads(data), [])
+                job.cold_count, job.remote = int(count), True
+                jobs.append(job)
+        if gone:   # expired (retention): forgotten by the index too
+            await self.redis.zrem(index, *gone)
+        return jobs
 
     # -- a dead node's jobs ------------------------------------------------------------------
     def _refused(self, job_id: str) -> None:

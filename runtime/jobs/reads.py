@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from ..principal import Principal
@@ -84,6 +84,26 @@ class JobReads:
                 and (function is None or j.function == function)]
         return sorted(jobs, key=lambda j: j.created_at, reverse=True)[:limit]
 
+    async def list_all(self, principal: Principal | None = None, function: str | None = None,
+                       limit: int = 100) -> list[Job]:
+        """`list_jobs`, in cluster mode of every node (this node's own as held here: the freshest)."""
+        mine = self.list_jobs(principal, function, limit)
+        if self.shared is None:
+            return mine
+        tenant = None if principal is None else principal.tenant
+        found = {j.id: j for j in await self.shared.recent(function=function, tenant=tenant, limit=limit)
+                 if (tenant is None or j.tenant == tenant) and (function is None or j.function == function)}
+        found.update((j.id, j) for j in mine)
+        return sorted(found.values(), key=lambda j: j.created_at, reverse=True)[:limit]
+
+    async def counts_all(self, function: str) -> dict[str, int]:
+        """`counts`, in cluster mode of every node's jobs of `function` (this node's as held here)."""
+        if self.shared is None:
+            return self.counts(function)
+        jobs = {j.id: j for j in await self.shared.recent(function=function) if j.function == function}
+        jobs.update((j.id, j) for j in self.jobs.values() if j.function == function)
+        return _count(jobs.values())
+
     def changed(self, job: Job) -> asyncio.Event:
         """An event set at the job's next change (a new output item or a new status)."""
         event = self._changed.get(job.id)
@@ -141,14 +161,18 @@ class JobReads:
                 yield []
 
     def counts(self, function: str) -> dict[str, int]:
-        counts = {"completed": 0, "failed": 0, "inProgress": 0, "inQueue": 0, "retried": 0, "cancelled": 0}
-        key = {"COMPLETED": "completed", "FAILED": "failed", "TIMED_OUT": "failed", "IN_PROGRESS": "inProgress",
-               "IN_QUEUE": "inQueue", "CANCELLED": "cancelled"}
-        for job in self.jobs.values():
-            if job.function == function:
-                counts[key[job.status]] += 1
-                counts["retried"] += 1 if job.retried else 0
-        return counts
+        return _count(j for j in self.jobs.values() if j.function == function)
+
+
+def _count(jobs: Iterable[Job]) -> dict[str, int]:
+    """RunPod's /health job counts."""
+    counts = {"completed": 0, "failed": 0, "inProgress": 0, "inQueue": 0, "retried": 0, "cancelled": 0}
+    key = {"COMPLETED": "completed", "FAILED": "failed", "TIMED_OUT": "failed", "IN_PROGRESS": "inProgress",
+           "IN_QUEUE": "inQueue", "CANCELLED": "cancelled"}
+    for job in jobs:
+        counts[key[job.status]] += 1
+        counts["retried"] += 1 if job.retried else 0
+    return counts
 
 
 def _visible(job: Job | None, job_id: str, principal: Principal | None, function: str | None) -> Job:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = ("JobManager",)
 
 log = logging.getLogger("fnstream.jobs")
+QUEUED_ONLY = "queued:"  # a purge's cancel request: only if the job is still queued then (older nodes ignore it)
 _TAKEN_OVER = "another node took the job over"  # the cancel reason of a job taken from this node
 
 SLOT_POLL = 0.02      # seconds between looks for a free slot while a function is at its concurrency
@@ -211,9 +212,11 @@ class JobManager(JobReads):
         return await self._cancel_local(job)
 
     def _cancel_requested(self, job_id: str) -> None:
-        """Another node asked to cancel a job (shared store): cancel it if it is ours and still going."""
-        job = self.jobs.get(job_id)
-        if job is not None and not job.final:
+        """Another node asked to cancel a job (shared store): cancel it if it is ours and still going
+        (a purge's, named `QUEUED_ONLY` + id: if it is still queued)."""
+        queued_only = job_id.startswith(QUEUED_ONLY)
+        job = self.jobs.get(job_id.removeprefix(QUEUED_ONLY))
+        if job is not None and not job.final and (not queued_only or job.status == "IN_QUEUE"):
             self.spawn(self._cancel_local(job), f"jobs-cancel-{job_id}")
 
     def _taken_from_us(self, job_id: str) -> None:
@@ -275,12 +278,20 @@ class JobManager(JobReads):
         self._enqueue(job)
         return job
 
-    async def purge(self, function: str) -> int:
-        """Cancel every queued job of `function`; the number cancelled."""
+    async def purge(self, function: str, tenant: str | None = None) -> int:
+        """Cancel every queued job of `function` (in cluster mode those other nodes hold too: each
+        is told to cancel it if it is still queued then); the number cancelled."""
         queued = [self.jobs[i] for i in self._queues.get(function, ()) if self.jobs[i].status == "IN_QUEUE"]
         for job in queued:
             await self._finish(job, "CANCELLED", error=cancelled("the queue was purged"))
-        return len(queued)
+        removed = len(queued)
+        if self.shared is not None:
+            for job in await self.shared.recent(function=function):
+                if (job.status == "IN_QUEUE" and job.id not in self.jobs and job.function == function
+                        and (tenant is None or job.tenant == tenant)):
+                    await self.shared.request_cancel(QUEUED_ONLY + job.id)
+                    removed += 1
+        return removed
 
     async def advance_stream(self, job: Job) -> list[Any]:
         """RunPod's /stream: the items not returned by /stream before (the cursor is kept; in

@@ -137,6 +137,12 @@ class SharedStore(JobStore):
         """RunPod's /stream cursor, shared by every node: the items not returned before."""
         raise NotImplementedError
 
+    async def recent(self, *, function: str | None = None, tenant: str | None = None,
+                     limit: int | None = None) -> list[Job]:
+        """Jobs of every node (their state, the output items counted, not read), newest first:
+        those of `function`, else of `tenant`, else all; `limit` at most."""
+        raise NotImplementedError
+
 
 class MemoryJobStore(JobStore):
     """`jobs.store: memory`: jobs live only as long as the process (the runner holds them)."""

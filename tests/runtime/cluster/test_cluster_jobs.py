@@ -307,3 +307,30 @@ async def test_a_job_run_by_a_cluster_worker_keeps_its_items_values_and_runpods_
         async with s.post(f"{frontend.url}/v2/yields-error/runsync?wait=20000", json={"input": {}}) as r:
             body = await r.json()
         assert body["status"] == "FAILED" and "went wrong after one item" in body["error"], body
+
+
+async def test_health_the_job_list_and_purge_are_cluster_wide(redis_server, start_server, tmp_path):
+    """Asked of B, /health counts, the job list and purge-queue take in the jobs A holds (they
+    were B's own only: 0 queued, an empty list, nothing purged)."""
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    (deploy / "fns.yaml").write_text(yaml.safe_dump([fn("sleeper", "job_fns.sleeper", concurrency=1)]))
+    a = start_server(*node_args(redis_server.url, deploy), env={"FNSTREAM_LOG": "WARNING"})
+    b = start_server(*node_args(redis_server.url, deploy), env={"FNSTREAM_LOG": "WARNING"})
+    async with aiohttp.ClientSession() as s:
+        ids = []
+        for _ in range(3):   # on A: one runs, two wait for its slot
+            async with s.post(f"{a.url}/v2/sleeper/run", json={"input": {"seconds": 30}}) as r:
+                ids.append((await r.json())["id"])
+        await wait_status(s, a.url, "sleeper", ids[0], {"IN_PROGRESS"})
+        async with s.get(f"{b.url}/v2/sleeper/health") as r:
+            counts = (await r.json())["jobs"]
+        assert (counts["inProgress"], counts["inQueue"]) == (1, 2), counts
+        async with s.get(f"{b.url}/serverless/v1/jobs", params={"function": "sleeper"}) as r:
+            listed = [j["id"] for j in (await r.json())["jobs"]]
+        assert listed == ids[::-1]   # newest first
+        async with s.post(f"{b.url}/v2/sleeper/purge-queue") as r:
+            assert (await r.json())["removed"] == 2
+        for job_id in ids[1:]:
+            await wait_status(s, a.url, "sleeper", job_id, {"CANCELLED"})
+        assert (await wait_status(s, a.url, "sleeper", ids[0], {"IN_PROGRESS"}))["status"] == "IN_PROGRESS"

@@ -167,6 +167,12 @@ class Deployment:
         if self._take_pre_stop():  # not if a concurrent stop() took it during the wait
             await run_pre_stop(self.spec, self.code.pre_stop, self.revision)
 
+    def replace_code(self, code: LoadedCode) -> None:
+        """A fresh instance of the same code (RunPod's refresh_worker): its initializer runs again."""
+        self.code = code
+        self._initialized = code.initializer is None
+        self._init_error = None
+
     def _take_pre_stop(self) -> bool:
         taken, self.pre_stop_started = not self.pre_stop_started, True
         return taken

@@ -10,6 +10,7 @@ from ..errors import FunctionServiceError, FunctionTimeoutError, ServiceUnavaila
 from ..invocation import Invocation, Item, encode_payload
 from .errors import JobItemError, JobOutputTooLargeError, JobStoreError
 from .model import Job
+from .refresh import refresh_instance, take_refresh_flag
 
 if TYPE_CHECKING:
     from ..surface import InvocationSurface
@@ -91,6 +92,12 @@ async def collect(manager: JobHost, job: Job, function: FunctionRef, inv: Invoca
             options = function.code.runpod if function.code is not None else None
             if job.api == "runpod" and options is not None and not options.aggregate_stream:
                 result = []  # RunPod without return_aggregate_stream: the items are read with /stream only
+        refresh = False
+        if job.api == "runpod":
+            result, refresh = take_refresh_flag(result)
+        if isinstance(function, Deployment) and function.code is not None and (
+                refresh or (function.code.runpod is not None and function.code.runpod.refresh_worker)):
+            await refresh_instance(function, list(manager.dispatcher.registry.code_roots))
         if job.api == "runpod" and isinstance(result, dict) and result.get("error"):
             await manager._finish(job, "FAILED", error=JobItemError(_error_text(result["error"])))
             return

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..config import JobsConfig
+    from ..dispatch import Dispatcher
     from ..errors import FunctionServiceError
     from ..surface import InvocationSurface
     from .limits import JobBytes
@@ -20,6 +21,7 @@ __all__ = ("JobHost",)
 
 class JobHost(Protocol):
     config: JobsConfig
+    dispatcher: Dispatcher  # refresh.py: the registry's code roots
     store: JobStore
     writes: StoreWrites
     bytes: JobBytes

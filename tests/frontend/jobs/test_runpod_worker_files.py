@@ -22,7 +22,9 @@ async def workers(make_client, deploy_dir):
         {"name": "rp-worker", "codePath": str(HANDLERS / "rp_worker")},
         {"name": "rp-sync", "handler": "handler", "codePath": str(HANDLERS / "rp_sync_worker")},
         {"name": "rp-pinned", "handler": "handler.handler", "codePath": str(HANDLERS / "rp_worker"),
-         "concurrency": 5})
+         "concurrency": 5},
+        {"name": "rp-refresh", "codePath": str(HANDLERS / "rp_refresh_worker")},
+        {"name": "rp-keyed", "handler": "keyed", "codePath": str(HANDLERS / "rp_refresh_worker")})
     return await make_client(config=test_config(deploy, **{"runtime.codeRoots": [str(HANDLERS)]}))
 
 
@@ -92,6 +94,15 @@ async def test_progress_update_shows_in_status_while_the_job_runs(sdk, workers, 
     assert body["status"] == "IN_PROGRESS" and body["output"] == {"step": 1, "of": 2}
     gate.touch()
     assert await asyncio.to_thread(job.output, 20) == [{"token": "t-0"}]
+
+
+async def test_refresh_worker_recycles_the_instance_after_each_job(sdk):
+    refreshed, keyed = sdk.Endpoint("rp-refresh"), sdk.Endpoint("rp-keyed")
+    for _ in range(2):  # a fresh module each time
+        assert await asyncio.to_thread(refreshed.run_sync, {"input": {}}, 30) == {"jobs_seen_by_this_instance": 1}
+    # without the option the instance lives on, until an output carries `refresh_worker` (not shown)
+    seen = [await asyncio.to_thread(keyed.run_sync, {"input": {"refresh": r}}, 30) for r in (False, True, False)]
+    assert seen == [{"jobs_seen_by_this_instance": n} for n in (1, 2, 1)]
 
 
 def test_worker_file_imports_without_the_runpod_package(tmp_path):

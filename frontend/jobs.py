@@ -17,6 +17,7 @@ from aiohttp import web
 from runtime.config import Config
 from runtime.deployment import Deployment
 from runtime.errors import ConfigError, FunctionServiceError
+from runtime.invocation_ids import INVOCATION_ID_HEADER
 from runtime.jobs.idempotency import IdempotentSubmits
 from runtime.jobs.model import Job
 from runtime.jobs.runner import JobManager
@@ -35,6 +36,7 @@ __all__ = (
     "attach_jobs",
     "find_job",
     "forget_function",
+    "job_headers",
     "remember_functions",
 )
 
@@ -126,3 +128,13 @@ async def find_job(request: web.Request, job_id: str, function: str | None = Non
     """The job (in cluster mode also one another node runs), visible to this request's tenant
     (404 for another tenant's, as for an unknown id)."""
     return await request.app[JOBS].lookup(job_id, principal_of(request), function)
+
+
+def job_headers(job: Job, *extra: dict[str, str] | None) -> dict[str, str]:
+    """A job answer's headers: `X-Invocation-Id`, the id its run's invocation has (named at submit
+    time, so the answer, the run's log lines and its metrics agree), and any `extra`."""
+    headers = {INVOCATION_ID_HEADER: job.invocation_id} if job.invocation_id else {}
+    for more in extra:
+        if more:
+            headers.update(more)
+    return headers

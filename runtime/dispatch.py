@@ -54,6 +54,8 @@ class InvokeOptions(NamedTuple):
     # Work already accepted (a stored job): queued for the cluster, a Redis outage is waited out
     # within the deadline instead of answered 503 at once (a caller that waits gets that 503).
     accepted: bool = False
+    # The invocation's id when it was named before it ran (a job's, answered at submit time).
+    invocation_id: str | None = None
 
 
 PLAIN = InvokeOptions()  # a plain JSON call with the function's own settings
@@ -82,7 +84,8 @@ class ClusterRoute(Protocol):
     async def submit(self, function: FunctionRef, event: Any, *, mode: Mode, buffer_events: int,
                      max_write_size: int, max_response_size: int, trace_id: str | None,
                      timeout: float | None = None, buffer_bytes: int | None = None,
-                     keep_items: bool = False, accepted: bool = False) -> InvocationSurface: ...
+                     keep_items: bool = False, accepted: bool = False,
+                     invocation_id: str | None = None) -> InvocationSurface: ...
 
 
 class JobQueue(Protocol):
@@ -128,13 +131,14 @@ class Dispatcher:
                                         max_write_size=limits.max_write_size,
                                         max_response_size=limits.max_response_size, trace_id=options.trace_id,
                                         timeout=options.timeout, buffer_bytes=limits.buffer_bytes,
-                                        keep_items=options.keep_items, accepted=options.accepted)
+                                        keep_items=options.keep_items, accepted=options.accepted,
+                                        invocation_id=options.invocation_id)
         assert isinstance(function, Deployment)  # a RemoteFunction is always enqueued
         inv = Invocation(function, event, mode=options.mode, loop=asyncio.get_running_loop(),
                          buffer_events=limits.buffer_events, max_write_size=limits.max_write_size,
                          max_response_size=limits.max_response_size, trace_id=options.trace_id,
                          timeout=options.timeout, keep_items=options.keep_items,
-                         buffer_bytes=limits.buffer_bytes)
+                         buffer_bytes=limits.buffer_bytes, invocation_id=options.invocation_id)
         if options.session is not None:
             inv.session = function.sessions.open(options.session)  # 429 when the table is full
         self.executor.start(inv, inline=options.inline)

@@ -185,8 +185,9 @@ class Invocation:
     def __init__(self, deployment: Deployment, event: Any, *, mode: Mode, loop: asyncio.AbstractEventLoop,
                  buffer_events: int = 100, max_write_size: int = 4 * 1024 * 1024,
                  max_response_size: int = 6 * 1024 * 1024, trace_id: str | None = None,
-                 timeout: float | None = None, keep_items: bool = False, buffer_bytes: int | None = None) -> None:
-        self.id = new_invocation_id()
+                 timeout: float | None = None, keep_items: bool = False, buffer_bytes: int | None = None,
+                 invocation_id: str | None = None) -> None:
+        self.id = invocation_id or new_invocation_id()
         self.trace_id = trace_id or new_trace_id()
         self.deployment = deployment
         spec = self.spec = deployment.spec

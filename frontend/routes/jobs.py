@@ -21,7 +21,7 @@ from runtime.principal import Principal
 
 from ..auth import principal_of
 from ..idempotency import REPLAYED, submit_once
-from ..jobs import JOBS, WEBHOOKS, find_job
+from ..jobs import JOBS, WEBHOOKS, find_job, job_headers
 from ..keys import CONFIG, DISPATCHER
 from ..sse import DONE_EVENT, EventStream, encode_event
 
@@ -59,7 +59,7 @@ async def job_events(request: web.Request, job: Job) -> web.StreamResponse:
     after = last_event_id(request)
     manager = request.app[JOBS]
     heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds
-    stream = EventStream(request, headers={"X-Job-Id": job.id})
+    stream = EventStream(request, headers=job_headers(job, {"X-Job-Id": job.id}))
     sent = after
     async for batch in manager.follow(job, after, heartbeat):
         if not batch:
@@ -93,13 +93,17 @@ async def submit_async(request: web.Request, principal: Principal | None, functi
         return await dispatcher.submit_job(principal, function, event, JobRequest(api="yuanrong", webhook=webhook))
 
     job_id, job = await submit_once(request, function, ("yuanrong-async", event, webhook), create)
-    headers = {"X-Async-Request-Id": job_id, **(REPLAYED if job is None else {})}
+    replayed = job is None
+    if job is None:  # the earlier request's job, for its X-Invocation-Id
+        job = await find_job(request, job_id)
+    headers = job_headers(job, {"X-Async-Request-Id": job_id}, REPLAYED if replayed else None)
     return web.json_response({"requestId": job_id}, status=202, headers=headers)
 
 
 @routes.get("/serverless/v1/functions/async-results/{request_id}")
 async def async_result(request: web.Request) -> web.Response:
-    return web.json_response((await find_job(request, request.match_info["request_id"])).yuanrong())
+    job = await find_job(request, request.match_info["request_id"])
+    return web.json_response(job.yuanrong(), headers=job_headers(job))
 
 
 @routes.get("/serverless/v1/jobs")
@@ -116,7 +120,8 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 @routes.get("/serverless/v1/jobs/{job_id}")
 async def get_job(request: web.Request) -> web.Response:
-    return web.json_response((await find_job(request, request.match_info["job_id"])).public())
+    job = await find_job(request, request.match_info["job_id"])
+    return web.json_response(job.public(), headers=job_headers(job))
 
 
 @routes.get("/serverless/v1/jobs/{job_id}/events")
@@ -129,4 +134,4 @@ async def cancel_job(request: web.Request) -> web.Response:
     manager = request.app[JOBS]
     job = await manager.cancel(await find_job(request, request.match_info["job_id"]))
     await manager.wait(job, 5.0)
-    return web.json_response(job.public())
+    return web.json_response(job.public(), headers=job_headers(job))

@@ -20,7 +20,7 @@ from runtime.jobs.model import Job, JobRequest
 from ..auth import principal_of
 from ..body import read_json_body
 from ..idempotency import REPLAYED, submit_once
-from ..jobs import JOBS, WEBHOOKS, find_job
+from ..jobs import JOBS, WEBHOOKS, find_job, job_headers
 from ..keys import CONFIG, DISPATCHER
 from ..negotiation import parse_accept, quality
 from . import openai
@@ -45,8 +45,8 @@ def _milliseconds(policy: dict[str, Any], key: str) -> float | None:
     return value / 1000
 
 
-async def _submit(request: web.Request, *, sync: bool = False) -> tuple[str, Job | None]:
-    """(the job's id, the job; None when an Idempotency-Key names a job an earlier request made)."""
+async def _submit(request: web.Request, *, sync: bool = False) -> tuple[Job, bool]:
+    """(the job, whether an Idempotency-Key named a job an earlier request made)."""
     function = _function(request)
     if "X-Instance-Session" in request.headers:  # a job runs later, outside any session: not silently dropped
         raise JobBadRequestError("header X-Instance-Session cannot be used with /v2 jobs "
@@ -69,15 +69,19 @@ async def _submit(request: web.Request, *, sync: bool = False) -> tuple[str, Job
     async def create() -> Job:
         return await dispatcher.submit_job(principal, function, event, job_request)
 
-    return await submit_once(request, function, ("runsync" if sync else "run", body), create)
+    job_id, job = await submit_once(request, function, ("runsync" if sync else "run", body), create)
+    if job is None:  # the earlier request's job (for its X-Invocation-Id; /runsync waits for it)
+        return await find_job(request, job_id), True
+    return job, False
 
 
 @routes.post("/v2/{fn}/run")
 async def run(request: web.Request) -> web.Response:
-    job_id, job = await _submit(request)
+    job, replayed = await _submit(request)
     # It may have started already while it was being stored; it was acknowledged as queued (and a
     # replay answers as the first answer did: /status says how it is now).
-    return web.json_response({"id": job_id, "status": "IN_QUEUE"}, headers=REPLAYED if job is None else None)
+    headers = job_headers(job, REPLAYED if replayed else None)
+    return web.json_response({"id": job.id, "status": "IN_QUEUE"}, headers=headers)
 
 
 @routes.post("/v2/{fn}/runsync")
@@ -90,18 +94,16 @@ async def runsync(request: web.Request) -> web.Response:
         raise JobBadRequestError(f"wait must be an integer of milliseconds (got {raw!r})") from None
     if wait < 0:
         raise JobBadRequestError(f"wait must not be negative (got {wait})")
-    job_id, job = await _submit(request, sync=True)
-    replayed = job is None
-    if job is None:  # the job of an earlier request with this Idempotency-Key: waited for again
-        job = await find_job(request, job_id)
+    job, replayed = await _submit(request, sync=True)  # (a replay's job is waited for again)
     await request.app[JOBS].wait(job, min(wait, limit) / 1000)
-    return web.json_response(job.runpod(), headers=REPLAYED if replayed else None)
+    return web.json_response(job.runpod(), headers=job_headers(job, REPLAYED if replayed else None))
 
 
 @routes.get("/v2/{fn}/status/{job_id}")
 async def status(request: web.Request) -> web.Response:
     dep = _function(request)
-    return web.json_response((await find_job(request, request.match_info["job_id"], dep.name)).runpod())
+    job = await find_job(request, request.match_info["job_id"], dep.name)
+    return web.json_response(job.runpod(), headers=job_headers(job))
 
 
 async def _stream(request: web.Request) -> web.StreamResponse:
@@ -110,7 +112,8 @@ async def _stream(request: web.Request) -> web.StreamResponse:
     if quality(parse_accept(request.headers.get("Accept")), "text/event-stream", wildcards=False) > 0:
         return await job_events(request, job)
     items = await request.app[JOBS].advance_stream(job)
-    return web.json_response({"id": job.id, "status": job.status, "stream": [{"output": i} for i in items]})
+    return web.json_response({"id": job.id, "status": job.status, "stream": [{"output": i} for i in items]},
+                             headers=job_headers(job))
 
 
 routes.get("/v2/{fn}/stream/{job_id}")(_stream)
@@ -123,14 +126,14 @@ async def cancel(request: web.Request) -> web.Response:
     manager = request.app[JOBS]
     job = await manager.cancel(await find_job(request, request.match_info["job_id"], dep.name))
     await manager.wait(job, 5.0)  # a running job stops at its next step; say how it ended
-    return web.json_response({"id": job.id, "status": job.status})
+    return web.json_response({"id": job.id, "status": job.status}, headers=job_headers(job))
 
 
 @routes.post("/v2/{fn}/retry/{job_id}")
 async def retry(request: web.Request) -> web.Response:
     dep = _function(request)
     job = await request.app[JOBS].retry(await find_job(request, request.match_info["job_id"], dep.name))
-    return web.json_response({"id": job.id, "status": job.status})
+    return web.json_response({"id": job.id, "status": job.status}, headers=job_headers(job))  # the new run's id
 
 
 @routes.post("/v2/{fn}/purge-queue")

@@ -105,7 +105,8 @@ class ClusterNode:
     async def submit(self, function: FunctionRef, event: Any, *, mode: Mode, buffer_events: int,
                      max_write_size: int, max_response_size: int, trace_id: str | None,
                      timeout: float | None = None, buffer_bytes: int | None = None,
-                     keep_items: bool = False, accepted: bool = False) -> RemoteInvocation:
+                     keep_items: bool = False, accepted: bool = False,
+                     invocation_id: str | None = None) -> RemoteInvocation:
         """Queue it for the workers; 503 when Redis is down or no live worker serves the function.
         `accepted` work (a stored job) waits instead, within its deadline, while Redis is down or
         the workers have yet to announce themselves again after it came back."""
@@ -122,7 +123,7 @@ class ClusterNode:
                                        max_write_size=max_write_size, max_response_size=max_response_size,
                                        trace_id=trace_id, timeout=timeout, buffer_bytes=buffer_bytes,
                                        keep_items=keep_items, reply=self._all_answer(dep.spec.name),
-                                       accepted=accepted)
+                                       accepted=accepted, invocation_id=invocation_id)
 
     def _recovering(self) -> bool:
         """Redis is unreachable, or came back so recently that the workers' heartbeat keys (which

@@ -83,7 +83,8 @@ class WorkQueue:
     async def submit(self, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int, max_write_size: int,
                      max_response_size: int, trace_id: str | None, timeout: float | None = None,
                      buffer_bytes: int | None = None, keep_items: bool = False,
-                     reply: bool = False, accepted: bool = False) -> RemoteInvocation:
+                     reply: bool = False, accepted: bool = False,
+                     invocation_id: str | None = None) -> RemoteInvocation:
         """Queue one invocation; `timeout` shortens the function's own (a job's executionTimeout);
         `buffer_events` / `buffer_bytes` bound its output channel here as a local one's; with
         `keep_items` its generator items reach the channel as `Item`s with their values (a job's
@@ -93,7 +94,7 @@ class WorkQueue:
         seconds = spec.timeout if timeout is None else min(timeout, spec.timeout)
         inv = RemoteInvocation(self, spec, event, mode=mode, buffer_events=buffer_events,
                                max_response_size=max_response_size, trace_id=trace_id, timeout=seconds,
-                               buffer_bytes=buffer_bytes)
+                               buffer_bytes=buffer_bytes, invocation_id=invocation_id)
         entry: tuple[EncodableT, ...] = (
             "id", inv.id, "function", spec.name, "event", json.dumps(event), "mode", inv.mode,
             "trace", inv.trace_id, "deadline", repr(time.time() + seconds), "buffer", buffer_events,
@@ -176,9 +177,9 @@ class RemoteInvocation:
 
     def __init__(self, queue: WorkQueue, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int,
                  max_response_size: int, trace_id: str | None, timeout: float | None = None,
-                 buffer_bytes: int | None = None) -> None:
+                 buffer_bytes: int | None = None, invocation_id: str | None = None) -> None:
         self.queue = queue
-        self.id = new_invocation_id()
+        self.id = invocation_id or new_invocation_id()
         self.trace_id = trace_id or new_trace_id()
         self.spec = spec
         self.event = event

@@ -68,6 +68,10 @@ class Job:
     outputs: list[Any] = field(default_factory=list)
     output_bytes: int = 0
     stream_cursor: int = 0                  # items already returned by RunPod's /stream
+    # The id of its (next) run's invocation, answered as X-Invocation-Id from the submit on, so the
+    # answer, the run's log lines and its metrics name one id. A re-run (retry, restart) gets a new
+    # one: a cluster worker runs an id once. "" in rows stored before it existed (made at start).
+    invocation_id: str = ""
     # Not persisted: set by the runner while the job runs.
     cancel_requested: bool = field(default=False, compare=False)
     remote: bool = field(default=False, compare=False)  # read from a shared store: another node runs it
@@ -120,7 +124,7 @@ class Job:
                 "completedAt": _rfc3339(self.completed_at), "delayTime": self.delay_ms(),
                 "executionTime": self.execution_ms(), "outputCount": self.output_count(),
                 "outputBytes": self.output_bytes, "result": self.result, "error": self.error,
-                "statusCode": self.status_code, "retries": self.retried}
+                "statusCode": self.status_code, "retries": self.retried, "invocationId": self.invocation_id}
 
     def output_count(self) -> int:
         return len(self.outputs) if self.cold_count is None else self.cold_count
@@ -142,7 +146,7 @@ class Job:
                 "error": self.error, "status_code": self.status_code, "webhook": self.webhook,
                 "execution_timeout": self.execution_timeout, "ttl": self.ttl, "retried": self.retried,
                 "raw": self.raw, "aggregated": self.aggregated, "output_bytes": self.output_bytes,
-                "stream_cursor": self.stream_cursor}
+                "stream_cursor": self.stream_cursor, "invocation_id": self.invocation_id}
 
     @classmethod
     def from_row(cls, row: dict[str, Any], outputs: list[Any]) -> Job:

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import ServiceUnavailableError
+from ..invocation_ids import new_invocation_id
 from .errors import JobStoreError
 from .limits import input_size
 from .model import Job
@@ -60,6 +61,7 @@ async def adopt(manager: JobHost, job: Job, what: str, *, take_ownership: bool =
                 "output item(s), so it was not run again"))
             return
         job.status, job.started_at = "IN_QUEUE", None
+        job.invocation_id = new_invocation_id()  # its first run may have reached a cluster worker
         take_ownership = True
     if job.status == "IN_QUEUE":
         manager._enqueue(job)

@@ -24,6 +24,7 @@ from ..config import JobsConfig
 from ..deployment import Deployment, FunctionRef
 from ..dispatch import InvokeOptions
 from ..errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError
+from ..invocation_ids import new_invocation_id
 from ..principal import Principal
 from ..runpod_compat import set_progress_sink
 from ..tasks import stop_tasks
@@ -152,7 +153,8 @@ class JobManager(JobReads):
         spec = function.spec
         limit = spec.timeout if request.execution_timeout is None else min(request.execution_timeout, spec.timeout)
         job = Job(id=new_job_id(), function=spec.name, tenant=spec.tenant, event=event, api=request.api,
-                  webhook=request.webhook, execution_timeout=limit, ttl=request.ttl, raw=spec.rawStream)
+                  webhook=request.webhook, execution_timeout=limit, ttl=request.ttl, raw=spec.rawStream,
+                  invocation_id=new_invocation_id())
         if request.api == "runpod" and isinstance(event, dict):
             event["id"] = job.id  # the handler's event is RunPod's job: {"id", "input"}
         self.bytes.add_input(job, size)
@@ -259,7 +261,8 @@ class JobManager(JobReads):
         self._check_queue_room(job.tenant)
         again = dataclasses.replace(job, status="IN_QUEUE", started_at=None, completed_at=None, result=None,
                                     error=None, status_code=None, aggregated=False, outputs=[], output_bytes=0,
-                                    stream_cursor=0, retried=job.retried + 1, created_at=time.time())
+                                    stream_cursor=0, retried=job.retried + 1, created_at=time.time(),
+                                    invocation_id=new_invocation_id())
         job.changing = True
         try:
             await self.writes.clear_outputs(job)
@@ -271,7 +274,7 @@ class JobManager(JobReads):
             self.cache.forget(job.id)
         self.jobs[job.id] = job  # `job` was read back from the store if only a stub was held
         for name in ("status", "started_at", "completed_at", "result", "error", "status_code", "aggregated",
-                     "outputs", "output_bytes", "stream_cursor", "retried", "created_at"):
+                     "outputs", "output_bytes", "stream_cursor", "retried", "created_at", "invocation_id"):
             setattr(job, name, getattr(again, name))
         self.bytes.outputs(job)
         self._notify(job)
@@ -328,8 +331,11 @@ class JobManager(JobReads):
         redeployed for another tenant does not run it); False while the function is at its
         concurrency here (it stays first in its queue)."""
         principal = Principal(job.tenant, "user")
+        if not job.invocation_id:  # stored before jobs had one
+            job.invocation_id = new_invocation_id()
         options = InvokeOptions(mode="sse", trace_id=job.id.replace("-", ""), keep_items=True,
-                                timeout=job.execution_timeout, accepted=True)  # stored: outlasts a Redis outage
+                                timeout=job.execution_timeout, accepted=True,  # stored: outlasts a Redis outage
+                                invocation_id=job.invocation_id)
         try:
             function = self.dispatcher.find(principal, job.function)
         except FunctionServiceError as exc:  # not deployed (any more), another tenant's...

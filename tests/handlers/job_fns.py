@@ -99,3 +99,9 @@ def marked(job):
         f.write(f"{job['id']}\n")
     for _ in range(int(inp.get("n", 1))):
         yield "x" * int(inp.get("size", 10))
+
+
+def log_ids(job):
+    """The invocation id its log lines carry (runtime/logs.py's context), as its output."""
+    from runtime.logs import log_context
+    return {"invocation_id": log_context()[2]}

@@ -156,14 +156,14 @@ class FrontDoor:
             else:
                 response = json_answer(inv, await inv.encoded_result(), flags)
                 if self._stats is not None:
-                    self._stats.record(spec, 0, monotonic() - started, None, 0)
+                    self._stats.record(spec, 0, monotonic() - started, None, 0, inv.id)
         except asyncio.CancelledError:  # the client left
             if inv is not None:
                 self._outputs.client_left(inv, CLIENT_GONE)  # cancelled, or (onDisconnect: continue) not
-            count_refused(self._stats, request, DISCONNECTED, started, spec)
+            count_refused(self._stats, request, DISCONNECTED, started, spec, inv)
             raise
         except FunctionServiceError as exc:
-            count_refused(self._stats, request, exc.code, started, spec)
+            count_refused(self._stats, request, exc.code, started, spec, inv)
             request[TRACE_FLAGS] = flags
             response = error_response(request, exc)
             if inv is not None:  # (the app path's error_response finds it in request[INVOCATION])
@@ -175,5 +175,5 @@ class FrontDoor:
             self._outputs.client_left(inv, CLIENT_GONE)
             log.info("client of invocation %s of %s left: %s", inv.id, inv.spec.name, exc)
             response = client_left()
-            count_refused(self._stats, request, DISCONNECTED, started, spec)
+            count_refused(self._stats, request, DISCONNECTED, started, spec, inv)
         return response

@@ -1,5 +1,6 @@
 """`GET /metrics`: Prometheus text exposition (prometheus_client) of invocations, streams, jobs,
-sessions, pools, cluster.
+sessions, pools, cluster; OpenMetrics, with the invocation duration's exemplars naming invocation
+ids, when the scrape's `Accept` asks for `application/openmetrics-text`.
 
 Cheap on the hot path: the invoke routes (their `@invocation_route`, frontend/respond.py) only add
 to plain ints and histogram buckets in `InvocationStats` (everything runs on the event loop thread,
@@ -23,8 +24,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
 
 from runtime.deployment import Deployment
 from runtime.errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError
@@ -82,12 +84,40 @@ class _Histogram:
         return out
 
 
+class _ExemplarHistogram(_Histogram):
+    """A histogram whose buckets remember their latest observation's invocation id: OpenMetrics
+    exemplars (`# {invocation_id="..."} 0.012`), from a latency bucket to the invocation itself.
+    Two list stores per observation (the id string and the float exist already): no allocation."""
+
+    __slots__ = ("ids", "values")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        super().__init__(bounds)
+        self.ids: list[str | None] = [None] * len(self.counts)
+        self.values = [0.0] * len(self.counts)
+
+    def observe_of(self, value: float, invocation_id: str | None) -> None:
+        i = bisect.bisect_left(self.bounds, value)
+        self.counts[i] += 1
+        self.total += value
+        if invocation_id is not None:
+            self.ids[i] = invocation_id
+            self.values[i] = value
+
+    def buckets_with_exemplars(self) -> list[tuple[str, float] | tuple[str, float, Exemplar]]:
+        out: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
+        for (bound, running), inv_id, value in zip(self.buckets(), self.ids, self.values, strict=True):
+            out.append((bound, running) if inv_id is None
+                       else (bound, running, Exemplar({"invocation_id": inv_id}, value)))
+        return out
+
+
 class _PerFunction:
     __slots__ = ("bytes", "codes", "duration", "events", "first_event", "heartbeats")
 
     def __init__(self) -> None:
         self.codes: dict[str, int] = {}  # how its invocations ended: error code (or 'disconnected') -> count
-        self.duration = _Histogram(DURATION_BUCKETS)
+        self.duration = _ExemplarHistogram(DURATION_BUCKETS)
         self.first_event = _Histogram(FIRST_EVENT_BUCKETS)
         self.events = 0
         self.bytes = 0
@@ -112,14 +142,15 @@ class InvocationStats:
     def __init__(self) -> None:
         self.functions: dict[TenantFunction, _PerFunction] = {}
 
-    def record(self, spec: FunctionSpec, code: int | str, duration: float, stream: Any, events: int) -> None:
+    def record(self, spec: FunctionSpec, code: int | str, duration: float, stream: Any, events: int,
+               invocation_id: str | None = None) -> None:
         function = (spec.tenant, spec.name)
         per = self.functions.get(function)
         if per is None:
             per = self.functions[function] = _PerFunction()
         key = "0" if code == 0 else str(code)  # (success, most calls: no formatting)
         per.codes[key] = per.codes.get(key, 0) + 1
-        per.duration.observe(duration)
+        per.duration.observe_of(duration, invocation_id)
         if stream is not None:
             per.events += events
             per.bytes += stream.bytes_sent
@@ -180,11 +211,12 @@ def _code_of(inv: Any, response: web.StreamResponse | None) -> int | str:
 
 
 def count_refused(stats: InvocationStats | None, request: web.BaseRequest, code: int | str, started: float,
-                  spec: FunctionSpec | None = None) -> None:
+                  spec: FunctionSpec | None = None, inv: Any = None) -> None:
     """Count an invoke route that ended with an error or lost its client before answering (its
-    invocation's, or, refused before one started (404 aside), its function's: `spec`, or else
-    `request[FUNCTION]`). `stats` is the app's (None: metrics.enabled false)."""
-    inv = request.get(INVOCATION)
+    invocation's: `inv` or `request[INVOCATION]`, or, refused before one started (404 aside), its
+    function's: `spec`, or else `request[FUNCTION]`). `stats` is the app's (None: metrics.enabled false)."""
+    if inv is None:
+        inv = request.get(INVOCATION)
     if inv is not None:
         _record(stats, request, inv, code, started)
         return
@@ -207,7 +239,8 @@ def _record(stats: InvocationStats | None, request: web.BaseRequest, inv: Any, c
     if stats is None:
         return  # metrics.enabled: false
     stream = request.get(CURRENT_STREAM) if inv.streaming else None
-    stats.record(inv.spec, code, monotonic() - started, stream, stream.events if stream is not None else 0)
+    stats.record(inv.spec, code, monotonic() - started, stream, stream.events if stream is not None else 0,
+                 inv.id)
 
 
 class _Snapshot(Collector):
@@ -275,7 +308,7 @@ class _Snapshot(Collector):
             if not self._mine(key[0]):
                 continue
             labels = list(key)
-            duration.add_metric(labels, p.duration.buckets(), p.duration.total)
+            duration.add_metric(labels, p.duration.buckets_with_exemplars(), p.duration.total)
             if any(p.first_event.counts):
                 first.add_metric(labels, p.first_event.buckets(), p.first_event.total)
             events.add_metric(labels, p.events)
@@ -499,8 +532,10 @@ async def metrics(request: web.Request) -> web.Response:
     streams = await app[BROKER].list()
     registry = CollectorRegistry(auto_describe=False)  # a holder for this scrape's collector, nothing copied
     registry.register(_Snapshot(app, streams, await _cluster_state(app, tenant), tenant))
-    body = generate_latest(registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    if not content_type.startswith("application/openmetrics-text"):  # the text format (no exemplars) as before
+        encoder, content_type = generate_latest, CONTENT_TYPE_LATEST
+    return web.Response(body=encoder(registry), headers={"Content-Type": content_type})
 
 
 def install_metrics(app: web.Application) -> None:

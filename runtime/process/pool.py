@@ -411,7 +411,8 @@ class WorkerPool:
 
     def launch(self, child_sock: socket.socket) -> subprocess.Popen[bytes]:
         """Start one worker process talking over `child_sock` (a fresh interpreter, never a fork)."""
-        env = {**os.environ, "MALLOC_ARENA_MAX": "2",
+        # The function's `environment` is its worker's process environment (RunPod workers read os.getenv).
+        env = {**os.environ, **self.spec.environment, "MALLOC_ARENA_MAX": "2",
                "PYTHONPATH": os.pathsep.join(p for p in (_PROJECT_ROOT, os.environ.get("PYTHONPATH")) if p)}
         return subprocess.Popen(
             [sys.executable, "-m", "runtime.process.worker", str(child_sock.fileno())],

@@ -18,6 +18,11 @@ def pid(event, context):
     return {"pid": os.getpid(), "init_pid": INIT_PID, "echo": event}
 
 
+def env(event, context):
+    """A worker's process environment, as RunPod workers read their settings (os.getenv)."""
+    return {k: os.environ.get(k) for k in event["keys"]}
+
+
 def ticker(event, context):
     """Plain def: `count` writes `delay_ms` apart with time.sleep (blocking, in the worker)."""
     count, delay = int(event.get("count", 5)), float(event.get("delay_ms", 200)) / 1000

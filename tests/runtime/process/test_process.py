@@ -417,3 +417,11 @@ async def test_a_cancelled_adeploy_stops_the_workers_it_started(tmp_path):
 
     await wait_until(process_gone(pid), "the cancelled deploy's worker to exit")
     assert "slow-import" not in registry
+
+
+async def test_the_manifest_environment_is_the_workers_process_environment(pclient):
+    """RunPod worker code reads its settings with os.getenv: in a worker process of its own, the
+    function's `environment` is that process's environment."""
+    await deploy(pclient, "p-env", "env", environment={"OLLAMA_MODEL_NAME": "tiny", "PYTHONPATH": "/nowhere"})
+    resp = await invoke(pclient, "p-env", {"keys": ["OLLAMA_MODEL_NAME", "HOME"]})
+    assert await resp.json() == {"OLLAMA_MODEL_NAME": "tiny", "HOME": os.environ.get("HOME")}

@@ -3,7 +3,9 @@
 A cheap poll (stat calls in a thread, never on the event loop) compares the deploy directory's
 manifests and the `.py` (and Java `.java`/`.jar`) files under each deployed function's `codePath`
 with the last look. A changed manifest redeploys the functions it defines (a removed one deletes
-them); a changed code file redeploys every function whose `codePath` holds it. A redeploy is the
+them); a changed code file redeploys the functions made of it: their handler modules and what those
+import from their `codePath` (frontend/reload_deps.py; Java functions: any file of the
+`codePath`), its cached helper modules dropped so the new code is imported. A redeploy is the
 one `PUT` does: in-flight invocations finish on the old code. A file that fails to parse, import,
 compile or validate leaves the old revision serving and is logged with its file and line. For the
 single-process dev loop only.
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from frontend.reload_deps import code_files, forget_modules
 from runtime.errors import FunctionServiceError
 from runtime.manifest import FunctionSpec, load_manifest_file
 from runtime.registry import Registry
@@ -74,11 +77,14 @@ class Reloader:
         self._manifests: Snapshot = {}
         self._code: Snapshot = {}
         self._defined: dict[Path, list[str]] = {}  # manifest file -> names it deployed
+        self._files: dict[str, set[Path] | None] = {}  # function -> its code files at its last deploy
 
     async def context(self, app: web.Application) -> AsyncIterator[None]:
         await self._look()  # the baseline: what is deployed now came from these files
         for path in self._manifests:
             self._defined[path] = [s.name for s in self._parse(path) or []]
+        for dep in self.registry.list():
+            self._files[dep.name] = await asyncio.to_thread(code_files, dep.spec)
         log.info("reload: watching %s and the code of %d function(s)", self.deploy_dir, len(self.registry))
         task = asyncio.create_task(self._run(), name="fnstream-reload")
         yield
@@ -132,11 +138,29 @@ class Reloader:
                 wanted[spec.name] = (spec, path)
         for dep in self.registry.list():
             if dep.name not in wanted:
-                touched = sorted(p for p in code if dep.spec.codePath in p.parents)
+                touched = await self._touched(dep.name, dep.spec, code)
                 if touched:
                     wanted[dep.name] = (dep.spec, touched[0])
+        stale = set(code)
+        for spec, _ in wanted.values():
+            now = await asyncio.to_thread(code_files, spec)
+            stale |= now or set()
+            stale |= self._files.get(spec.name) or set()
+        forget_modules(stale)
         for name, (spec, cause) in wanted.items():
             await self._redeploy(name, spec, cause)
+            self._files[name] = await asyncio.to_thread(code_files, spec)
+
+    async def _touched(self, name: str, spec: FunctionSpec, code: set[Path]) -> list[Path]:
+        """The changed files `name` is made of, now or at its last deploy (an import just removed counts)."""
+        mine = sorted(p for p in code if spec.codePath in p.parents)
+        if not mine:
+            return []
+        files = await asyncio.to_thread(code_files, spec)
+        if files is None or self._files.get(name, set()) is None:
+            return mine  # Java: any file of the codePath
+        files |= self._files.get(name) or set()
+        return [p for p in mine if p in files]
 
     async def _redeploy(self, name: str, spec: FunctionSpec, cause: Path) -> None:
         old = self.registry.get(name).revision if name in self.registry else None

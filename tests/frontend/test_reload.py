@@ -166,3 +166,43 @@ def test_a_java_source_edit_is_compiled_and_reaches_the_next_call(tmp_path):
         assert call() == {"count": 100, "function": "jlive"}  # the old revision keeps serving
     finally:
         server.stop()
+
+
+def test_a_helper_edit_redeploys_only_the_functions_importing_it(tmp_path):
+    """Functions share functions/: an edit of a module `live` imports redeploys `live` alone (with the
+    helper's new code, not the cached module), and an edit of hello.py redeploys `hello` alone."""
+    init_project(tmp_path)
+    write(tmp_path / "functions/live_words.py", 'WORD = "v1"\n')
+    write(tmp_path / "functions/live.py", "from live_words import WORD\n\n\n"
+                                          "def handler(event, context):\n    return WORD\n")
+    write(tmp_path / "deploy/live.yaml", "name: live\nhandler: live.handler\ncodePath: ../functions\n")
+    server = ProjectServer(tmp_path)
+    try:
+        assert server.invoke() == "v1"
+        write(tmp_path / "functions/live_words.py", 'WORD = "v2"\n')
+        wait_for(lambda: server.invoke() == "v2", "the edited helper", server.output)
+        assert "functions/live_words.py changed; live is now revision" in server.output()
+        write(tmp_path / "functions/hello.py", (tmp_path / "functions/hello.py").read_text() + "\n")
+        wait_for(lambda: "hello is now revision" in server.output(), "the hello redeploy", server.output)
+        time.sleep(1)  # two more polls: nothing else is redeployed
+        log = server.output()
+        assert log.count("is now revision") == 2, log
+    finally:
+        server.stop()
+
+
+def test_code_files_follow_imports_inside_the_code_path(tmp_path):
+    from frontend.reload_deps import code_files
+    from runtime.manifest import FunctionSpec
+
+    (tmp_path / "kit").mkdir()
+    (tmp_path / "kit/__init__.py").write_text("from .parts import x\n")
+    (tmp_path / "kit/parts.py").write_text("x = 1\n")
+    (tmp_path / "kit/extra.py").write_text("")
+    (tmp_path / "util.py").write_text("import json\n")
+    (tmp_path / "main.py").write_text("import os\nimport kit\n\ndef handler(e, c):\n    from util import dumps\n")
+    (tmp_path / "init.py").write_text("")
+    (tmp_path / "unrelated.py").write_text("")
+    spec = FunctionSpec(name="m", handler="main.handler", initializer="init.setup", codePath=str(tmp_path))
+    assert code_files(spec) == {tmp_path / f for f in ("main.py", "init.py", "util.py", "kit/__init__.py",
+                                                       "kit/parts.py", "kit/extra.py")}

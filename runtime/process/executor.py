@@ -19,7 +19,8 @@ from typing import Any
 from ..deployment import Deployment
 from ..errors import FunctionServiceError, FunctionTimeoutError, InitializerError
 from ..invocation import Invocation
-from .pool import Job, WorkerPool, WorkerProcess
+from .pool import WorkerPool
+from .worker_process import Job, WorkerProcess
 
 __all__ = ("ProcessExecutor",)
 

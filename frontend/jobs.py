@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterable
 from aiohttp import web
 
 from runtime.config import Config
-from runtime.deployment import Deployment
+from runtime.deployment import Deployment, function_key
 from runtime.errors import ConfigError, FunctionServiceError
 from runtime.invocation_ids import INVOCATION_ID_HEADER
 from runtime.jobs.idempotency import IdempotentSubmits
@@ -96,13 +96,17 @@ def _build_store(config: Config) -> JobStore:
 
 async def _restore_functions(app: web.Application, store: JobStore) -> None:
     registry = app[REGISTRY]
-    for data in await store.load_functions():
+    for key, data in await store.load_functions():
         name = data.get("name", "?")
         try:
             spec = FunctionSpec.model_validate(data)
-            if name in registry:
+            own_key = function_key(spec.tenant, spec.name)
+            if own_key != key:  # stored before names were per tenant (keyed by the bare name): re-key it
+                await store.save_function(own_key, data)
+                await store.delete_function(key)
+            if own_key in registry:
                 log.warning("function %s: the deployment stored through the admin API replaces the deployDir "
-                            "manifest of the same name", name)
+                            "manifest of the same name", own_key)
             await registry.adeploy([spec])
         except (FunctionServiceError, ValueError) as exc:
             message = exc.message if isinstance(exc, FunctionServiceError) else str(exc)
@@ -110,18 +114,19 @@ async def _restore_functions(app: web.Application, store: JobStore) -> None:
 
 
 async def remember_functions(app: web.Application, deps: Iterable[Deployment]) -> None:
-    """[jobs hook, admin API] Store what the admin API deployed, before the response goes out."""
+    """[jobs hook, admin API] Store what the admin API deployed, before the response goes out
+    (keyed by tenant and name: two tenants' functions of one name are two records)."""
     store = app.get(JOB_STORE)
     if store is not None:
         for dep in deps:
-            await store.save_function(dep.name, dep.spec.model_dump(mode="json"))
+            await store.save_function(dep.key, dep.spec.model_dump(mode="json"))
 
 
-async def forget_function(app: web.Application, name: str) -> None:
-    """[jobs hook, admin API] A deleted function does not come back at the next start."""
+async def forget_function(app: web.Application, key: str) -> None:
+    """[jobs hook, admin API] A deleted function (its `function_key`) does not come back at the next start."""
     store = app.get(JOB_STORE)
     if store is not None:
-        await store.delete_function(name)
+        await store.delete_function(key)
 
 
 async def find_job(request: web.Request, job_id: str, function: str | None = None) -> Job:

@@ -492,9 +492,9 @@ async def _cluster_state(app: web.Application, tenant: str | None) -> dict[str, 
         return None
     queues: dict[TenantFunction, int] = {}
     try:
-        for function, spec in sorted(node.sync.specs.items()):
+        for key, spec in sorted(node.sync.specs.items()):  # key: function_key(tenant, name)
             if tenant is None or spec.tenant == tenant:
-                queues[(spec.tenant, function)] = await _queue_depth(node, function)
+                queues[(spec.tenant, spec.name)] = await _queue_depth(node, key)
     except Exception as exc:
         log.info("metrics: cannot read cluster queues: %s", exc)
     return {"workers": len(node.workers), "queues": queues, "reachable": node.redis_reachable}

@@ -21,6 +21,7 @@ from pathlib import Path
 from aiohttp import web
 
 from frontend.reload_deps import code_files, forget_modules
+from runtime.deployment import function_key
 from runtime.errors import FunctionServiceError
 from runtime.manifest import FunctionSpec, load_manifest_file
 from runtime.registry import Registry
@@ -76,15 +77,15 @@ class Reloader:
         self.interval = interval
         self._manifests: Snapshot = {}
         self._code: Snapshot = {}
-        self._defined: dict[Path, list[str]] = {}  # manifest file -> names it deployed
-        self._files: dict[str, set[Path] | None] = {}  # function -> its code files at its last deploy
+        self._defined: dict[Path, list[str]] = {}  # manifest file -> keys (`function_key`) it deployed
+        self._files: dict[str, set[Path] | None] = {}  # function key -> its code files at its last deploy
 
     async def context(self, app: web.Application) -> AsyncIterator[None]:
         await self._look()  # the baseline: what is deployed now came from these files
         for path in self._manifests:
-            self._defined[path] = [s.name for s in self._parse(path) or []]
+            self._defined[path] = [function_key(s.tenant, s.name) for s in self._parse(path) or []]
         for dep in self.registry.list():
-            self._files[dep.name] = await asyncio.to_thread(code_files, dep.spec)
+            self._files[dep.key] = await asyncio.to_thread(code_files, dep.spec)
         log.info("reload: watching %s and the code of %d function(s)", self.deploy_dir, len(self.registry))
         task = asyncio.create_task(self._run(), name="fnstream-reload")
         yield
@@ -133,19 +134,20 @@ class Reloader:
             specs = self._parse(path)
             if specs is None:
                 continue
-            self._defined[path] = [s.name for s in specs]
-            for spec in specs:
-                wanted[spec.name] = (spec, path)
+            keys = [function_key(s.tenant, s.name) for s in specs]  # names are per tenant
+            self._defined[path] = keys
+            for key, spec in zip(keys, specs, strict=True):
+                wanted[key] = (spec, path)
         for dep in self.registry.list():
-            if dep.name not in wanted:
-                touched = await self._touched(dep.name, dep.spec, code)
+            if dep.key not in wanted:
+                touched = await self._touched(dep.key, dep.spec, code)
                 if touched:
-                    wanted[dep.name] = (dep.spec, touched[0])
+                    wanted[dep.key] = (dep.spec, touched[0])
         stale = set(code)
-        for spec, _ in wanted.values():
+        for key, (spec, _) in wanted.items():
             now = await asyncio.to_thread(code_files, spec)
             stale |= now or set()
-            stale |= self._files.get(spec.name) or set()
+            stale |= self._files.get(key) or set()
         forget_modules(stale)
         for name, (spec, cause) in wanted.items():
             await self._redeploy(name, spec, cause)
@@ -163,12 +165,12 @@ class Reloader:
         return [p for p in mine if p in files]
 
     async def _redeploy(self, name: str, spec: FunctionSpec, cause: Path) -> None:
-        old = self.registry.get(name).revision if name in self.registry else None
+        old = self.registry.by_key(name).revision if name in self.registry else None
         try:
             deployed = await self.registry.adeploy([spec])
         except FunctionServiceError as exc:
             keep = f"revision {old} keeps serving" if old is not None else "not deployed"
             log.error("reload: %s changed; %s: %s", cause, keep, exc.message)
             return
-        log.info("reload: %s changed; %s is now revision %d", cause, name, self.registry.get(name).revision)
+        log.info("reload: %s changed; %s is now revision %d", cause, name, self.registry.by_key(name).revision)
         del deployed

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .process.pool import WorkerPool
 
 __all__ = ("Deployment", "RemoteFunction", "FunctionRef", "Kind", "ExecutorName", "handler_kind", "executor_for",
-           "parse_function_ref", "check_ref")
+           "parse_function_ref", "check_ref", "function_key", "DEFAULT_TENANT")
 
 log = logging.getLogger("fnstream.runtime")
 
@@ -34,6 +34,19 @@ Kind = Literal["async", "sync", "gen", "asyncgen"]
 ExecutorName = Literal["async", "thread", "process"]
 _URN_RE = re.compile(r"^sn:cn:yrk:(?P<tenant>[^:]+):function:0@(?P<namespace>[^@]+)@(?P<name>[^:]+)"
                      r":(?P<version>[^:]+)$")
+
+
+DEFAULT_TENANT = "default"  # a manifest's `tenant` when it names none (runtime/manifest.py)
+
+
+def function_key(tenant: str, name: str) -> str:
+    """What a function is known by: names belong to their tenant, so the key is `tenant/name`.
+
+    The default tenant's functions keep their bare name as key: deployments stored, Redis records,
+    queues and worker announcements made before names were per tenant stay valid. Neither a tenant
+    id nor a name holds `/` (manifest rules), so a key names one (tenant, name) pair.
+    """
+    return name if tenant == DEFAULT_TENANT else f"{tenant}/{name}"
 
 
 def handler_kind(func: Callable[..., Any]) -> Kind:
@@ -73,6 +86,8 @@ def check_ref(ref: str, parts: dict[str, str | None], spec: FunctionSpec) -> Non
     for key in ("tenant", "namespace", "version"):
         want = parts[key]
         have = getattr(spec, key)
+        if want is not None and want != have and key == "tenant":
+            raise FunctionNotFoundError(f"function {ref!r} is not deployed")  # nothing of another tenant shown
         if want is not None and want != have and not (key == "version" and want == "latest"):
             raise FunctionNotFoundError(f"function {ref!r} is not deployed ({key} is {have!r}, not {want!r})")
 
@@ -87,6 +102,10 @@ class RemoteFunction:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def key(self) -> str:
+        return function_key(self.spec.tenant, self.spec.name)
 
 
 class Deployment:
@@ -123,6 +142,11 @@ class Deployment:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def key(self) -> str:
+        """`function_key` of its tenant and name (the registry's, the store's and the cluster's key)."""
+        return function_key(self.spec.tenant, self.spec.name)
 
     @property
     def init_error(self) -> str | None:

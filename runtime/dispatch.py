@@ -79,7 +79,7 @@ class Limits:
 class ClusterRoute(Protocol):
     """What dispatch asks of a cluster node (runtime/cluster/node.py ClusterNode)."""
 
-    def lookup(self, ref: str) -> FunctionRef: ...
+    def lookup(self, ref: str, tenant: str | None) -> FunctionRef: ...
     def should_enqueue(self, function: FunctionRef) -> bool: ...
     async def submit(self, function: FunctionRef, event: Any, *, mode: Mode, buffer_events: int,
                      max_write_size: int, max_response_size: int, trace_id: str | None,
@@ -106,15 +106,16 @@ class Dispatcher:
         self.jobs: JobQueue | None = None  # set when the node runs background jobs
 
     def find(self, principal: Principal | None, ref: str) -> FunctionRef:
-        """The function `ref` names, deployed here or (cluster mode) known to the cluster; 404/403."""
+        """The function `ref` names in the principal's tenant, deployed here or (cluster mode) known
+        to the cluster; 404 otherwise, another tenant's function included."""
         function: FunctionRef
+        tenant = None if principal is None else principal.tenant  # names are per tenant (any role)
         try:
-            function = self.registry.get(ref)
+            function = self.registry.get(ref, tenant)
         except FunctionNotFoundError:
             if self.cluster is None:
                 raise
-            function = self.cluster.lookup(ref)
-        check_tenant(principal, function.spec)
+            function = self.cluster.lookup(ref, tenant)
         return function
 
     async def dispatch(self, principal: Principal | None, function: FunctionRef | str, event: Any,

@@ -6,13 +6,15 @@ a principal and check it without importing the layers above it. None means auth 
 The tenant rules live here, once. Roles, weakest first: `user` (invoke), `developer` (also
 manage the functions and streams of its own tenant), `admin` (manage every tenant's functions
 and streams). Running a function stays within the principal's own tenant for every role.
+Function names belong to their tenant: a lookup is made within one tenant, so another tenant's
+function is an unknown name (404), never a 403 that would confirm it exists.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import ForbiddenError
+from .errors import ForbiddenError, FunctionNotFoundError
 
 if TYPE_CHECKING:
     from .manifest import FunctionSpec
@@ -31,13 +33,13 @@ class Principal:
 
 
 def check_tenant(principal: Principal | None, spec: FunctionSpec) -> None:
-    """403 unless `principal` belongs to the function's tenant (None: auth is off, anyone may).
+    """404 unless `principal` belongs to the function's tenant (None: auth is off, anyone may).
 
-    No role crosses this one: an `admin` manages other tenants' functions but never runs them.
+    No role crosses this one: an `admin` manages other tenants' functions but never runs them. The
+    answer is an unknown name's, word for word: another tenant's names are not this one's business.
     """
     if principal is not None and principal.tenant != spec.tenant:
-        raise ForbiddenError(f"tenant {principal.tenant!r} may not use function {spec.name!r} "
-                             f"of tenant {spec.tenant!r}")
+        raise FunctionNotFoundError(f"function {spec.name!r} is not deployed")
 
 
 def may_manage(principal: Principal | None, tenant: str) -> bool:

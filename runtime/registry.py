@@ -5,6 +5,9 @@ flight finish on the code they started with while new invocations get the new co
 that is replaced or deleted is stopped: its preStop runs once its invocations have finished (or
 after `stop_grace` seconds). The code of an `executor: process` function is never imported in the
 server: its first worker process imports it, and the deploy fails with that worker's message.
+
+Names belong to their tenant: deployments are keyed by (tenant, name) (`function_key`), so two
+tenants each have their own `fc`, and a lookup for one tenant never finds, nor tells of, another's.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .deployment import Deployment, check_ref, parse_function_ref
+from .deployment import DEFAULT_TENANT, Deployment, check_ref, function_key, parse_function_ref
 from .errors import DeployError, FunctionNotFoundError
 from .java.pool import JavaWorkerPool
 from .loader import check_code_location, load_code
@@ -29,24 +32,26 @@ POOLS: dict[bool, type[WorkerPool]] = {False: WorkerPool, True: JavaWorkerPool}
 
 
 class Registry:
-    """Name -> Deployment. Deploys are all-or-nothing across the specs given."""
+    """(tenant, name) -> Deployment. Deploys are all-or-nothing across the specs given."""
 
     def __init__(self, code_roots: Iterable[Path] = (), *, stop_grace: float = 10.0) -> None:
         self.code_roots = [Path(p).resolve() for p in code_roots]
         self.stop_grace = stop_grace  # how long a replaced/deleted deployment's invocations may run on
-        self._deployments: dict[str, Deployment] = {}
+        self._deployments: dict[str, Deployment] = {}  # function_key(tenant, name) -> deployment
+        self._tenants_of: dict[str, set[str]] = {}  # name -> tenants deploying it (auth-off lookups)
         self._revision = 0
         self._stopping: dict[Deployment, asyncio.Task[None]] = {}  # replaced/deleted, preStop pending
-        self.on_change: list[Callable[[str, Deployment | None], None]] = []
+        self.on_change: list[Callable[[str, Deployment | None], None]] = []  # (key, deployment or None)
 
-    def __contains__(self, name: str) -> bool:
-        return name in self._deployments
+    def __contains__(self, key: str) -> bool:
+        """Whether `key` (`function_key(tenant, name)`; a bare name: the default tenant's) is deployed."""
+        return key in self._deployments
 
     def __len__(self) -> int:
         return len(self._deployments)
 
     def list(self) -> list[Deployment]:
-        return sorted(self._deployments.values(), key=lambda d: d.name)
+        return sorted(self._deployments.values(), key=lambda d: (d.name, d.spec.tenant))
 
     # -- deploy --------------------------------------------------------------------------------
     def deploy(self, specs: builtins.list[FunctionSpec], *, replace: bool = True) -> builtins.list[Deployment]:
@@ -74,7 +79,7 @@ class Registry:
         return staged
 
     def _check_absent(self, specs: builtins.list[FunctionSpec]) -> None:
-        existing = [s.name for s in specs if s.name in self._deployments]
+        existing = [s.name for s in specs if function_key(s.tenant, s.name) in self._deployments]
         if existing:
             raise DeployError(f"function(s) already deployed: {', '.join(existing)}; use PUT to redeploy",
                               code=200409, status=409)
@@ -128,8 +133,9 @@ class Registry:
         for dep in staged:
             self._revision += 1
             dep.revision = self._revision
-            old = self._deployments.get(dep.name)
-            self._deployments[dep.name] = dep
+            old = self._deployments.get(dep.key)
+            self._deployments[dep.key] = dep
+            self._tenants_of.setdefault(dep.name, set()).add(dep.spec.tenant)
             if old is not None:
                 dep.sessions.adopt(old.sessions)  # sessions go on with the new code, told they restarted
                 self._retire(old)
@@ -140,7 +146,7 @@ class Registry:
                             "'executor: process' limits memory); the handler shares the server's memory",
                             dep.name, dep.spec.memory, dep.executor)
             for cb in self.on_change:
-                cb(dep.name, dep)
+                cb(dep.key, dep)
         return staged
 
     # -- stop ----------------------------------------------------------------------------------
@@ -160,26 +166,52 @@ class Registry:
         self._stopping[dep] = task
         task.add_done_callback(lambda _t: self._stopping.pop(dep, None))
 
-    def get(self, ref: str) -> Deployment:
-        """The deployment `ref` (a name, `name:version` or URN) names; FunctionNotFoundError."""
-        dep = self._deployments.get(ref)
-        if dep is not None:  # a plain name (names hold no ':'), the usual case: nothing to parse or check
-            return dep
+    def get(self, ref: str, tenant: str | None = None) -> Deployment:
+        """The deployment `ref` (a name, `name:version` or URN) names for `tenant`; FunctionNotFoundError.
+
+        `tenant` None (auth off: no boundary) takes the URN's tenant, else the default tenant's,
+        else the only tenant deploying that name. Another tenant's function is not found, with the
+        same message as a name nobody deployed.
+        """
+        if tenant is None or tenant == DEFAULT_TENANT:
+            dep = self._deployments.get(ref)
+            if dep is not None:  # a plain name (names hold no ':'), the usual case: nothing to parse or check
+                return dep
         parts = parse_function_ref(ref)
-        dep = self._deployments.get(parts["name"] or "")
+        name, asked = parts["name"] or "", parts["tenant"]
+        if tenant is not None and asked is not None and asked != tenant:
+            raise FunctionNotFoundError(f"function {ref!r} is not deployed")
+        dep = self._deployments.get(function_key(tenant or asked or DEFAULT_TENANT, name))
+        if dep is None and tenant is None and asked is None:
+            tenants = self._tenants_of.get(name, ())
+            if len(tenants) == 1:
+                dep = self._deployments.get(function_key(next(iter(tenants)), name))
         if dep is None:
             raise FunctionNotFoundError(f"function {ref!r} is not deployed")
         check_ref(ref, parts, dep.spec)
         return dep
 
-    def delete(self, name: str) -> Deployment:
-        dep = self._deployments.pop(name, None)
+    def by_key(self, key: str) -> Deployment:
+        """The deployment of `key` (`function_key`), as a cluster queue entry names it; 404."""
+        dep = self._deployments.get(key)
         if dep is None:
-            raise FunctionNotFoundError(f"function {name!r} is not deployed")
+            raise FunctionNotFoundError(f"function {key.rpartition('/')[2]!r} is not deployed")
+        return dep
+
+    def delete(self, key: str) -> Deployment:
+        """Delete the deployment of `key` (`function_key`; a bare name: the default tenant's)."""
+        dep = self._deployments.pop(key, None)
+        if dep is None:
+            raise FunctionNotFoundError(f"function {key.rpartition('/')[2]!r} is not deployed")
+        tenants = self._tenants_of.get(dep.name)
+        if tenants is not None:
+            tenants.discard(dep.spec.tenant)
+            if not tenants:
+                del self._tenants_of[dep.name]
         self._retire(dep)
-        log.info("deleted %s", name)
+        log.info("deleted %s", key)
         for cb in self.on_change:
-            cb(name, None)
+            cb(key, None)
         return dep
 
     async def stop_workers(self, grace: float | None = None) -> None:

@@ -130,20 +130,21 @@ function functionRow(f) {
   const actions = document.createElement("td");
   const view = document.createElement("button");
   view.textContent = "manifest";
-  view.addEventListener("click", () => showManifest(f.name));
+  view.addEventListener("click", () => showManifest(f.urn || f.name, f.name));
   const invoke = document.createElement("button");
   invoke.textContent = "invoke";
   invoke.addEventListener("click", () => { showPanel("invoke"); $("invoke-fn").value = f.name; });
   const del = document.createElement("button");
   del.textContent = "delete";
-  del.addEventListener("click", () => deleteFunction(f.name));
+  del.addEventListener("click", () => deleteFunction(f.urn || f.name, f.name));
   actions.append(view, invoke, del);
   tr.append(actions);
   return tr;
 }
 
-async function showManifest(name) {
-  const r = await api("GET", "admin/v1/functions/" + encodeURIComponent(name));
+// By URN: names are per tenant, and an admin token lists every tenant's functions.
+async function showManifest(ref, name) {
+  const r = await api("GET", "admin/v1/functions/" + encodeURIComponent(ref));
   $("manifest-name").textContent = name;
   if (!r.ok) { $("manifest-view").textContent = errorText(r.data); return; }
   const spec = Object.assign({}, r.data.function);
@@ -173,9 +174,9 @@ function manifestName(text) {
   return match ? match[1] : "";
 }
 
-async function deleteFunction(name) {
+async function deleteFunction(ref, name) {
   if (!confirm("Delete function " + name + "?")) return;
-  const r = await api("DELETE", "admin/v1/functions/" + encodeURIComponent(name));
+  const r = await api("DELETE", "admin/v1/functions/" + encodeURIComponent(ref));
   $("deploy-result").textContent = r.ok ? "deleted " + name : errorText(r.data);
   refreshFunctions();
 }

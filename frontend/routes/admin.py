@@ -3,6 +3,9 @@
 `POST /admin/v1/functions` takes a manifest (YAML or JSON; one function or a list) of new
 functions; `PUT /admin/v1/functions` deploys or redeploys the functions of one. Relative
 `codePath`s in a posted manifest are resolved against the first configured code root.
+Names are per tenant (the token's; an `admin` picks another with `X-Tenant-ID`): another
+tenant's function of the same name is neither a conflict nor visible, and is a 404 like any
+name the tenant has not deployed.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from runtime.deployment import Deployment
+from runtime.deployment import Deployment, parse_function_ref
 from runtime.errors import BadRequestError
 from runtime.manifest import FunctionSpec, parse_manifest
 from runtime.principal import check_manage, may_manage
@@ -22,7 +25,7 @@ from ..auth import principal_of
 from ..body import read_body
 from ..jobs import forget_function, remember_functions
 from ..keys import REGISTRY
-from ..tenancy import owned_specs
+from ..tenancy import TENANT_HEADER, function_tenant, owned_specs
 
 __all__ = ("routes",)
 
@@ -47,11 +50,22 @@ async def _specs_from_body(request: web.Request) -> list[FunctionSpec]:
     return owned_specs(request, specs)  # the token's tenant unless it names another (admin only)
 
 
-def _managed(request: web.Request, name: str) -> Deployment:
-    """The deployment named `name`, if the token may manage it (403 for another tenant's)."""
-    dep = request.app[REGISTRY].get(name)
-    check_manage(principal_of(request), dep.spec.tenant, f"function {name!r}")
+def _managed(request: web.Request, name: str, tenant: str | None = None) -> Deployment:
+    """The deployment `name` (a name or URN) names in the request's tenant (`function_tenant`, or
+    `tenant`): 404 for another tenant's, as for a name nobody deployed. A URN's tenant counts when
+    the token may manage it (an `admin`'s console names other tenants' functions by URN)."""
+    principal = principal_of(request)
+    tenant = tenant or _urn_tenant(request, parse_function_ref(name)["tenant"])
+    dep = request.app[REGISTRY].get(name, tenant or function_tenant(request))
+    check_manage(principal, dep.spec.tenant, f"function {name!r}")
     return dep
+
+
+def _urn_tenant(request: web.Request, asked: str | None) -> str | None:
+    """The tenant a URN names, when the token may manage it and no `X-Tenant-ID` says otherwise."""
+    if asked is None or TENANT_HEADER in request.headers or not may_manage(principal_of(request), asked):
+        return None
+    return asked
 
 
 async def _deploy(request: web.Request, specs: list[FunctionSpec], *, replace: bool = True) -> list[Deployment]:
@@ -77,11 +91,7 @@ async def create_functions(request: web.Request) -> web.Response:
 @routes.put("/admin/v1/functions")
 async def deploy_functions(request: web.Request) -> web.Response:
     """Deploy or redeploy every function of the manifest: all of them or none (`fnstream deploy`)."""
-    specs = await _specs_from_body(request)
-    registry = request.app[REGISTRY]
-    for spec in specs:
-        if spec.name in registry:
-            _managed(request, spec.name)  # never replaces another tenant's function of that name (403)
+    specs = await _specs_from_body(request)  # each in its tenant: another tenant's of that name is its own
     deps = await _deploy(request, specs)
     return web.json_response(_deployed(deps), status=200)
 
@@ -89,7 +99,9 @@ async def deploy_functions(request: web.Request) -> web.Response:
 @routes.get("/admin/v1/functions")
 async def list_functions(request: web.Request) -> web.Response:
     principal = principal_of(request)
-    deps = [d for d in request.app[REGISTRY].list() if may_manage(principal, d.spec.tenant)]
+    only = function_tenant(request) if TENANT_HEADER in request.headers else None
+    deps = [d for d in request.app[REGISTRY].list()
+            if may_manage(principal, d.spec.tenant) and only in (None, d.spec.tenant)]
     return web.json_response({"functions": [d.describe() for d in deps]})
 
 
@@ -101,18 +113,21 @@ async def get_function(request: web.Request) -> web.Response:
 @routes.put("/admin/v1/functions/{name}")
 async def redeploy_function(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    _managed(request, name)  # 404 when there is nothing to redeploy, 403 when it is another tenant's
     specs = await _specs_from_body(request)
     if len(specs) != 1 or specs[0].name != name:
         raise BadRequestError(f"PUT /admin/v1/functions/{name} takes exactly one function named {name!r}")
-    deps = await _deploy(request, specs)
+    spec = specs[0]
+    # 404 when the tenant has nothing of that name to redeploy (another tenant's of that name included).
+    dep = _managed(request, name, spec.tenant if "tenant" in spec.model_fields_set else None)
+    if dep.spec.tenant != spec.tenant:  # auth off, no tenant given: the one found keeps its tenant
+        spec = spec.model_copy(update={"tenant": dep.spec.tenant})
+    deps = await _deploy(request, [spec])
     return web.json_response(_deployed(deps), status=200)
 
 
 @routes.delete("/admin/v1/functions/{name}")
 async def delete_function(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    _managed(request, name)
-    dep = request.app[REGISTRY].delete(name)
-    await forget_function(request.app, dep.name)  # [jobs hook]
+    dep = request.app[REGISTRY].delete(_managed(request, name).key)
+    await forget_function(request.app, dep.key)  # [jobs hook]
     return web.json_response({"code": 0, "message": "deleted", "function": dep.spec.public()})

@@ -102,13 +102,13 @@ async def runsync(request: web.Request) -> web.Response:
 @routes.get("/v2/{fn}/status/{job_id}")
 async def status(request: web.Request) -> web.Response:
     dep = _function(request)
-    job = await find_job(request, request.match_info["job_id"], dep.name)
+    job = await find_job(request, request.match_info["job_id"], dep.key)
     return web.json_response(job.runpod(), headers=job_headers(job))
 
 
 async def _stream(request: web.Request) -> web.StreamResponse:
     dep = _function(request)
-    job = await find_job(request, request.match_info["job_id"], dep.name)
+    job = await find_job(request, request.match_info["job_id"], dep.key)
     if quality(parse_accept(request.headers.get("Accept")), "text/event-stream", wildcards=False) > 0:
         return await job_events(request, job)
     items = await request.app[JOBS].advance_stream(job)
@@ -124,7 +124,7 @@ routes.post("/v2/{fn}/stream/{job_id}")(_stream)
 async def cancel(request: web.Request) -> web.Response:
     dep = _function(request)
     manager = request.app[JOBS]
-    job = await manager.cancel(await find_job(request, request.match_info["job_id"], dep.name))
+    job = await manager.cancel(await find_job(request, request.match_info["job_id"], dep.key))
     await manager.wait(job, 5.0)  # a running job stops at its next step; say how it ended
     return web.json_response({"id": job.id, "status": job.status}, headers=job_headers(job))
 
@@ -132,7 +132,7 @@ async def cancel(request: web.Request) -> web.Response:
 @routes.post("/v2/{fn}/retry/{job_id}")
 async def retry(request: web.Request) -> web.Response:
     dep = _function(request)
-    job = await request.app[JOBS].retry(await find_job(request, request.match_info["job_id"], dep.name))
+    job = await request.app[JOBS].retry(await find_job(request, request.match_info["job_id"], dep.key))
     return web.json_response({"id": job.id, "status": job.status}, headers=job_headers(job))  # the new run's id
 
 
@@ -146,7 +146,7 @@ async def purge_queue(request: web.Request) -> web.Response:
 @routes.get("/v2/{fn}/health")
 async def health(request: web.Request) -> web.Response:
     dep = _function(request)
-    counts = await request.app[JOBS].counts_all(dep.name)   # every node's, in cluster mode
+    counts = await request.app[JOBS].counts_all(dep.name, dep.spec.tenant)   # every node's, in cluster mode
     running = dep.inflight if isinstance(dep, Deployment) else 0  # cluster mode: known here, run elsewhere
     return web.json_response({"jobs": counts,
                               "workers": {"idle": max(0, dep.spec.concurrency - running), "running": running}})

@@ -21,7 +21,7 @@ from ..jobs import forget_function
 from ..keys import REGISTRY
 from ..tenancy import owned_specs
 from ..yr_meta import function_info, manifest_entry, split_name
-from .admin import _deploy, _managed, _parse
+from .admin import _deploy, _managed, _parse, _urn_tenant
 
 __all__ = ("routes",)
 
@@ -48,7 +48,7 @@ def _named(request: web.Request) -> Deployment:
         parts: dict[str, str | None] = {"name": func, "namespace": service, "tenant": None, "version": None}
     else:
         parts = parse_function_ref(ref)
-    dep = _managed(request, str(parts["name"]))
+    dep = _managed(request, str(parts["name"]), _urn_tenant(request, parts["tenant"]))
     for key in ("namespace", "tenant"):
         if parts[key] is not None and parts[key] != getattr(dep.spec, key):
             raise FunctionNotFoundError(f"function {ref!r} is not registered")
@@ -83,7 +83,7 @@ async def update(request: web.Request) -> web.Response:
 
 @routes.delete("/serverless/v1/functions/{name}")
 async def delete(request: web.Request) -> web.Response:
-    dep = request.app[REGISTRY].delete(_named(request).name)
-    await forget_function(request.app, dep.name)  # [jobs hook]
+    dep = request.app[REGISTRY].delete(_named(request).key)
+    await forget_function(request.app, dep.key)  # [jobs hook]
     body: dict[str, Any] = {"code": 0, "message": "SUCCESS", "function": function_info(dep)}
     return web.json_response(body)

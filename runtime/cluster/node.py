@@ -13,10 +13,19 @@ import time
 from typing import Any
 
 from runtime.config import Config
-from runtime.deployment import Deployment, FunctionRef, RemoteFunction, check_ref, parse_function_ref
+from runtime.deployment import (
+    DEFAULT_TENANT,
+    Deployment,
+    FunctionRef,
+    RemoteFunction,
+    check_ref,
+    function_key,
+    parse_function_ref,
+)
 from runtime.errors import FunctionNotFoundError
 from runtime.executor import Executor
 from runtime.lifecycle import Lifecycle, wait_for_stop_signal
+from runtime.manifest import FunctionSpec
 from runtime.principal import Principal, may_manage
 from runtime.registry import Registry
 from runtime.streams import BrokerSettings, bind_broker, unbind_broker
@@ -86,14 +95,21 @@ class ClusterNode:
         await self.redis.aclose()
 
     # -- asked by the frontend ---------------------------------------------------------------
-    def lookup(self, ref: str) -> RemoteFunction:
-        """A function known to the cluster but not loadable here: something the queue can carry."""
+    def lookup(self, ref: str, tenant: str | None = None) -> RemoteFunction:
+        """A function of `tenant` known to the cluster but not loadable here: something the queue can
+        carry (tenant None, auth off: the URN's, else the default tenant's, else the only one's)."""
         parts = parse_function_ref(ref)
-        name = parts["name"] or ""
-        if name in self.sync.unavailable:
-            spec, reason = self.sync.unavailable[name]
-            check_ref(ref, parts, spec)
-            return RemoteFunction(spec, reason)
+        name, asked = parts["name"] or "", parts["tenant"]
+        unavailable = self.sync.unavailable
+        if tenant is None or asked in (None, tenant):
+            key = function_key(tenant or asked or DEFAULT_TENANT, name)
+            if key not in unavailable and tenant is None and asked is None:  # auth off: the only one's
+                found = [k for k, (spec, _why) in unavailable.items() if spec.name == name]
+                key = found[0] if len(found) == 1 else key
+            if key in unavailable:
+                spec, reason = unavailable[key]
+                check_ref(ref, parts, spec)
+                return RemoteFunction(spec, reason)
         raise FunctionNotFoundError(f"function {ref!r} is not deployed")
 
     def should_enqueue(self, function: FunctionRef) -> bool:
@@ -112,7 +128,7 @@ class ClusterNode:
         the workers have yet to announce themselves again after it came back."""
         dep = function
         until = time.monotonic() + (dep.spec.timeout if timeout is None else min(timeout, dep.spec.timeout))
-        while not self.serving(dep.spec.name):
+        while not self.serving(dep.key):
             if not (accepted and self._recovering() and time.monotonic() < until):
                 why = f" (here: {dep.unavailable})" if isinstance(dep, RemoteFunction) else ""
                 state = "" if self.redis_reachable else f"; Redis at {describe_url(self.url)} is unreachable"
@@ -122,7 +138,7 @@ class ClusterNode:
         return await self.queue.submit(dep.spec, event, mode=mode, buffer_events=buffer_events,
                                        max_write_size=max_write_size, max_response_size=max_response_size,
                                        trace_id=trace_id, timeout=timeout, buffer_bytes=buffer_bytes,
-                                       keep_items=keep_items, reply=self._all_answer(dep.spec.name),
+                                       keep_items=keep_items, reply=self._all_answer(dep.key),
                                        accepted=accepted, invocation_id=invocation_id)
 
     def _recovering(self) -> bool:
@@ -167,17 +183,27 @@ class ClusterNode:
 
     def status(self, principal: Principal | None = None) -> dict[str, Any]:
         """This node, Redis and the workers, as `principal` may see them: a token that is not `admin`
-        sees only its own tenant's function names (runtime/principal.py may_manage; None: auth off)."""
-        def shown(name: str) -> bool:
-            spec = self.sync.specs.get(name) or self.sync.unavailable.get(name, (None, ""))[0]
+        sees only its own tenant's functions, by name (runtime/principal.py may_manage; None: auth
+        off); across tenants a function is shown by its key, `tenant/name` (the default tenant's: name)."""
+        def spec_of(key: str) -> FunctionSpec | None:
+            return self.sync.specs.get(key) or self.sync.unavailable.get(key, (None, ""))[0]
+
+        def shown(key: str) -> bool:
+            spec = spec_of(key)
             return may_manage(principal, spec.tenant if spec is not None else "")  # unknown: admin only
 
-        workers = [{"id": k, **v, "functions": [f for f in v.get("functions", ()) if shown(f)]}
+        def label(key: str) -> str:
+            one_tenant = principal is not None and principal.role != "admin"
+            return key.rpartition("/")[2] if one_tenant else key
+
+        workers = [{"id": k, **v, "functions": [label(f) for f in v.get("functions", ()) if shown(f)]}
                    for k, v in sorted(self.workers.items())]
         return {"node": self.id, "role": self.role, "redis": describe_url(self.url),
                 "redisReachable": self.redis_reachable, "registrySynced": self.sync.connected,
-                "workers": workers, "functions": [n for n in sorted(self.sync.specs) if shown(n)],
-                "unavailable": {n: reason for n, (_s, reason) in sorted(self.sync.unavailable.items()) if shown(n)}}
+                "workers": workers, "functions": [label(n) for n in sorted(self.sync.specs) if shown(n)],
+                "unavailable": {label(n): reason for n, (_s, reason) in sorted(self.sync.unavailable.items())
+                                if shown(n)}}
+
 
 async def serve_worker(config: Config) -> int:
     """`fnstream worker`: run a worker-only node until SIGINT/SIGTERM, then shut down as `serve` does:

@@ -31,6 +31,7 @@ from typing import Any
 from redis.typing import EncodableT
 
 from runtime.channel import OutputChannel
+from runtime.deployment import function_key
 from runtime.errors import FunctionServiceError
 from runtime.invocation import Item, new_trace_id
 from runtime.invocation_ids import new_invocation_id
@@ -95,8 +96,9 @@ class WorkQueue:
         inv = RemoteInvocation(self, spec, event, mode=mode, buffer_events=buffer_events,
                                max_response_size=max_response_size, trace_id=trace_id, timeout=seconds,
                                buffer_bytes=buffer_bytes, invocation_id=invocation_id)
+        key = function_key(spec.tenant, spec.name)  # names are per tenant: so are queues
         entry: tuple[EncodableT, ...] = (
-            "id", inv.id, "function", spec.name, "event", json.dumps(event), "mode", inv.mode,
+            "id", inv.id, "function", key, "event", json.dumps(event), "mode", inv.mode,
             "trace", inv.trace_id, "deadline", repr(time.time() + seconds), "buffer", buffer_events,
             "maxWrite", max_write_size, "maxResponse", max_response_size)
         if buffer_bytes is not None:
@@ -111,7 +113,7 @@ class WorkQueue:
         def enqueue() -> asyncio.Future[Any]:
             nonlocal attempts
             attempts += 1
-            return self.batch.call("XADD", self.keys.queue(spec.name), "*", *entry)
+            return self.batch.call("XADD", self.keys.queue(key), "*", *entry)
         try:
             # Again while Redis is down, within the deadline: the same entry (the same invocation
             # id), so a repeat that landed twice runs once (the worker's `taken` guard, worker_intake.py),

@@ -1,6 +1,8 @@
 """The shared function registry: deploys, redeploys and deletes on any node reach every node.
 
-Redis holds one record per function (hash `functions`); every change bumps a version counter
+Redis holds one record per function (hash `functions`, field `function_key(tenant, name)`: names
+are per tenant; a record written before that, under a bare name, is read by its spec's tenant and
+name); every change bumps a version counter
 and is announced on a pub/sub channel. Each node applies changes on the announcement and also
 re-reads the hash every `registrySyncSeconds`, so a missed message costs at most that long.
 Handler code is loaded from the node's own disk: a node that cannot load it keeps the function
@@ -14,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from runtime.deployment import Deployment
+from runtime.deployment import DEFAULT_TENANT, Deployment, function_key
 from runtime.errors import FunctionServiceError
 from runtime.manifest import FunctionSpec
 from runtime.registry import Registry
@@ -46,7 +48,8 @@ class RegistrySync:
         self.publish = publish              # worker-only nodes never publish their own deploys
         self.unavailable: dict[str, tuple[FunctionSpec, str]] = {}
         self.specs: dict[str, FunctionSpec] = {}   # every function of the cluster, loaded or not
-        self._applied: dict[str, int] = {}         # name -> version of the record applied here
+        self._applied: dict[str, int] = {}         # key -> version of the record applied here
+        self._fields: dict[str, str] = {}          # key -> the hash field holding its record, when not the key
         self._pending: dict[str, FunctionSpec | None] = {}
         self._applying = False                     # a delete from Redis is being applied here
         self._applying_specs: set[int] = set()     # ids of the specs from Redis being deployed here
@@ -90,6 +93,8 @@ class RegistrySync:
         rel = None if spec is None else await asyncio.to_thread(_relative_code_path, spec, self.registry.code_roots)
         version = int(await self.redis.incr(self.keys.version))
         async with self.redis.pipeline(transaction=True) as pipe:
+            if name in self._fields:  # a record of an older node, under the bare name: moved to its key
+                pipe.hdel(self.keys.functions, self._fields.pop(name))
             if spec is None:
                 pipe.hdel(self.keys.functions, name)
             else:
@@ -106,22 +111,29 @@ class RegistrySync:
         """At start: store this node's deploy-dir functions unless Redis already has the same spec."""
         records = await self._records()
         for dep in self.registry.list():
-            self.specs[dep.name] = dep.spec
-            rec = records.get(dep.name)
-            if rec is not None and rec["spec"] == dep.spec.model_dump(mode="json"):
-                self._applied[dep.name] = rec["version"]
+            self.specs[dep.key] = dep.spec
+            rec = records.get(dep.key)
+            if rec is not None and rec["spec"] == dep.spec.model_dump(mode="json") and dep.key not in self._fields:
+                self._applied[dep.key] = rec["version"]
             elif self.publish:
-                self._pending[dep.name] = dep.spec
+                self._pending[dep.key] = dep.spec
         await self.flush()
 
     async def _records(self) -> dict[str, dict[str, Any]]:
         raw: dict[str, str] = await self.redis.hgetall(self.keys.functions)  # type: ignore[assignment]
         out: dict[str, dict[str, Any]] = {}
-        for name, text in raw.items():
+        for field, text in raw.items():
             try:
-                out[name] = json.loads(text)
+                rec = json.loads(text)
             except ValueError:
-                log.error("registry record %r in Redis is not JSON; ignored", name)
+                log.error("registry record %r in Redis is not JSON; ignored", field)
+                continue
+            spec = rec.get("spec") if isinstance(rec, dict) else None
+            key = field
+            if isinstance(spec, dict) and "/" not in field and spec.get("tenant", DEFAULT_TENANT) != DEFAULT_TENANT:
+                key = function_key(str(spec["tenant"]), field)  # an older node's record: by its tenant
+                self._fields[key] = field
+            out[key] = rec
         return out
 
     async def sync(self) -> None:

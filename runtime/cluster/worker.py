@@ -74,7 +74,7 @@ class QueueWorker(Intake):
     # -- liveness and cancellation -----------------------------------------------------------
     async def _announce(self) -> None:
         """Refresh this worker's key: alive, and which functions it takes (none while shutting down)."""
-        functions = [d.name for d in self.registry.list()] if self.taking else []
+        functions = [d.key for d in self.registry.list()] if self.taking else []
         info = json.dumps({"running": len(self._running), "completed": self.completed, "functions": functions,
                            "answers": 1})   # puts JSON answers on the frontend's answers stream (`reply`)
         await self.redis.set(self.keys.worker(self.id), info, px=int(self.heartbeat * 3000))

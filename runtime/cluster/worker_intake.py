@@ -59,7 +59,7 @@ class Intake(Runner):
                 by_slot: dict[int, list[str]] = {}
                 functions: dict[str, Deployment] = {}
                 for dep in self.registry.list():
-                    key = self.keys.queue(dep.name)
+                    key = self.keys.queue(dep.key)
                     if key not in self._grouped:
                         await self._create_group(key)
                     by_slot.setdefault(slot_of(self.redis, key), []).append(key)

@@ -265,10 +265,10 @@ class Runner:
     async def _execute(self, inv_id: str, fields: dict[str, str]) -> list[dict[str, str]] | None:
         """Run it, writing its stream as it goes; returns its terminal entry, which _done_with writes
         with the queue ack (None: nothing to write, the client is gone)."""
-        name = fields.get("function", "")
+        name = fields.get("function", "")  # its `function_key` (tenant and name)
         first = {"w": self.id}   # which worker runs it: on the first entry written, wherever that is
         try:
-            dep = self.registry.get(name)
+            dep = self.registry.by_key(name)
             if time.time() > float(fields.get("deadline", "inf")):
                 raise FunctionTimeoutError(f"function {name!r} timed out before a worker could take it")
             mode: Mode = next((m for m in get_args(Mode) if m == fields.get("mode")), "json")

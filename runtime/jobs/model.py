@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from ..deployment import function_key
+
 __all__ = ("FINAL", "YUANRONG_STATUS", "Api", "Job", "JobRequest", "Status", "new_job_id")
 
 Api = Literal["runpod", "yuanrong", "fnstream"]  # which API submitted it (and whose views it follows)
@@ -79,6 +81,11 @@ class Job:
     cold_count: int | None = field(default=None, compare=False)  # a stub (runtime/jobs/cache.py): its outputs' count
     stored_input: int = field(default=0, compare=False)  # a stub's input bytes in the store (jobs.tenantQuotaBytes)
     progress: Any = field(default=None, compare=False)  # runpod.serverless.progress_update(job, data)
+
+    @property
+    def key(self) -> str:
+        """Its function's `function_key` (names are per tenant): what queues and lookups go by."""
+        return function_key(self.tenant, self.function)
 
     @property
     def final(self) -> bool:

@@ -96,12 +96,13 @@ class JobReads:
         found.update((j.id, j) for j in mine)
         return sorted(found.values(), key=lambda j: j.created_at, reverse=True)[:limit]
 
-    async def counts_all(self, function: str) -> dict[str, int]:
-        """`counts`, in cluster mode of every node's jobs of `function` (this node's as held here)."""
+    async def counts_all(self, function: str, tenant: str) -> dict[str, int]:
+        """`counts`, in cluster mode of every node's jobs of the tenant's `function` (this node's as held here)."""
         if self.shared is None:
-            return self.counts(function)
-        jobs = {j.id: j for j in await self.shared.recent(function=function) if j.function == function}
-        jobs.update((j.id, j) for j in self.jobs.values() if j.function == function)
+            return self.counts(function, tenant)
+        jobs = {j.id: j for j in await self.shared.recent(function=function)
+                if j.function == function and j.tenant == tenant}  # names are per tenant
+        jobs.update((j.id, j) for j in self.jobs.values() if j.function == function and j.tenant == tenant)
         return _count(jobs.values())
 
     def changed(self, job: Job) -> asyncio.Event:
@@ -160,8 +161,8 @@ class JobReads:
             except TimeoutError:
                 yield []
 
-    def counts(self, function: str) -> dict[str, int]:
-        return _count(j for j in self.jobs.values() if j.function == function)
+    def counts(self, function: str, tenant: str) -> dict[str, int]:
+        return _count(j for j in self.jobs.values() if j.function == function and j.tenant == tenant)
 
 
 def _count(jobs: Iterable[Job]) -> dict[str, int]:
@@ -177,6 +178,6 @@ def _count(jobs: Iterable[Job]) -> dict[str, int]:
 
 def _visible(job: Job | None, job_id: str, principal: Principal | None, function: str | None) -> Job:
     if job is None or (principal is not None and job.tenant != principal.tenant) or (
-            function is not None and job.function != function):
+            function is not None and job.key != function):  # `function`: a `function_key`
         raise JobNotFoundError(f"job {job_id!r} not found")
     return job

@@ -21,7 +21,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ..config import JobsConfig
-from ..deployment import Deployment, FunctionRef
+from ..deployment import DEFAULT_TENANT, Deployment, FunctionRef, function_key
 from ..dispatch import InvokeOptions
 from ..errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError
 from ..invocation_ids import new_invocation_id
@@ -187,19 +187,19 @@ class JobManager(JobReads):
     def _drop_queued(self, job: Job) -> None:
         self.jobs.pop(job.id, None)
         self.bytes.forget(job.id)
-        queue = self._queues.get(job.function)
+        queue = self._queues.get(job.key)
         if queue is not None and job.id in queue:
             queue.remove(job.id)
             self._count_queued(job, -1)
 
     def _enqueue(self, job: Job, *, counted: bool = False) -> None:
-        self._queues.setdefault(job.function, collections.deque()).append(job.id)
+        self._queues.setdefault(job.key, collections.deque()).append(job.id)
         if not counted:
             self._count_queued(job, 1)
-        task = self._dispatchers.get(job.function)
+        task = self._dispatchers.get(job.key)
         if task is None or task.done():
-            self._dispatchers[job.function] = asyncio.get_running_loop().create_task(
-                self._dispatch(job.function), name=f"jobs-dispatch-{job.function}")
+            self._dispatchers[job.key] = asyncio.get_running_loop().create_task(
+                self._dispatch(job.key), name=f"jobs-dispatch-{job.key}")
 
     # -- change ------------------------------------------------------------------------------
     async def cancel(self, job: Job) -> Job:
@@ -281,17 +281,18 @@ class JobManager(JobReads):
         self._enqueue(job)
         return job
 
-    async def purge(self, function: str, tenant: str | None = None) -> int:
-        """Cancel every queued job of `function` (in cluster mode those other nodes hold too: each
-        is told to cancel it if it is still queued then); the number cancelled."""
-        queued = [self.jobs[i] for i in self._queues.get(function, ()) if self.jobs[i].status == "IN_QUEUE"]
+    async def purge(self, function: str, tenant: str = DEFAULT_TENANT) -> int:
+        """Cancel every queued job of the tenant's `function` (in cluster mode those other nodes hold
+        too: each is told to cancel it if it is still queued then); the number cancelled."""
+        queue = self._queues.get(function_key(tenant, function), ())  # names are per tenant
+        queued = [self.jobs[i] for i in queue if self.jobs[i].status == "IN_QUEUE"]
         for job in queued:
             await self._finish(job, "CANCELLED", error=cancelled("the queue was purged"))
         removed = len(queued)
         if self.shared is not None:
             for job in await self.shared.recent(function=function):
                 if (job.status == "IN_QUEUE" and job.id not in self.jobs and job.function == function
-                        and (tenant is None or job.tenant == tenant)):
+                        and job.tenant == tenant):
                     await self.shared.request_cancel(QUEUED_ONLY + job.id)
                     removed += 1
         return removed
@@ -312,7 +313,7 @@ class JobManager(JobReads):
 
     # -- run ---------------------------------------------------------------------------------
     async def _dispatch(self, function: str) -> None:
-        """Start the function's queued jobs in order, each when a concurrency slot is free."""
+        """Start the function's (`function_key`) queued jobs in order, each when a slot is free."""
         queue = self._queues[function]
         while queue and not self.stopping:
             job = self.jobs.get(queue[0])
@@ -365,7 +366,7 @@ class JobManager(JobReads):
         if not self._ours(job):  # taken over by another node while being dispatched
             inv.cancel(_TAKEN_OVER)
             return True
-        queue = self._queues[job.function]
+        queue = self._queues[job.key]
         queue.remove(job.id)  # the first, unless the queue changed while a cluster submit was awaited
         self._count_queued(job, -1)
         self._running[job.id] = inv

@@ -94,13 +94,15 @@ class JobStore:
     def delete(self, job_ids: list[str]) -> asyncio.Future[None]:
         return _done()
 
-    async def load_functions(self) -> list[dict[str, Any]]:
+    async def load_functions(self) -> list[tuple[str, dict[str, Any]]]:
+        """(key, spec) of each stored function; the key is `function_key(tenant, name)`, or the bare
+        name a store written before names were per tenant used (frontend/jobs.py re-keys it)."""
         return []
 
-    def save_function(self, name: str, spec: dict[str, Any]) -> asyncio.Future[None]:
+    def save_function(self, key: str, spec: dict[str, Any]) -> asyncio.Future[None]:
         return _done()
 
-    def delete_function(self, name: str) -> asyncio.Future[None]:
+    def delete_function(self, key: str) -> asyncio.Future[None]:
         return _done()
 
     def idempotency_keys(self) -> KeyStore:
@@ -303,16 +305,17 @@ class SqliteJobStore(JobStore):
 
         return self._write(remove)
 
-    async def load_functions(self) -> list[dict[str, Any]]:
-        def read(db: sqlite3.Connection) -> list[dict[str, Any]]:
-            return [json.loads(spec) for (spec,) in db.execute("SELECT spec FROM functions ORDER BY name")]
+    async def load_functions(self) -> list[tuple[str, dict[str, Any]]]:
+        def read(db: sqlite3.Connection) -> list[tuple[str, dict[str, Any]]]:
+            return [(key, json.loads(spec)) for (key, spec) in db.execute("SELECT name, spec FROM functions "
+                                                                          "ORDER BY name")]
 
         return await self._run(read)
 
-    def save_function(self, name: str, spec: dict[str, Any]) -> asyncio.Future[None]:
+    def save_function(self, key: str, spec: dict[str, Any]) -> asyncio.Future[None]:
         data = _dumps(spec)
         return self._write(lambda db: db.execute("INSERT OR REPLACE INTO functions (name, spec) VALUES (?, ?)",
-                                                 (name, data)))
+                                                 (key, data)))
 
-    def delete_function(self, name: str) -> asyncio.Future[None]:
-        return self._write(lambda db: db.execute("DELETE FROM functions WHERE name = ?", (name,)))
+    def delete_function(self, key: str) -> asyncio.Future[None]:
+        return self._write(lambda db: db.execute("DELETE FROM functions WHERE name = ?", (key,)))

@@ -126,7 +126,7 @@ CALLS = [
     ("aecho", {"Authorization": "Bearer user-a", "Accept": "application/json"}, b"{}"),
     ("aecho", {}, b"{}"),                                          # 401 missing
     ("aecho", {"Authorization": "Bearer nope"}, b"{}"),            # 401 invalid
-    ("mine-b", {"Authorization": "Bearer user-a"}, b"{}"),         # another tenant's: 403
+    ("mine-b", {"Authorization": "Bearer user-a"}, b"{}"),         # another tenant's: 404
     ("mine-b", {"Authorization": "Bearer user-b"}, b"{}"),
     ("missing", {"Authorization": "Bearer user-a"}, b"{}"),        # 404
     ("aecho", {"Authorization": "Bearer user-a"}, b'{"a": '),      # 400

@@ -204,7 +204,8 @@ async def test_openai_auth_errors_have_the_openai_shape(make_client, deploy):
         err = (await resp.json())["error"]
         assert err["type"] == "authentication_error" and err["message"]
     resp = await client.post(CHAT, json=chat_body(), headers={"Authorization": "Bearer sk-other"})
-    assert resp.status == 403 and (await resp.json())["error"]["type"] == "permission_error"
+    # another tenant's chat function is not acme's: an unknown name, in the OpenAI shape
+    assert resp.status == 404 and (await resp.json())["error"]["type"] == "not_found_error"
     resp = await client.post(CHAT, json=chat_body(max_tokens=2), headers={"Authorization": "Bearer sk-user"})
     assert resp.status == 200
 

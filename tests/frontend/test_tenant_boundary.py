@@ -98,8 +98,15 @@ PROBES = {
     "admin-delete": Probe("DELETE", "/admin/v1/functions/echo", user=(403,)),
     "admin-deploy-into-b": Probe("POST", "/admin/v1/functions", data=yaml.safe_dump(
         {"name": "planted", "handler": "echo.handler", "codePath": ".", "tenant": "default"}), user=(403,)),
+    # names are per tenant: A's `echo` is A's own, B's stays as it was (the snapshot)
+    "admin-list-deploy-same-name": Probe("PUT", "/admin/v1/functions", data=yaml.safe_dump(
+        [{"name": "echo", "handler": "hello.handler", "codePath": "."}]), expect=(200,), user=(403,),
+        check=lambda b: [f["tenant"] for f in b["functions"]] == ["acme"]),
+    "admin-post-same-name": Probe("POST", "/admin/v1/functions", data=yaml.safe_dump(
+        {"name": "echo", "handler": "hello.handler", "codePath": "."}), expect=(201,), user=(403,),
+        check=lambda b: b["function"]["tenant"] == "acme"),
     "admin-replace-b-in-list": Probe("PUT", "/admin/v1/functions", data=yaml.safe_dump(
-        [{"name": "echo", "handler": "hello.handler", "codePath": "."}]), user=(403,)),
+        [{"name": "echo", "handler": "hello.handler", "codePath": ".", "tenant": "default"}]), user=(403,)),
     "admin-list": Probe("GET", "/admin/v1/functions", expect=(200,), user=(403,), check=_names("functions")),
     # -- named streams (names are per tenant: A's `b-stream` is A's own, empty one)
     "stream-stat": Probe("GET", "/serverless/v1/streams?stream=b-stream", expect=(404,), user=(403,)),
@@ -135,7 +142,7 @@ async def test_tenant_a_cannot_reach_tenant_bs_things(make_client, name: str, to
     # Nothing of B's in what A is shown (a job id A sent itself may be echoed in the 404).
     for secret in (SECRET, *(job for job in (world.runpod_job, world.async_job) if job not in path)):
         assert secret not in text, (name, secret, text)
-    if resp.status == 200 and probe.check is not None and "json" in resp.content_type:
+    if resp.status in (200, 201) and probe.check is not None and "json" in resp.content_type:
         assert probe.check(json.loads(text)), (name, text)
     assert await snapshot(client, world) == before, name       # B's jobs, function, stream, queue unchanged
     assert await session_alive(client), name                   # and its session still open
@@ -161,3 +168,35 @@ def test_every_documented_route_is_probed() -> None:
 
     missing = {key for key in OPERATIONS if key not in NOT_PROBED and not covers(*key)}
     assert not missing, f"routes without a tenant probe: {sorted(missing)}"
+
+
+# Every verb on B's function, by A: the answer is byte for byte the one for a name nobody deployed
+# (the same request once B has deleted `echo`), so A learns nothing of B's names.
+SAME_TRACE = {"X-Trace-Id": "0af7651916cd43dd8448eb211c80319c"}  # the body names the request's trace
+UNKNOWN_ALIKE = ["admin-get", "admin-redeploy", "admin-delete", "invoke-json", "invoke-sse", "invoke-urn-path",
+                 "invoke-async", "invoke-in-b-session", "session-interrupt", "session-end", "job-list-by-fn",
+                 "runpod-run", "runpod-runsync", "runpod-status", "runpod-stream", "runpod-cancel", "runpod-retry",
+                 "runpod-purge-queue", "runpod-health"]
+
+
+@pytest.mark.parametrize("token", ["dev-a", "user-a"])
+async def test_another_tenants_function_answers_as_an_unknown_name(make_client, token: str) -> None:
+    client = await make_client(make_config(**{"auth.tokens": TOKENS}))
+    world: World = await plant(client)
+
+    async def answers() -> dict[str, tuple[int, bytes]]:
+        got = {}
+        for name in UNKNOWN_ALIKE:
+            probe = PROBES[name]
+            if token == "user-a" and probe.user is not None:
+                continue  # a route the role lacks: 403 before any name is looked up
+            resp = await client.request(probe.method, probe.path.format(rp=world.runpod_job, yr=world.async_job),
+                                        json=probe.json, data=probe.data,
+                                        headers={**bearer(token), **probe.headers, **SAME_TRACE})
+            got[name] = (resp.status, await resp.read())
+        return got
+
+    foreign = await answers()
+    assert all(status in (200, 404) for status, _body in foreign.values()), foreign
+    assert (await client.delete("/admin/v1/functions/echo", headers=bearer("dev-b"))).status == 200
+    assert await answers() == foreign

@@ -36,9 +36,9 @@ async def test_developer_cannot_touch_another_tenants_functions(tclient):
     acme = bearer("dev-acme")
     for method, body in (("GET", None), ("PUT", manifest("echo")), ("DELETE", None)):
         resp = await tclient.request(method, f"{FUNCS}/echo", data=body, headers=acme)
-        assert resp.status == 403, (method, await resp.text())
+        assert resp.status == 404, (method, await resp.text())  # another tenant's: an unknown name
         msg = (await resp.json())["message"]
-        assert "tenant 'acme'" in msg and "admin" in msg
+        assert msg == "function 'echo' is not deployed" and "default" not in msg
     # echo (tenant default) is untouched and still answers its own tenant
     resp = await tclient.post("/serverless/v1/functions/echo/invocations", json={"a": 1},
                               headers=bearer("user-default"))
@@ -60,9 +60,9 @@ async def test_a_manifest_without_tenant_lands_in_the_tokens_tenant(tclient):
     assert [f["name"] for f in listed["functions"]] == ["acme-echo"]
     invoke = "/serverless/v1/functions/acme-echo/invocations"
     assert (await tclient.post(invoke, json={}, headers=bearer("user-acme"))).status == 200
-    assert (await tclient.post(invoke, json={}, headers=bearer("user-default"))).status == 403
-    assert (await tclient.get(f"{FUNCS}/acme-echo", headers=bearer("dev-default"))).status == 403
-    assert (await tclient.delete(f"{FUNCS}/acme-echo", headers=bearer("dev-default"))).status == 403
+    assert (await tclient.post(invoke, json={}, headers=bearer("user-default"))).status == 404
+    assert (await tclient.get(f"{FUNCS}/acme-echo", headers=bearer("dev-default"))).status == 404
+    assert (await tclient.delete(f"{FUNCS}/acme-echo", headers=bearer("dev-default"))).status == 404
     assert (await tclient.delete(f"{FUNCS}/acme-echo", headers=bearer("dev-acme"))).status == 200
 
 
@@ -75,10 +75,16 @@ async def test_admin_role_manages_every_tenant(tclient):
     assert (await tclient.get(f"{FUNCS}/for-acme", headers=bearer("dev-acme"))).status == 200
     resp = await tclient.put(f"{FUNCS}/for-acme", data=manifest("for-acme", tenant="acme"), headers=root)
     assert resp.status == 200
-    assert (await tclient.delete(f"{FUNCS}/for-acme", headers=root)).status == 200
+    # names are per tenant: a bare name is the admin's own tenant's; X-Tenant-ID or a URN picks another
+    assert (await tclient.get(f"{FUNCS}/for-acme", headers=root)).status == 404
+    urn = (await (await tclient.get(f"{FUNCS}/for-acme", headers={**root, "X-Tenant-ID": "acme"})).json())[
+        "function"]["urn"]
+    assert (await tclient.get(f"{FUNCS}/{urn}", headers=root)).status == 200
+    assert (await tclient.get(f"{FUNCS}/{urn}", headers=bearer("dev-default"))).status == 404
+    assert (await tclient.delete(f"{FUNCS}/for-acme", headers={**root, "X-Tenant-ID": "acme"})).status == 200
     # admin does not run other tenants' code: invoking stays within the token's tenant
     resp = await tclient.post("/serverless/v1/functions/echo/invocations", json={}, headers=root)
-    assert resp.status == 403
+    assert resp.status == 404
 
 
 async def test_bearer_scheme_is_case_insensitive_and_tokens_exact(tclient):
@@ -180,3 +186,128 @@ async def test_the_handler_api_shows_only_the_functions_own_stream_name(make_cli
     assert seen["producer"] == seen["consumer"] == "orders"
     assert set(seen) == {"producer", "consumer", "bad_id", "deleted", "closed"}, seen
     assert all(_unqualified(seen[k]) for k in ("bad_id", "deleted", "closed")), seen
+
+
+# -- names belong to their tenant ---------------------------------------------------------------
+INVOKE_FC = "/serverless/v1/functions/fc/invocations"
+SSE_ACCEPT = {"Accept": "text/event-stream"}
+
+
+def fc(handler: str, **fields: object) -> dict:
+    """`fc` of one tenant: acme's echoes (echo.handler), default's answers "ok" (hello.handler)."""
+    return {"name": "fc", "handler": handler, "codePath": ".", **fields}
+
+
+async def _invokes_own_fc(client, acme_token: str = "user-acme", default_token: str = "user-default") -> None:
+    """Each tenant's `fc` answers its own tenant, in JSON and in SSE."""
+    resp = await client.post(INVOKE_FC, json={"who": "acme"}, headers=bearer(acme_token))
+    assert resp.status == 200 and await resp.json() == {"who": "acme"}, await resp.text()
+    resp = await client.post(INVOKE_FC, json={"who": "default"}, headers=bearer(default_token))
+    assert resp.status == 200 and await resp.json() == "ok", await resp.text()
+    resp = await client.post(INVOKE_FC, json={"who": "acme"}, headers={**bearer(acme_token), **SSE_ACCEPT})
+    events = [e["data"] async for e in iter_sse(resp)]
+    assert json.loads(events[0]) == {"who": "acme"} and events[1:] == ["[DONE]"], events
+    resp = await client.post(INVOKE_FC, json={}, headers={**bearer(default_token), **SSE_ACCEPT})
+    assert [e["data"] async for e in iter_sse(resp)] == ['{"event": "this is a stream"}', '"ok"', "[DONE]"]
+
+
+async def test_two_tenants_each_deploy_and_run_their_own_function_of_one_name(tclient):
+    resp = await tclient.post(FUNCS, data=yaml.safe_dump(fc("echo.handler")), headers=bearer("dev-acme"))
+    assert resp.status == 201, await resp.text()
+    resp = await tclient.post(FUNCS, data=yaml.safe_dump(fc("hello.handler")), headers=bearer("dev-default"))
+    assert resp.status == 201, await resp.text()  # not a 409: acme's `fc` is acme's
+    resp = await tclient.put(FUNCS, data=yaml.safe_dump([fc("hello.handler")]), headers=bearer("dev-default"))
+    assert resp.status == 200, await resp.text()  # not a 403: the list form redeploys default's own
+    resp = await tclient.put(f"{FUNCS}/fc", data=yaml.safe_dump(fc("echo.handler", description="v2")),
+                             headers=bearer("dev-acme"))
+    assert resp.status == 200 and (await resp.json())["function"]["tenant"] == "acme", await resp.text()
+    await _invokes_own_fc(tclient)
+    for token, tenant in (("dev-acme", "acme"), ("dev-default", "default")):  # each lists only its own
+        listed = (await (await tclient.get(FUNCS, headers=bearer(token))).json())["functions"]
+        assert [(f["name"], f["tenant"]) for f in listed if f["name"] == "fc"] == [("fc", tenant)]
+        assert all(f["tenant"] == tenant for f in listed)
+    shown = (await (await tclient.get(f"{FUNCS}/fc", headers=bearer("dev-acme"))).json())["function"]
+    assert shown["tenant"] == "acme" and shown["description"] == "v2"
+    admin = (await (await tclient.get(FUNCS, headers=bearer("root"))).json())["functions"]
+    assert sorted(f["tenant"] for f in admin if f["name"] == "fc") == ["acme", "default"]
+    # deleting one tenant's leaves the other's
+    assert (await tclient.delete(f"{FUNCS}/fc", headers=bearer("dev-acme"))).status == 200
+    assert (await tclient.post(INVOKE_FC, json={}, headers=bearer("user-acme"))).status == 404
+    resp = await tclient.post(INVOKE_FC, json={}, headers=bearer("user-default"))
+    assert resp.status == 200 and await resp.json() == "ok"
+
+
+async def test_two_tenants_functions_of_one_name_survive_a_restart(start_server, tmp_path):
+    import aiohttp
+
+    args = ("-s", f"jobs.path={tmp_path / 'jobs.sqlite3'}", "-s", f"auth.tokens={json.dumps(TOKENS)}")
+    server = start_server(*args)
+    async with aiohttp.ClientSession(base_url=server.url) as s:
+        async with s.post(FUNCS, data=yaml.safe_dump(fc("echo.handler")), headers=bearer("dev-acme")) as r:
+            assert r.status == 201, await r.text()
+        async with s.put(FUNCS, data=yaml.safe_dump([fc("hello.handler")]), headers=bearer("dev-default")) as r:
+            assert r.status == 200, await r.text()
+    server.kill()  # SIGKILL: both were stored before they were answered
+    server = start_server(*args)
+    async with aiohttp.ClientSession(base_url=server.url) as s:
+        await _invokes_own_fc(s)  # (a session's `await s.post(...)` is the test client's form)
+        async with s.delete(f"{FUNCS}/fc", headers=bearer("dev-default")) as r:
+            assert r.status == 200, await r.text()
+    server.kill()
+    server = start_server(*args)
+    async with aiohttp.ClientSession(base_url=server.url) as s:
+        async with s.post(INVOKE_FC, json={"a": 1}, headers=bearer("user-acme")) as r:
+            assert r.status == 200 and await r.json() == {"a": 1}  # acme's stayed
+        async with s.post(INVOKE_FC, json={}, headers=bearer("user-default")) as r:
+            assert r.status == 404  # default's delete was stored too
+
+
+async def test_a_store_of_bare_names_still_loads_and_is_rekeyed(make_client, tmp_path):
+    """A deployment stored before names were per tenant (keyed by its bare name) comes back for
+    its own tenant, and is re-keyed so another tenant's function of that name is a record of its own."""
+    from runtime.jobs.store import SqliteJobStore
+    from tests.support.servers import FUNCTIONS
+
+    path = tmp_path / "jobs.sqlite3"
+    old = SqliteJobStore(path)
+    await old.open()
+    spec = {**fc("echo.handler", tenant="acme"), "codePath": str(FUNCTIONS)}
+    await old.save_function("fc", spec)
+    await old.close()
+    client = await make_client(make_config(**{"auth.tokens": TOKENS, "jobs.path": str(path)}))
+    resp = await client.post(INVOKE_FC, json={"a": 1}, headers=bearer("user-acme"))
+    assert resp.status == 200 and await resp.json() == {"a": 1}, await resp.text()
+    assert (await client.post(INVOKE_FC, json={}, headers=bearer("user-default"))).status == 404
+    resp = await client.post(FUNCS, data=yaml.safe_dump(fc("hello.handler")), headers=bearer("dev-default"))
+    assert resp.status == 201, await resp.text()
+    await client.close()
+    store = SqliteJobStore(path)
+    await store.open()
+    try:
+        assert sorted(key for key, _spec in await store.load_functions()) == ["acme/fc", "fc"]
+    finally:
+        await store.close()
+
+
+async def test_with_auth_off_bare_names_work_as_before(make_client):
+    """No tokens, no boundary: a bare name is the default tenant's function, else the only one's;
+    `X-Tenant-ID` picks a tenant on the admin routes."""
+    client = await make_client(make_config())
+    resp = await client.post(FUNCS, data=yaml.safe_dump(fc("echo.handler", tenant="acme")))
+    assert resp.status == 201, await resp.text()
+    resp = await client.post(INVOKE_FC, json={"a": 1})
+    assert resp.status == 200 and await resp.json() == {"a": 1}  # the only `fc`: acme's
+    assert (await client.get(f"{FUNCS}/fc")).status == 200
+    resp = await client.post(FUNCS, data=yaml.safe_dump(fc("hello.handler")))
+    assert resp.status == 201, await resp.text()  # the default tenant's own `fc`
+    resp = await client.post(INVOKE_FC, json={})
+    assert resp.status == 200 and await resp.json() == "ok"  # a bare name: the default tenant's
+    resp = await client.post("/invocations/acme/default/fc/", json={"b": 2})
+    assert resp.status == 200 and await resp.json() == {"b": 2}  # the short route names the tenant
+    acme = {"X-Tenant-ID": "acme"}
+    assert (await (await client.get(f"{FUNCS}/fc", headers=acme)).json())["function"]["tenant"] == "acme"
+    listed = (await (await client.get(FUNCS, headers=acme)).json())["functions"]
+    assert [f["tenant"] for f in listed] == ["acme"]
+    assert (await client.delete(f"{FUNCS}/fc", headers=acme)).status == 200
+    resp = await client.post(INVOKE_FC, json={})
+    assert resp.status == 200 and await resp.json() == "ok"

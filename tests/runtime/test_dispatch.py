@@ -7,7 +7,7 @@ import json
 import pytest
 
 from runtime.dispatch import Dispatcher, InvokeOptions
-from runtime.errors import ForbiddenError, FunctionNotFoundError, ServiceUnavailableError
+from runtime.errors import FunctionNotFoundError, ServiceUnavailableError
 from runtime.executor import Executor
 from runtime.jobs.model import Job, JobRequest
 from runtime.manifest import parse_manifest
@@ -36,10 +36,10 @@ async def dispatcher(specs):
 
 async def test_dispatch_checks_the_tenant_whether_given_a_name_or_a_found_function(dispatcher):
     acme, other = Principal("acme", "user"), Principal("default", "user")
-    with pytest.raises(ForbiddenError, match="tenant 'default' may not use function 'gen-d'"):
+    with pytest.raises(FunctionNotFoundError, match=r"^function 'gen-d' is not deployed$"):  # names no tenant
         await dispatcher.dispatch(other, "gen-d", {})
     found = dispatcher.find(acme, "gen-d")
-    with pytest.raises(ForbiddenError):
+    with pytest.raises(FunctionNotFoundError, match=r"^function 'gen-d' is not deployed$"):
         await dispatcher.dispatch(other, found, {})  # a function found for one principal is not another's
     with pytest.raises(FunctionNotFoundError):
         dispatcher.find(None, "nope")
@@ -77,9 +77,9 @@ async def test_submit_job_checks_the_tenant_then_hands_the_job_to_the_queue(disp
         await dispatcher.submit_job(None, "gen-d", {}, JobRequest())
     dispatcher.jobs = queue = _Queue()
     request = JobRequest(api="runpod", execution_timeout=1.5)
-    with pytest.raises(ForbiddenError, match="tenant 'default' may not use function 'gen-d'"):
+    with pytest.raises(FunctionNotFoundError, match=r"^function 'gen-d' is not deployed$"):
         await dispatcher.submit_job(Principal("default", "user"), "gen-d", {}, request)
-    with pytest.raises(ForbiddenError):
+    with pytest.raises(FunctionNotFoundError):
         await dispatcher.submit_job(Principal("default", "user"), dispatcher.find(None, "gen-d"), {}, request)
     job = await dispatcher.submit_job(Principal("acme", "user"), "gen-d", {"n": 1}, request)
     assert job.tenant == "acme" and queue.got == [("gen-d", {"n": 1}, request)]

@@ -62,12 +62,56 @@ async def test_cluster_status_shows_a_token_only_its_own_tenants_functions(redis
                 return await r.json()
 
         async def announced():  # readiness: the worker's heartbeat lists the new function
-            return any("acme-relay" in w["functions"] for w in (await status_for("root"))["workers"])
+            return any("acme/acme-relay" in w["functions"] for w in (await status_for("root"))["workers"])
         await wait_until(announced, "the worker announcing acme-relay")
         admin = await status_for("root")
-        assert {"acme-relay", "echo"} <= _names(admin)  # admin sees every tenant's
+        assert {"acme/acme-relay", "echo"} <= _names(admin)  # admin sees every tenant's, by key
         assert _names(await status_for("dev-acme")) == {"acme-relay"}  # only its own, in every list
         default = _names(await status_for("dev-default"))
         assert "echo" in default and "acme-relay" not in default
         acme_view = await status_for("dev-acme")
         assert [w["id"] for w in acme_view["workers"]] == [w["id"] for w in admin["workers"]]
+
+
+async def test_queued_invocations_go_by_tenant_and_name(redis_server, start_server, start_worker):
+    """Two tenants' `fc` through a frontend-only node: each queue is its tenant's (`{queue:acme/fc}`),
+    a worker runs each tenant's own code, and another node learns both from the shared registry."""
+    args = ("-s", f"auth.tokens={json.dumps(TOKENS)}")
+    front = start_server(*frontend_args(redis_server.url), *args)
+    other = start_server(*frontend_args(redis_server.url), *args)
+    start_worker(redis_server.url)
+    acme, default = bearer("dev-acme"), bearer("dev-default")
+    async with aiohttp.ClientSession() as s:
+        for headers, handler in ((acme, "echo.handler"), (default, "hello.handler")):
+            spec = {"name": "fc", "handler": handler, "codePath": "."}
+            async with s.post(front.url + "/admin/v1/functions", json=spec, headers=headers) as r:
+                assert r.status == 201, await r.text()  # default's is not a 409
+
+        async def serving():  # readiness: the worker announces both tenants' `fc`
+            async with s.get(front.url + "/cluster/v1/status", headers=bearer("root")) as r:
+                names = [f for w in (await r.json())["workers"] for f in w["functions"]]
+            return "acme/fc" in names and "fc" in names
+        await wait_until(serving, "the worker serving both tenants' fc")
+
+        async def answer(node, headers: dict, accept: str = "application/json") -> tuple[int, str]:
+            async with s.post(node.url + "/serverless/v1/functions/fc/invocations", json={"who": 1},
+                              headers={**headers, "Accept": accept}) as r:
+                return r.status, await r.text()
+
+        for node in (front, other):
+            async def known(node=node):  # readiness: this node has both from the shared registry
+                return (await answer(node, default))[0] == 200 and (await answer(node, acme))[0] == 200
+            await wait_until(known, "both fc known")
+            assert json.loads((await answer(node, acme))[1]) == {"who": 1}
+            assert json.loads((await answer(node, default))[1]) == "ok"
+            status, text = await answer(node, acme, "text/event-stream")
+            assert status == 200 and '"who"' in text and "this is a stream" not in text, text
+        async with s.delete(front.url + "/admin/v1/functions/fc", headers=acme) as r:
+            assert r.status == 200
+
+        async def gone():
+            return (await answer(other, acme))[0] == 404
+        await wait_until(gone, "acme's fc deleted everywhere")
+        assert json.loads((await answer(other, default))[1]) == "ok"  # default's stays
+    keys = redis_server.client().keys("*{queue:*")
+    assert any("{queue:acme/fc}" in k for k in keys) and any("{queue:fc}" in k for k in keys), keys

@@ -173,14 +173,13 @@ class Registry:
         else the only tenant deploying that name. Another tenant's function is not found, with the
         same message as a name nobody deployed.
         """
-        if tenant is None or tenant == DEFAULT_TENANT:
-            dep = self._deployments.get(ref)
-            if dep is not None:  # a plain name (names hold no ':'), the usual case: nothing to parse or check
-                return dep
+        dep = self._deployments.get(ref)
+        if dep is not None and (tenant is None or dep.spec.tenant == tenant):
+            return dep  # a plain name (names hold no ':'), the usual case: nothing to parse or check
         parts = parse_function_ref(ref)
         name, asked = parts["name"] or "", parts["tenant"]
-        if tenant is not None and asked is not None and asked != tenant:
-            raise FunctionNotFoundError(f"function {ref!r} is not deployed")
+        if (tenant is not None and asked is not None and asked != tenant) or "/" in name:
+            raise FunctionNotFoundError(f"function {ref!r} is not deployed")  # a key (`t/name`) is no name
         dep = self._deployments.get(function_key(tenant or asked or DEFAULT_TENANT, name))
         if dep is None and tenant is None and asked is None:
             tenants = self._tenants_of.get(name, ())

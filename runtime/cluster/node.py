@@ -101,7 +101,7 @@ class ClusterNode:
         parts = parse_function_ref(ref)
         name, asked = parts["name"] or "", parts["tenant"]
         unavailable = self.sync.unavailable
-        if tenant is None or asked in (None, tenant):
+        if (tenant is None or asked in (None, tenant)) and "/" not in name:  # a key (`t/name`) is no name
             key = function_key(tenant or asked or DEFAULT_TENANT, name)
             if key not in unavailable and tenant is None and asked is None:  # auth off: the only one's
                 found = [k for k, (spec, _why) in unavailable.items() if spec.name == name]

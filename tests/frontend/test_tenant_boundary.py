@@ -107,6 +107,16 @@ PROBES = {
         check=lambda b: b["function"]["tenant"] == "acme"),
     "admin-replace-b-in-list": Probe("PUT", "/admin/v1/functions", data=yaml.safe_dump(
         [{"name": "echo", "handler": "hello.handler", "codePath": ".", "tenant": "default"}]), user=(403,)),
+    # -- openYuanrong's function registration (B's `echo` is `0@default@echo`)
+    "yr-get": Probe("GET", "/serverless/v1/functions/0@default@echo", user=(403,)),
+    "yr-get-urn": Probe("GET", "/serverless/v1/functions/sn:cn:yrk:default:function:0@default@echo:latest",
+                        user=(403,)),
+    "yr-update": Probe("PUT", "/serverless/v1/functions/0@default@echo", json={
+        "name": "0@default@echo", "handler": "hello.handler", "codePath": ".", "runtime": "python3.9"}, user=(403,)),
+    "yr-delete": Probe("DELETE", "/serverless/v1/functions/0@default@echo", user=(403,)),
+    "yr-register-same-name": Probe("POST", "/serverless/v1/functions", json={
+        "name": "0@default@echo", "handler": "hello.handler", "codePath": ".", "runtime": "python3.9"},
+        expect=(200,), user=(403,), check=lambda b: "acme" in b["function"]["id"]),
     "admin-list": Probe("GET", "/admin/v1/functions", expect=(200,), user=(403,), check=_names("functions")),
     # -- named streams (names are per tenant: A's `b-stream` is A's own, empty one)
     "stream-stat": Probe("GET", "/serverless/v1/streams?stream=b-stream", expect=(404,), user=(403,)),
@@ -176,7 +186,7 @@ SAME_TRACE = {"X-Trace-Id": "0af7651916cd43dd8448eb211c80319c"}  # the body name
 UNKNOWN_ALIKE = ["admin-get", "admin-redeploy", "admin-delete", "invoke-json", "invoke-sse", "invoke-urn-path",
                  "invoke-async", "invoke-in-b-session", "session-interrupt", "session-end", "job-list-by-fn",
                  "runpod-run", "runpod-runsync", "runpod-status", "runpod-stream", "runpod-cancel", "runpod-retry",
-                 "runpod-purge-queue", "runpod-health"]
+                 "runpod-purge-queue", "runpod-health", "yr-get", "yr-get-urn", "yr-update", "yr-delete"]
 
 
 @pytest.mark.parametrize("token", ["dev-a", "user-a"])

@@ -230,6 +230,13 @@ async def test_two_tenants_each_deploy_and_run_their_own_function_of_one_name(tc
     assert shown["tenant"] == "acme" and shown["description"] == "v2"
     admin = (await (await tclient.get(FUNCS, headers=bearer("root"))).json())["functions"]
     assert sorted(f["tenant"] for f in admin if f["name"] == "fc") == ["acme", "default"]
+    # a function's key (`acme/fc`) is no name: it reaches nothing of another tenant
+    for ref in ("acme%2Ffc", "acme/fc"):
+        resp = await tclient.post(f"/serverless/v1/functions/{ref}/invocations", json={},
+                                  headers=bearer("user-default"))
+        assert resp.status == 404, (ref, await resp.text())
+        resp = await tclient.get(f"{FUNCS}/{ref}", headers=bearer("dev-default"))
+        assert resp.status == 404, (ref, await resp.text())
     # deleting one tenant's leaves the other's
     assert (await tclient.delete(f"{FUNCS}/fc", headers=bearer("dev-acme"))).status == 200
     assert (await tclient.post(INVOKE_FC, json={}, headers=bearer("user-acme"))).status == 404

@@ -76,9 +76,10 @@ class Retained:
     """One kept invocation: where its output goes, and how far it got."""
 
     __slots__ = ("broken", "cancelled", "configured", "continues", "done_id", "ending", "flusher", "id", "inv", "key",
-                 "next_id", "outputs", "over", "queue", "remote", "timer")
+                 "next_id", "outputs", "over", "plain", "queue", "remote", "timer")
 
-    def __init__(self, inv: InvocationSurface | None, tenant: str, continues: bool, inv_id: str = "") -> None:
+    def __init__(self, inv: InvocationSurface | None, tenant: str, continues: bool, inv_id: str = "",
+                 plain: Callable[[FunctionServiceError], str] | None = None) -> None:
         self.id = inv.id if inv is not None else inv_id
         self.key = qualify(tenant, STREAM_PREFIX + self.id)
         self.inv: InvocationSurface | None = inv  # dropped once it is over (nothing else holds it)
@@ -95,6 +96,13 @@ class Retained:
         self.cancelled: FunctionServiceError | None = None  # a cancel by id of an invocation with no abort()
         self.queue: list[str] | None = None  # cluster mode: events not yet published (DurableOutputs._flush)
         self.flusher: asyncio.Task[None] | None = None
+        # An answer framed as OpenAI's streams are (frontend/routes/openai.py): events without
+        # `id:` lines, no result event, its errors in the shape `plain` writes. None: the invoke SSE.
+        self.plain = plain
+
+    def error_event(self, exc: FunctionServiceError) -> str:
+        """The data of the error event the answer ends with."""
+        return error_text(exc) if self.plain is None else self.plain(exc)
 
     async def put(self, batch: list[str]) -> None:
         assert self.outputs is not None
@@ -133,12 +141,14 @@ class DurableOutputs:
         return len(self._running) + len(self._ended)
 
     # -- the answer's side ---------------------------------------------------------------------
-    def open(self, inv: InvocationSurface) -> Retained | None:
-        """Keep `inv`'s output (an SSE invocation); None when it is not kept."""
+    def open(self, inv: InvocationSurface,
+             plain: Callable[[FunctionServiceError], str] | None = None) -> Retained | None:
+        """Keep `inv`'s output (an SSE invocation); None when it is not kept. `plain`: the answer
+        is framed as OpenAI's (see Retained.plain) and this writes its error events."""
         if not self.enabled or inv.mode != "sse":
             return None
         spec = inv.spec
-        rec = Retained(inv, spec.tenant, getattr(spec, "onDisconnect", "cancel") == "continue")
+        rec = Retained(inv, spec.tenant, getattr(spec, "onDisconnect", "cancel") == "continue", plain=plain)
         self._running[rec.id] = rec
         return rec
 
@@ -261,7 +271,7 @@ class DurableOutputs:
         if rec is None or not rec.continues or rec.broken is not None:
             inv.cancel(reason)
             if rec is not None:
-                self._spawn(self.finish(rec, error_text(ClientGoneError(
+                self._spawn(self.finish(rec, rec.error_event(ClientGoneError(
                     f"the invocation was cancelled: {reason} (onDisconnect: cancel)"))))
             return
         log.info("client of invocation %s of %s left; it continues (onDisconnect: continue)", inv.id, inv.spec.name)
@@ -276,8 +286,10 @@ class DurableOutputs:
                     await self.publish(rec, batch)
             try:
                 last = await self.result(rec, inv)
+                if rec.plain is not None:
+                    last = None  # (an OpenAI stream ends with no result event)
             except FunctionServiceError as exc:
-                last = error_text(exc)
+                last = rec.error_event(exc)
             await self.finish(rec, last)
         except asyncio.CancelledError:  # shutdown
             inv.cancel("the server is shutting down")

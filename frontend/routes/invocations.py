@@ -90,7 +90,8 @@ async def events(request: web.Request) -> web.StreamResponse:
                         chunks.append(DONE_EVENT)
                         await out.write(b"".join(chunks))
                         return await out.finish()
-                    chunks.append(encode_event(el.data.decode("utf-8", "surrogatepass"), el.id))
+                    chunks.append(encode_event(el.data.decode("utf-8", "surrogatepass"),
+                                               el.id if rec.plain is None else None))  # (OpenAI's: no ids)
                 await out.write(b"".join(chunks))
         finally:
             await sub.close()

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from runtime.deployment import FunctionRef
 from runtime.dispatch import InvokeOptions
+from runtime.durable import DurableOutputs, Retained
 from runtime.errors import (
     BadRequestError,
     ForbiddenError,
@@ -34,7 +35,7 @@ from runtime.surface import InvocationSurface
 from ..auth import principal_of
 from ..body import read_json_body
 from ..errors import openai_error_body
-from ..keys import CONFIG, DISPATCHER, TRACE_ID
+from ..keys import CONFIG, DISPATCHER, OUTPUTS, TRACE_ID
 from ..metrics import FUNCTION, INVOCATION
 from ..respond import invocation_route
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
@@ -87,36 +88,47 @@ async def _serve(request: web.Request, route: str, function_name: str | None = N
     if stream:
         sse = EventStream(request, headers={"X-Trace-Id": inv.trace_id, "X-Invocation-Id": inv.id})
         heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds
-        return await _stream(sse, inv, heartbeat)
+        return await _stream(sse, inv, heartbeat, request.app.get(OUTPUTS))
     return await _whole(inv)
 
 
-def _error_event(exc: FunctionServiceError) -> bytes:
-    body = openai_error_body(exc.status, exc.message, exc.code)
-    return encode_event(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
+def _error_text(exc: FunctionServiceError) -> str:
+    """An OpenAI error event's data (also what the kept output ends with: runtime/durable.py)."""
+    return json.dumps(openai_error_body(exc.status, exc.message, exc.code), ensure_ascii=False, separators=(",", ":"))
 
 
-async def _stream(stream: EventStream, inv: InvocationSurface, heartbeat: float) -> web.StreamResponse:
-    """Each write is one `data:` event, sent as soon as it is read; then `data: [DONE]`."""
+async def _stream(stream: EventStream, inv: InvocationSurface, heartbeat: float,
+                  outputs: DurableOutputs | None) -> web.StreamResponse:
+    """Each write is one `data:` event, sent as soon as it is read; then `data: [DONE]`.
+
+    Kept by its id as an invoke's SSE is (runtime/durable.py), in its own framing: chunk n is
+    kept event n, replayed by the events route as the same `data:` bytes, without ids."""
     # No `id:` lines on OpenAI routes: after an id, openai-python mis-parses comment heartbeats.
-    await relay(stream, inv.channel, heartbeat, frame_raw if inv.mode == "raw" else _frame_chunks)
-    return await _finish(stream, inv)
+    kept = outputs.open(inv, _error_text) if outputs is not None else None
+    tee = outputs.tee(kept) if outputs is not None and kept is not None else None
+    await relay(stream, inv.channel, heartbeat, frame_raw if inv.mode == "raw" else _frame_chunks, tee)
+    return await _finish(stream, inv, outputs, kept)
 
 
 def _frame_chunks(batch: list[str]) -> bytes:
     return b"".join([encode_event(payload) for payload in batch])
 
 
-async def _finish(stream: EventStream, inv: InvocationSurface) -> web.StreamResponse:
+async def _finish(stream: EventStream, inv: InvocationSurface, outputs: DurableOutputs | None,
+                  kept: Retained | None) -> web.StreamResponse:
     """`data: [DONE]` after a clean end; after a failure, the error as a last event first."""
     try:
-        await inv.outcome()
+        await (inv.outcome() if outputs is None or kept is None else outputs.result(kept, inv))
     except FunctionServiceError as exc:
+        if outputs is not None and kept is not None:
+            await outputs.finish(kept, _error_text(exc))
         if not stream.prepared:
             raise  # nothing sent yet: a plain error response with the right status
         log.info("invocation %s of %s failed mid-stream: %s", inv.id, inv.spec.name, exc.message)
-        await stream.write(_error_event(exc) + DONE_EVENT)
+        await stream.write(encode_event(_error_text(exc)) + DONE_EVENT)
         return await stream.finish()
+    if outputs is not None and kept is not None:
+        await outputs.finish(kept, None)
     if inv.mode != "raw":
         await stream.write(DONE_EVENT)
     return await stream.finish()

@@ -24,3 +24,21 @@ async def gated(event, context):
         raise
     s["log"].append("finished")
     return {"done": int(event["count"])}
+
+
+async def gated_chat(event, context):
+    """An OpenAI chat function: chunk i (content "t<i> ") once `release` >= i, for `max_tokens`
+    chunks, the marker being the request's `user`; with `seed: -1` it raises after them."""
+    body = event["input"]["openai_input"]
+    s = state(body["user"])
+    count = int(body["max_tokens"])
+    for i in range(1, count + 1):
+        while s["release"] < i:
+            await asyncio.sleep(0.002)
+        await context.get_stream().write({
+            "id": "chatcmpl-gated", "object": "chat.completion.chunk", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "delta": {"content": f"t{i} "},
+                         "finish_reason": "stop" if i == count else None}]})
+        s["written"] = i
+    if body.get("seed") == -1:
+        raise RuntimeError("gated chat failed after its chunks")

@@ -15,7 +15,7 @@ from aiohttp.typedefs import Handler
 from runtime.errors import FunctionServiceError
 
 from .keys import TRACE_ID
-from .metrics import INVOCATION
+from .metrics_counters import INVOCATION
 from .tracing import add_trace_headers, trace_id_of
 
 __all__ = ("error_response", "error_middleware", "http_error_code", "is_openai_path", "is_runpod_path",

@@ -10,7 +10,7 @@ order, with the same helpers — the trace id (frontend/tracing.py), the token c
 (frontend/auth.py `authenticate`), `Dispatcher.find` (404/403), the body (frontend/body.py),
 `Dispatcher.dispatch`, the invoke route's JSON answer or event stream (frontend/routes/invoke.py),
 JSON errors (frontend/errors.py), and the ending of an invoke route (as frontend/respond.py's:
-cancelled when its client leaves, counted by frontend/metrics.py).
+cancelled when its client leaves, counted by frontend/metrics_counters.py).
 
 It takes only what it fully understands: `POST /serverless/v1/functions/{ref}/invocations` with no
 percent-escape in the path, a body already whole and not compressed, an Accept that gets JSON or
@@ -41,7 +41,7 @@ from .body import arrived_body, max_body_bytes, parse_json_body, read_body
 from .errors import error_response
 from .hosts import HOST_POLICY
 from .keys import CONFIG, DISPATCHER, OUTPUTS, TRACE_ID
-from .metrics import CLIENT_GONE, DISCONNECTED, INVOCATION, METRICS, count_answered, count_refused
+from .metrics_counters import CLIENT_GONE, DISCONNECTED, INVOCATION, METRICS, count_answered, count_refused
 from .respond import client_left
 from .routes.invoke import json_answer, negotiate_mode, stream_response
 from .tracing import TRACE_FLAGS, add_trace_headers, incoming_trace

@@ -1,5 +1,5 @@
 """The ending of every invoke route: its invocation is cancelled when the client leaves, and counted
-(frontend/metrics.py) once the route answered, failed or lost its client.
+(frontend/metrics_counters.py) once the route answered, failed or lost its client.
 
 A client that disconnects cancels the request's task (aiohttp `handler_cancellation`) or makes a
 socket write fail with ConnectionError; either way the invocation is cancelled so the handler
@@ -22,7 +22,7 @@ from aiohttp import web
 from runtime.errors import FunctionServiceError
 
 from .keys import OUTPUTS
-from .metrics import CLIENT_GONE, DISCONNECTED, INVOCATION, METRICS, count_answered, count_refused
+from .metrics_counters import CLIENT_GONE, DISCONNECTED, INVOCATION, METRICS, count_answered, count_refused
 
 __all__ = ("invocation_route", "client_left")
 

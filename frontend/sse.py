@@ -35,7 +35,7 @@ DONE_EVENT = b"data: [DONE]\n\n"
 # A comment with no blank line after it: a blank line after a comment makes the openai-python
 # parser emit an empty event once it has seen an `id:` (openai-python #2722, #3833).
 PING = b": ping\n"
-# The SSE answer a request is writing (read by frontend/metrics.py for bytes, pings, first event).
+# The SSE answer a request is writing (read by frontend/metrics_counters.py for bytes, pings, first event).
 CURRENT_STREAM = web.RequestKey("event_stream", object)
 
 
@@ -182,7 +182,7 @@ class EventStream:
         own.update(trace_headers(request, own.get("X-Trace-Id")))
         self.response = web.StreamResponse(status=200, headers=own)
         self.prepared = False
-        # Read by frontend/metrics.py: what this response carried.
+        # Read by frontend/metrics_counters.py: what this response carried.
         self.events = 0
         self.bytes_sent = 0
         self.pings = 0

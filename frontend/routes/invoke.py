@@ -23,7 +23,7 @@ from runtime.surface import InvocationSurface, Mode
 from ..auth import principal_of
 from ..body import read_json_body
 from ..keys import CONFIG, DISPATCHER, OUTPUTS, TRACE_ID
-from ..metrics import FUNCTION, INVOCATION
+from ..metrics_counters import FUNCTION, INVOCATION
 from ..negotiation import parse_accept, quality
 from ..respond import invocation_route
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay

@@ -36,7 +36,7 @@ from ..auth import principal_of
 from ..body import read_json_body
 from ..errors import openai_error_body
 from ..keys import CONFIG, DISPATCHER, OUTPUTS, TRACE_ID
-from ..metrics import FUNCTION, INVOCATION
+from ..metrics_counters import FUNCTION, INVOCATION
 from ..respond import invocation_route
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 

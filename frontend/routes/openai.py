@@ -7,9 +7,11 @@ with no `id:` lines (openai-python #2722/#3833), then `data: [DONE]`; a function
 `rawStream: true` frames its own SSE and is passed through verbatim. `stream: false` answers
 the single object the function wrote (or returned). Errors are `{"error": {...}}`: as the
 response when nothing was sent yet, else as a last event before `data: [DONE]`.
-`GET /v1/models` lists the `models` and `modelAliases` the mapped functions declare, or a function's
-own name when its `models` is empty (in cluster mode also those of mapped functions this node knows
-from the cluster but cannot load). A request naming an alias reaches the function with the model
+A request goes to the function that declares its `model` (manifest `models` / `modelAliases`), else
+to the mapped one. `GET /v1/models` lists the `models` and `modelAliases` the mapped functions and
+every function that declares `models` serve, or a mapped function's own name when its `models` is
+empty (in cluster mode also those of mapped functions this node knows from the cluster but cannot
+load). A request naming an alias reaches the function with the model
 the alias names.
 """
 from __future__ import annotations
@@ -74,7 +76,16 @@ async def _serve(request: web.Request, route: str, function_name: str | None = N
         raise BadRequestError("missing required parameter 'model' (a string)")
     dispatcher = request.app[DISPATCHER]
     principal = principal_of(request)
-    function = dispatcher.find(principal, function_name or _function_names(request)[route])
+    function = _declaring(request, model) if function_name is None else None
+    if function is None:
+        try:
+            function = dispatcher.find(principal, function_name or _function_names(request)[route])
+        except FunctionNotFoundError as exc:
+            if function_name is not None:
+                raise
+            setting = "chatFunction" if route == CHAT_ROUTE else "completionsFunction"
+            raise FunctionNotFoundError(f"{exc.message}, the function of `openai.{setting}`; and no deployed "
+                                        f"function declares model {model!r} (manifest `models:`)") from None
     request[FUNCTION] = function.spec
     served = function.spec.served_models()
     if function.spec.models and model not in served:
@@ -182,6 +193,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _serve(request, COMPLETIONS_ROUTE)
 
 
+def _declaring(request: web.Request, model: str) -> FunctionRef | None:
+    """The function deployed here that declares `model` (manifest `models` / `modelAliases`), in the
+    token's tenant: a function deployed with its models serves /v1 at once, no `openai.*Function`
+    setting and no restart. The mapped function wins when it serves the model too."""
+    found = _served_models(request).get(model)
+    return found if found is not None and found.spec.models else None
+
+
 def _served_models(request: web.Request) -> dict[str, FunctionRef]:
     """Model -> the mapped function serving it: deployed here or, in cluster mode, known to the cluster.
     Only the models the token may run: its own tenant's functions (every one when auth is off)."""
@@ -195,6 +214,11 @@ def _served_models(request: web.Request) -> dict[str, FunctionRef]:
             continue
         for model in dep.spec.served_models():  # models, aliases; the function's name when models is empty
             models.setdefault(model, dep)
+    tenant = None if principal is None else principal.tenant
+    for dep in dispatcher.registry.list():  # then every function that declares its models
+        if dep.spec.models and (tenant is None or dep.spec.tenant == tenant):
+            for model in dep.spec.served_models():
+                models.setdefault(model, dep)
     return models
 
 

@@ -150,11 +150,27 @@ async def test_routes_follow_the_openai_config(make_client, deploy):
     functions = deploy(chat_fn(tokens_per_second=2000), chat_fn("other", models=["m2"], tokens_per_second=2000))
     client = await make_client(config=test_config(functions, **{"openai.completionsFunction": "other",
                                                                   "openai.chatFunction": "missing"}))
-    resp = await client.post(CHAT, json=chat_body())
-    assert resp.status == 404 and "'missing' is not deployed" in (await resp.json())["error"]["message"]
+    resp = await client.post(CHAT, json={**chat_body(), "model": "nobody-serves-this"})
+    message = (await resp.json())["error"]["message"]
+    assert resp.status == 404 and "'missing' is not deployed" in message and "openai.chatFunction" in message
+    assert "'nobody-serves-this'" in message and "models:" in message
     resp = await client.post("/v1/completions", json={"model": "m2", "prompt": "x", "max_tokens": 2})
     assert (await resp.json())["model"] == "m2"
-    assert [m["id"] for m in (await (await client.get("/v1/models")).json())["data"]] == ["m2"]
+    assert [m["id"] for m in (await (await client.get("/v1/models")).json())["data"]] == ["m2", MODEL]
+
+
+async def test_a_function_declaring_a_model_serves_it_without_a_setting(make_client, deploy):
+    """`models:` routes: the chat route reaches `other` for its model though `chat` is the mapped
+    function, an alias too; the mapped function keeps the models it declares."""
+    other = {**chat_fn("other", models=["m2"], tokens_per_second=2000), "modelAliases": {"gpt-x": "m2"}}
+    functions = deploy(chat_fn(tokens_per_second=2000), other)
+    client = await make_client(config=test_config(functions))
+    for model in ("m2", "gpt-x", MODEL):
+        resp = await client.post(CHAT, json={**chat_body(), "model": model})
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["model"] == ("m2" if model == "gpt-x" else model)
+    resp = await client.post(CHAT, json={**chat_body(), "model": "gpt-9"})
+    assert resp.status == 404 and (await resp.json())["error"]["code"] == "model_not_found"
 
 
 async def test_error_after_the_stream_began(make_client, deploy):

@@ -21,6 +21,7 @@ from runtime.errors import ConfigError, FunctionServiceError
 from runtime.logs import TEXT_FORMAT
 
 from .scaffold import add_commands as add_scaffold_commands
+from .testcmd import add_command as add_test_command
 
 if TYPE_CHECKING:
     from runtime.config import Config
@@ -366,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("elements", nargs="+", metavar="ELEMENT")
     add_scaffold_commands(sub)
+    add_test_command(sub)
     return parser
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import keyword
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ __all__ = (
     "init_project",
     "new_function",
     "render_config",
+    "server_url",
 )
 
 RESERVED_MODULES = frozenset({"runtime", "frontend"})  # fnstream's own packages would shadow them
@@ -181,7 +183,7 @@ def init_project(directory: Path, *, force: bool = False, examples: bool = False
     where = "" if directory.resolve() == Path.cwd().resolve() else f"cd {directory} && "
     return Written(written, [f"{where}fnstream serve",
                              "fnstream invoke hello --stream      # in another shell",
-                             "pytest tests                        # the example's test"])
+                             "fnstream test                       # the example's test (runs pytest)"])
 
 
 def _check_name(name: str) -> str:
@@ -224,15 +226,41 @@ def new_function(directory: Path, name: str, template: str = "stream", *, force:
     parse_manifest(manifest, f"deploy/{name}.yaml", directory / "deploy")  # a template bug fails here, not later
     files: dict[Path, str | Path] = {source: code, Path(f"deploy/{name}.yaml"): manifest}
     written = _write_all(directory, files, force)
+    url = server_url(directory)
+    to = "" if url == _cli_default_url() else f" --url {url}"
     stream = " --stream" if template != "plain" else ""
-    steps = [f"fnstream serve                      # or, with a server running: fnstream deploy deploy/{name}.yaml",
-             f"fnstream invoke {name}{stream} --data '{tpl.example_data}'"]
+    steps = [f"fnstream serve                      # or, with a server running: fnstream deploy deploy/{name}.yaml{to}",
+             f"fnstream invoke {name}{stream} --data '{tpl.example_data}'{to}"]
     if template == "openai":
-        steps[0] = f"fnstream serve -s openai.chatFunction={name}   # or set openai.chatFunction in the config"
-        steps[1] = (f"curl -N http://127.0.0.1:8888/v1/chat/completions -H 'Content-Type: application/json' "
+        steps[0] = (f"fnstream serve                      # or, with a server running: fnstream deploy "
+                    f"deploy/{name}.yaml{to} (no restart: /v1 routes model {name!r}, its manifest's `models:`)")
+        steps[1] = (f"curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' "
                     f"-d '{{\"model\": \"{name}\", \"stream\": true, \"messages\": [{{\"role\": \"user\", "
                     f"\"content\": \"hi\"}}]}}'")
     return Written(written, steps)
+
+
+def server_url(directory: Path) -> str:
+    """Where `fnstream serve` run in `directory` listens (its config's frontend.host / port), as a
+    client on this machine writes it: hints name the real address, not the default one."""
+    from runtime.errors import ConfigError
+
+    from .startup import load_cli_config
+    try:
+        frontend = load_cli_config(None, [], cwd=directory).frontend
+    except ConfigError:  # `fnstream serve` reports a broken config itself
+        return "http://127.0.0.1:8888"
+    host = frontend.host
+    if host in ("", "0.0.0.0", "::"):  # every address: this machine's loopback answers
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{frontend.port or 'PORT'}"  # port 0: a free one, printed by serve
+
+
+def _cli_default_url() -> str:
+    """The address the client commands use without --url (frontend/cli.py DEFAULT_URL)."""
+    return os.environ.get("FNSTREAM_URL", "http://127.0.0.1:8888")
 
 
 def _report(directory: Path, written: Written) -> None:

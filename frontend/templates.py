@@ -58,7 +58,7 @@ async def handler(event, context):
         await asyncio.sleep(0.2)
 '''
 
-_OPENAI = '''"""{name}: serves POST /v1/chat/completions (set `openai.chatFunction: {name}` in the config).
+_OPENAI = '''"""{name}: serves POST /v1/chat/completions for the models its manifest lists (`models:`).
 
 The frontend passes the request as `event["input"]["openai_input"]`; with `stream: true` each
 `yield` is one chat.completion.chunk, with `stream: false` the one yield is the completion.

@@ -82,7 +82,7 @@ async def test_heartbeat_is_a_comment_without_blank_line(start_server, tmp_path)
 
 
 def test_serve_refuses_bad_manifests(tmp_path):
-    (tmp_path / "one.yaml").write_text(yaml.safe_dump({"name": "one", "handler": "nodot"}))
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump({"name": "one", "handler": "no-such module"}))
     (tmp_path / "two.yaml").write_text(yaml.safe_dump({"name": "two", "handler": "echo.handler", "timeout": "x"}))
     proc = subprocess.run([sys.executable, "-m", "frontend.cli", "serve", "--deploy-dir", str(tmp_path), "--port", "0"],
                           cwd=ROOT, capture_output=True, text=True, timeout=30)
@@ -106,7 +106,8 @@ def test_cli_deploy_functions_invoke_delete(server, tmp_path):
     manifest.write_text(yaml.safe_dump({"name": "cli-echo", "handler": "echo.handler", "codePath": str(FUNCTIONS)}))
     proc = cli(server, "deploy", str(manifest))
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["function"]["urn"].endswith("@cli-echo:latest")
+    assert proc.stdout.split()[:2] == ["cli-echo", proc.stdout.split()[1]]  # a line: name, URN, executor, ...
+    assert proc.stdout.split()[1].endswith("@cli-echo:latest")
     assert cli(server, "deploy", str(manifest)).returncode == 0  # redeploy goes through PUT
     proc = cli(server, "functions")
     assert "cli-echo" in proc.stdout and "ticker" in proc.stdout

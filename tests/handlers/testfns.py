@@ -106,8 +106,17 @@ def sync_sleep(event, context):
     return "woke"
 
 
-def sync_sleep_then_write(event, context):
-    time.sleep(event.get("seconds", 1))
+def stubborn_sleep_then_write(event, context):
+    """Swallows what stops its thread at the timeout (a bare except), sleeps on, then writes: its
+    late write must be refused. (The next stop comes a second later, after the write.)"""
+    end = time.monotonic() + float(event.get("seconds", 1))
+    while True:
+        try:
+            while time.monotonic() < end:
+                time.sleep(0.01)
+            break
+        except BaseException:  # the mistake under test
+            STATE["log"].append(("stopped",))
     try:
         context.get_stream().write("late")
     except Exception as exc:

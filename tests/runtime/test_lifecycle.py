@@ -64,7 +64,7 @@ async def test_timeout_async_handler_504(make_client, deploy_dir):
 
 
 async def test_timeout_thread_handler_and_later_writes_refused(make_client, deploy_dir):
-    client = await make_client(test_config(deploy_dir(fn("slowt", "testfns.sync_sleep_then_write", timeout=0.2))))
+    client = await make_client(test_config(deploy_dir(fn("slowt", "testfns.stubborn_sleep_then_write", timeout=0.2))))
     resp = await client.post("/serverless/v1/functions/slowt/invocations", headers=SSE, json={"seconds": 0.5})
     assert resp.status == 504
     events = [e for _, e in await read_events(resp)]

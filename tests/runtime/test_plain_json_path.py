@@ -21,7 +21,7 @@ async def wait_for(predicate, timeout=3.0, step=0.02):
 
 
 async def test_plain_json_thread_handler_timeout_refuses_its_later_writes(make_client, deploy_dir):
-    client = await make_client(test_config(deploy_dir(fn("slowj", "testfns.sync_sleep_then_write", timeout=0.2))))
+    client = await make_client(test_config(deploy_dir(fn("slowj", "testfns.stubborn_sleep_then_write", timeout=0.2))))
     resp = await client.post("/serverless/v1/functions/slowj/invocations", json={"seconds": 0.5})
     assert resp.status == 504
     body = await resp.json()

@@ -17,6 +17,7 @@ from runtime.executor import Executor
 from runtime.java.build import java_unavailable
 from runtime.lifecycle import Lifecycle, wait_for_stop_signal
 from runtime.manifest import load_deploy_dir
+from runtime.quotas import Quotas
 from runtime.registry import Registry
 from runtime.streams import AbstractBroker, BrokerSettings, MemoryBroker, bind_broker, unbind_broker
 
@@ -70,7 +71,10 @@ SERVER_KWARGS: dict[str, Any] = {"handler_cancellation": True, "access_log_class
 
 def build_registry(config: Config, *, deploy: bool = True) -> Registry:
     """A registry with every manifest of `runtime.deployDir` deployed (all or nothing)."""
-    registry = Registry(config.runtime.codeRoots, stop_grace=config.frontend.args.shutdownGraceSeconds)
+    quotas = Quotas(config.tenants.maxFunctions, config.tenants.maxInstancesPerFunction,
+                    config.runtime.maxWorkerProcesses)
+    registry = Registry(config.runtime.codeRoots, stop_grace=config.frontend.args.shutdownGraceSeconds,
+                        quotas=quotas)
     if deploy and config.runtime.deployDir is not None:
         specs = load_deploy_dir(config.runtime.deployDir)
         missing = java_unavailable("(any Java function)") if any(s.is_java for s in specs) else None

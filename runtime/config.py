@@ -18,7 +18,7 @@ from .errors import ConfigError
 
 __all__ = ("Config", "FrontendConfig", "FrontendArgs", "FrontendLimits", "RuntimeConfig", "AuthConfig",
            "AuthToken", "StreamsConfig", "OpenAIConfig", "ClusterConfig", "CorsConfig", "MetricsConfig",
-           "LoggingConfig", "JobsConfig", "WebhookConfig", "load_config", "DEFAULT_CONFIG_PATH",
+           "LoggingConfig", "TenantsConfig", "JobsConfig", "WebhookConfig", "load_config", "DEFAULT_CONFIG_PATH",
            "packaged_default_config")
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "default.yaml"
@@ -152,10 +152,21 @@ class RuntimeConfig(_Strict):
     codeRoots: list[Path] = Field(default_factory=list, description="handler code must live under one of these "
                                                                     "(empty: anywhere)")
     deployDir: Path | None = Field(None, description="manifests deployed at start; unset = none")
+    maxWorkerProcesses: int | None = Field(64, ge=1, description="worker processes the process functions "
+                                           "of this node may keep running (their minInstances, summed); a "
+                                           "deploy past it is a 429 (null: no limit)")
     dataDir: Path | None = Field(None, description="where the server keeps what must outlive a restart: the "
                                  "SQLite job store (`jobs.path`), which also holds the functions deployed "
                                  "through the admin API. Unset = `.fnstream` in the directory the server "
                                  "runs in; created when first needed")
+
+
+class TenantsConfig(_Strict):
+    maxFunctions: int | None = Field(1000, ge=1, description="functions one tenant may have deployed; "
+                                     "a deploy past it is a 429 (null: no limit)")
+    maxInstancesPerFunction: int | None = Field(32, ge=1, le=256, description="the most `instances`, "
+                                                "`minInstances` or `maxInstances` one function may ask; "
+                                                "more is a 400 at deploy (null: the manifest's own 256)")
 
 
 class AuthToken(_Strict):
@@ -274,6 +285,7 @@ class Config(_Strict):
                                      description="the HTTP side: listener, invocation settings, browsers")
     runtime: RuntimeConfig = Field(RuntimeConfig(), description="where handler code lives and runs")
     auth: AuthConfig = Field(AuthConfig(), description="bearer tokens, their tenants and roles")
+    tenants: TenantsConfig = Field(TenantsConfig(), description="what one tenant may deploy")
     streams: StreamsConfig = Field(StreamsConfig(), description="named streams")
     openai: OpenAIConfig = Field(OpenAIConfig(),
                                  description="which deployed function serves each OpenAI-compatible route")

@@ -18,11 +18,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .deployment import DEFAULT_TENANT, Deployment, check_ref, function_key, parse_function_ref
-from .errors import DeployError, FunctionNotFoundError
+from .errors import DeployError, FunctionNotFoundError, FunctionServiceError
 from .java.pool import JavaWorkerPool
 from .loader import check_code_location, load_code
 from .manifest import FunctionSpec
 from .process.pool import WorkerPool
+from .quotas import Quotas
 
 __all__ = ("Registry",)
 
@@ -34,8 +35,10 @@ POOLS: dict[bool, type[WorkerPool]] = {False: WorkerPool, True: JavaWorkerPool}
 class Registry:
     """(tenant, name) -> Deployment. Deploys are all-or-nothing across the specs given."""
 
-    def __init__(self, code_roots: Iterable[Path] = (), *, stop_grace: float = 10.0) -> None:
+    def __init__(self, code_roots: Iterable[Path] = (), *, stop_grace: float = 10.0,
+                 quotas: Quotas | None = None) -> None:
         self.code_roots = [Path(p).resolve() for p in code_roots]
+        self.quotas = quotas or Quotas()  # checked before anything is imported or started, and again at commit
         self.stop_grace = stop_grace  # how long a replaced/deleted deployment's invocations may run on
         self._deployments: dict[str, Deployment] = {}  # function_key(tenant, name) -> deployment
         self._tenants_of: dict[str, set[str]] = {}  # name -> tenants deploying it (auth-off lookups)
@@ -88,6 +91,7 @@ class Registry:
         """Import in-process code here; start the first worker of each process function."""
         if not replace:
             self._check_absent(specs)
+        self._check_quotas(specs)
         # In-process code first (a kind/executor clash raises here), before any worker is started.
         loaded = [Deployment(spec, load_code(spec, self.code_roots)) if spec.executor != "process" else None
                   for spec in specs]
@@ -123,13 +127,17 @@ class Registry:
             if dep.pool is not None:
                 dep.pool.abort() if not dep.pool.validated else dep.pool.stop()
 
+    def _check_quotas(self, specs: builtins.list[FunctionSpec]) -> None:
+        self.quotas.check(specs, {key: dep.spec for key, dep in self._deployments.items()})
+
     def _commit(self, staged: builtins.list[Deployment], replace: bool) -> builtins.list[Deployment]:
-        if not replace:
-            try:
+        try:
+            if not replace:
                 self._check_absent([dep.spec for dep in staged])  # another deploy got there meanwhile
-            except DeployError:
-                self._abort(staged)
-                raise
+            self._check_quotas([dep.spec for dep in staged])
+        except FunctionServiceError:
+            self._abort(staged)
+            raise
         for dep in staged:
             self._revision += 1
             dep.revision = self._revision

@@ -318,3 +318,41 @@ async def test_with_auth_off_bare_names_work_as_before(make_client):
     assert (await client.delete(f"{FUNCS}/fc", headers=acme)).status == 200
     resp = await client.post(INVOKE_FC, json={})
     assert resp.status == 200 and await resp.json() == "ok"
+
+
+# -- quotas (answered at deploy, nothing started) -----------------------------------------------
+async def test_a_tenant_may_deploy_at_most_max_functions(make_client):
+    client = await make_client(test_config(**{"auth.tokens": TOKENS, "tenants.maxFunctions": 2}))  # none deployed
+    acme = bearer("dev-acme")
+    resp = await client.put(FUNCS, data=yaml.safe_dump([fc("echo.handler"), {**fc("echo.handler"), "name": "fd"}]),
+                            headers=acme)
+    assert resp.status == 200, await resp.text()
+    resp = await client.post(FUNCS, data=manifest("fe"), headers=acme)
+    assert resp.status == 429, await resp.text()
+    body = await resp.json()
+    assert body["code"] == 200429 and "tenants.maxFunctions" in body["message"]
+    assert (await client.get(f"{FUNCS}/fe", headers=acme)).status == 404  # nothing was deployed
+    resp = await client.put(f"{FUNCS}/fc", data=yaml.safe_dump(fc("echo.handler", description="v2")), headers=acme)
+    assert resp.status == 200, await resp.text()  # a redeploy is no new function
+    default = bearer("dev-default")  # another tenant's count is its own
+    assert (await client.post(FUNCS, data=manifest("fe"), headers=default)).status == 201
+    assert (await client.post(FUNCS, data=manifest("fc"), headers=default)).status == 201
+    assert (await client.post(FUNCS, data=manifest("ff"), headers=default)).status == 429
+    assert (await client.delete(f"{FUNCS}/fd", headers=acme)).status == 200
+    assert (await client.post(FUNCS, data=manifest("fe"), headers=acme)).status == 201
+
+
+async def test_process_instances_are_capped_per_function_and_per_node(make_client):
+    config = test_config(**{"tenants.maxInstancesPerFunction": 4, "runtime.maxWorkerProcesses": 3})
+    client = await make_client(config)
+    spec = {"name": "pw", "handler": "echo.handler", "codePath": ".", "executor": "process"}
+    for fields in ({"minInstances": 5}, {"maxInstances": 256}, {"instances": 5}):
+        resp = await client.post(FUNCS, data=yaml.safe_dump({**spec, **fields}))
+        assert resp.status == 400 and "tenants.maxInstancesPerFunction" in (await resp.json())["message"], fields
+    resp = await client.post(FUNCS, data=yaml.safe_dump({**spec, "minInstances": 2, "maxInstances": 4}))
+    assert resp.status == 201, await resp.text()
+    resp = await client.post(FUNCS, data=yaml.safe_dump({**spec, "name": "pw2", "instances": 2}))
+    assert resp.status == 429 and "runtime.maxWorkerProcesses" in (await resp.json())["message"]
+    assert (await client.get(f"{FUNCS}/pw2")).status == 404  # refused before a worker was started
+    resp = await client.post(FUNCS, data=yaml.safe_dump({**spec, "name": "pw2", "minInstances": 0}))
+    assert resp.status == 201, await resp.text()  # scale-to-zero keeps none running

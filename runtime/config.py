@@ -234,8 +234,10 @@ class StreamsConfig(_Strict):
 class OpenAIConfig(_Strict):
     """Which deployed function serves each OpenAI-compatible route."""
 
-    chatFunction: str = Field("chat", description="function serving `POST /v1/chat/completions`")
-    completionsFunction: str = Field("chat", description="function serving `POST /v1/completions`")
+    chatFunction: str = Field("chat", description="function serving `POST /v1/chat/completions` "
+                                                  "for a model no function declares (`models:`)")
+    completionsFunction: str = Field("chat", description="function serving `POST /v1/completions` "
+                                                         "for a model no function declares (`models:`)")
 
 
 class ClusterConfig(_Strict):

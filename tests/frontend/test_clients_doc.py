@@ -144,10 +144,18 @@ def _console(page) -> list[str]:
     return logged
 
 
+def _wait_logged(page, logged: list[str], done) -> None:
+    """Console messages reach playwright asynchronously: wait for the last one expected."""
+    deadline = time.monotonic() + 15
+    while not done() and time.monotonic() < deadline:
+        page.wait_for_timeout(50)
+    assert done(), logged
+
+
 def test_browser_fetch_reader_shows_events_as_they_arrive(page, server):
     logged = _console(page)
     page.evaluate("async () => {\n" + block("browser-fetch", server.url) + "\n}")
-    page.wait_for_function("() => true")  # console events are delivered before the next round trip
+    _wait_logged(page, logged, lambda: any(line.endswith("[DONE]") for line in logged))
     arrivals = [(int(ms), data) for ms, data in (line.split(" ", 1) for line in logged)]
     assert [data for _, data in arrivals][-2:] == ['{"ticks":5}', "[DONE]"]
     ticks = [ms for ms, data in arrivals if '"tick"' in data]
@@ -158,8 +166,5 @@ def test_browser_fetch_reader_shows_events_as_they_arrive(page, server):
 def test_browser_eventsource(page, server):
     logged = _console(page)
     page.evaluate("() => {\n" + block("browser-eventsource", server.url) + "\n}")
-    page.wait_for_function("() => true")
-    deadline = time.monotonic() + 15
-    while len(logged) < 3 and time.monotonic() < deadline:
-        page.wait_for_timeout(50)
+    _wait_logged(page, logged, lambda: len(logged) >= 3)
     assert logged == ["1 hello", "2 world", "3 bye"]

@@ -149,6 +149,14 @@ class Deployment:
         return function_key(self.spec.tenant, self.spec.name)
 
     @property
+    def runpod_aggregates(self) -> bool | None:
+        """The code's runpod.serverless.start() return_aggregate_stream; None without such a call."""
+        if self.code is not None:
+            return None if self.code.runpod is None else self.code.runpod.aggregate_stream
+        options = self.pool.runpod if self.pool is not None else None
+        return None if options is None else bool(options.get("aggregate_stream"))
+
+    @property
     def init_error(self) -> str | None:
         """Why the initializer failed (here, or in the pool's workers); every invocation fails with 4201."""
         if self._init_error is None and self.pool is not None:

@@ -13,6 +13,7 @@ import shlex
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from ..errors import DeployError
 from ..manifest import FunctionSpec
@@ -52,14 +53,14 @@ class JavaWorkerPool(WorkerPool):
             return
         super().start()
 
-    def _on_loaded(self, kind: str | None, error: str | None) -> None:
+    def _on_loaded(self, kind: str | None, error: str | None, runpod: dict[str, Any] | None = None) -> None:
         if kind is not None and error is None and not self._loaded.is_set():
             try:
                 self._validated_marker.parent.mkdir(parents=True, exist_ok=True)
                 self._validated_marker.touch()
             except OSError:
                 pass  # only a later deploy's shortcut is lost
-        super()._on_loaded(kind, error)
+        super()._on_loaded(kind, error, runpod)
 
     def command(self) -> list[str]:
         heap = max(MIN_HEAP_MB, self.spec.memory)

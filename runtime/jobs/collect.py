@@ -89,8 +89,7 @@ async def collect(manager: JobHost, job: Job, function: FunctionRef, inv: Invoca
             in_process = isinstance(inv, Invocation) and function.executor != "process"
             result = generator_items if in_process else list(job.outputs)
             job.aggregated = True
-            options = function.code.runpod if function.code is not None else None
-            if job.api == "runpod" and options is not None and not options.aggregate_stream:
+            if job.api == "runpod" and function.runpod_aggregates is False:
                 result = []  # RunPod without return_aggregate_stream: the items are read with /stream only
         refresh = False
         if job.api == "runpod":

@@ -10,10 +10,18 @@ import os
 
 from ..manifest import FunctionSpec
 
-__all__ = ("DEFAULT_ASYNC_SLOTS", "DEFAULT_SYNC_SLOTS", "instance_bounds", "instance_slots")
+__all__ = ("DEFAULT_ASYNC_SLOTS", "DEFAULT_SYNC_SLOTS", "instance_bounds", "instance_slots", "with_runpod_concurrency")
 
 DEFAULT_ASYNC_SLOTS = 100  # async handlers wait on sockets: one worker serves many
 DEFAULT_SYNC_SLOTS = 1     # a def handler holds a thread (and the GIL): one at a time unless raised
+
+
+def with_runpod_concurrency(spec: FunctionSpec, concurrency: int | None) -> FunctionSpec:
+    """RunPod's concurrency_modifier is the jobs one instance takes at once: the worker's
+    `instanceConcurrency`, unless the manifest sets it."""
+    if concurrency is None or "instanceConcurrency" in spec.model_fields_set:
+        return spec
+    return spec.model_copy(update={"instanceConcurrency": concurrency})
 
 
 def instance_slots(spec: FunctionSpec, kind: str) -> int:

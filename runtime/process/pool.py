@@ -29,7 +29,7 @@ from typing import Any
 from ..errors import DeployError, handler_failure_message
 from ..manifest import FunctionSpec
 from .errors import WorkerCrashedError, WorkerUnavailableError
-from .instances import instance_bounds, instance_slots
+from .instances import instance_bounds, instance_slots, with_runpod_concurrency
 from .protocol import DEFAULT_CREDITS
 from .scheduling import SlotScheduler
 from .worker_process import WorkerProcess
@@ -78,6 +78,7 @@ class WorkerPool(SlotScheduler):
         # Until the first worker has imported the code, nothing is deployed and no worker replaced.
         self.validated = False
         self.kind: str | None = None
+        self.runpod: dict[str, Any] | None = None  # the first worker's runpod.serverless.start() options
         self.load_error: str | None = None
         self._loaded = threading.Event()
         self._wake = threading.Event()
@@ -121,6 +122,7 @@ class WorkerPool(SlotScheduler):
         if self.load_error is not None or self.kind is None:
             raise DeployError(self.load_error or f"function {self.name!r}: its worker process reported no handler")
         with self.lock:
+            self.spec = with_runpod_concurrency(self.spec, (self.runpod or {}).get("concurrency"))
             self.slots = instance_slots(self.spec, self.kind)
             self.validated = True
             missing = self.min_instances - len(self.workers) if not self.stopping else 0
@@ -173,10 +175,10 @@ class WorkerPool(SlotScheduler):
             self._spawn_in_background()
 
     # -- supervision (reader threads, the scale thread) ----------------------------------------
-    def _on_loaded(self, kind: str | None, error: str | None) -> None:
+    def _on_loaded(self, kind: str | None, error: str | None, runpod: dict[str, Any] | None = None) -> None:
         if self._loaded.is_set():
             return  # a later worker: a failure there surfaces as init_error (4201)
-        self.kind, self.load_error = kind, error
+        self.kind, self.load_error, self.runpod = kind, error, runpod
         self._loaded.set()
 
     def _on_ready(self, worker: WorkerProcess, init_error: str | None) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from typing import Any, Generic, Literal, TypedDict, TypeVar, cast, get_args, get_type_hints
+from typing import Any, Generic, Literal, NotRequired, TypedDict, TypeVar, cast, get_args, get_type_hints
 
 import msgpack
 
@@ -101,6 +101,8 @@ class Loaded(TypedDict):
     t: Literal["loaded"]   # the code is imported (or not); the initializer runs next
     kind: str | None       # the handler's kind (runtime.deployment.handler_kind), None on error
     error: str | None      # why the import failed: the deploy is refused with this message
+    # the module's runpod.serverless.start() options: {"concurrency": n | None, "aggregate_stream": bool}
+    runpod: NotRequired[dict[str, Any] | None]
 
 
 class Ready(TypedDict):

@@ -54,7 +54,7 @@ from ..streams import bind_broker
 from ..surface import Mode
 from ..threadpool import DaemonThreadPool
 from .errors import MemoryLimitError
-from .instances import instance_slots
+from .instances import instance_slots, with_runpod_concurrency
 from .protocol import (
     Cancel,
     Connection,
@@ -362,10 +362,14 @@ class Worker:
             self.post({"t": "loaded", "kind": None, "error": exc.message})
             return exc.message
         self.kind = handler_kind(self._code.handler)
+        options = self._code.runpod
+        self.spec = with_runpod_concurrency(self.spec, options.concurrency if options else None)
         self.slots = instance_slots(self.spec, self.kind)
         if self.kind in ("sync", "gen"):
             self._threads = DaemonThreadPool(self.slots, thread_name_prefix="fnstream-handler")
-        self.post({"t": "loaded", "kind": self.kind, "error": None})
+        runpod = None if options is None else {"concurrency": options.concurrency,
+                                               "aggregate_stream": options.aggregate_stream}
+        self.post({"t": "loaded", "kind": self.kind, "error": None, "runpod": runpod})
         return None
 
     async def _initialize(self) -> str | None:

@@ -63,7 +63,7 @@ class PoolSide(Protocol):
 
     def launch(self, child_sock: socket.socket) -> subprocess.Popen[bytes]: ...
 
-    def _on_loaded(self, kind: str | None, error: str | None) -> None: ...
+    def _on_loaded(self, kind: str | None, error: str | None, runpod: dict[str, Any] | None = None) -> None: ...
 
     def _on_ready(self, worker: WorkerProcess, init_error: str | None) -> None: ...
 
@@ -258,7 +258,7 @@ class WorkerProcess:
             if first:
                 call_threadsafe(job.loop, self._take_inbox)
         elif msg["t"] == "loaded":
-            self.pool._on_loaded(msg.get("kind"), msg.get("error"))
+            self.pool._on_loaded(msg.get("kind"), msg.get("error"), msg.get("runpod"))
         elif msg["t"] == "ready":
             self.pool._on_ready(self, msg.get("init_error"))
         elif msg["t"] == "log":

@@ -24,7 +24,10 @@ async def workers(make_client, deploy_dir):
         {"name": "rp-pinned", "handler": "handler.handler", "codePath": str(HANDLERS / "rp_worker"),
          "concurrency": 5},
         {"name": "rp-refresh", "codePath": str(HANDLERS / "rp_refresh_worker")},
-        {"name": "rp-keyed", "handler": "keyed", "codePath": str(HANDLERS / "rp_refresh_worker")})
+        {"name": "rp-keyed", "handler": "keyed", "codePath": str(HANDLERS / "rp_refresh_worker")},
+        {"name": "rp-proc", "codePath": str(HANDLERS / "rp_worker"), "executor": "process", "instances": 1},
+        {"name": "rp-proc-sync", "codePath": str(HANDLERS / "rp_sync_worker"), "executor": "process",
+         "instances": 1})
     return await make_client(config=test_config(deploy, **{"runtime.codeRoots": [str(HANDLERS)]}))
 
 
@@ -103,6 +106,16 @@ async def test_refresh_worker_recycles_the_instance_after_each_job(sdk):
     # without the option the instance lives on, until an output carries `refresh_worker` (not shown)
     seen = [await asyncio.to_thread(keyed.run_sync, {"input": {"refresh": r}}, 30) for r in (False, True, False)]
     assert seen == [{"jobs_seen_by_this_instance": n} for n in (1, 2, 1)]
+
+
+async def test_process_workers_take_the_start_options(sdk, workers):
+    """In worker processes: concurrency_modifier is each worker's instanceConcurrency, and
+    return_aggregate_stream decides the output as in-process."""
+    pool = (await (await workers.get("/admin/v1/functions/rp-proc")).json())["function"]["status"]["pool"]
+    assert pool["instanceConcurrency"] == 2 and pool["workers"][0]["slots"] == 2
+    assert await asyncio.to_thread(sdk.Endpoint("rp-proc-sync").run_sync, {"input": {"n": 2}}, 30) == []
+    out = await asyncio.to_thread(sdk.Endpoint("rp-proc").run_sync, {"input": {"prompt": "p", "n": 2}}, 30)
+    assert len(out) == 2  # the items (a worker process sends them as text)
 
 
 def test_worker_file_imports_without_the_runpod_package(tmp_path):

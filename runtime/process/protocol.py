@@ -70,6 +70,7 @@ class Invoke(TypedDict):
     max_write_size: int
     session_id: str | None       # X-Instance-Session's sessionID, if any
     session_restarted: bool      # the session's earlier instance died: its in-memory state is gone
+    items: bool            # streaming, its generator items are sent as `item` frames (values: a job's output)
 
 
 class Credit(TypedDict):

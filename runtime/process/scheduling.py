@@ -206,7 +206,8 @@ class SlotScheduler(abc.ABC):
         frame: Invoke = {"t": "invoke", "id": inv.id, "trace_id": inv.trace_id, "event": inv.event,
                          "streaming": inv.streaming, "timeout": inv.remaining(),
                          "max_write_size": inv.max_write_size,
-                         "session_id": session.id if session is not None else None, "session_restarted": restarted}
+                         "session_id": session.id if session is not None else None, "session_restarted": restarted,
+                         "items": inv.streaming and inv.keep_items}
         return job, frame
 
     def release(self, worker: WorkerProcess, job: Job | None) -> None:

@@ -98,6 +98,7 @@ class _Invocation:
         self.event = msg["event"]
         self.streaming: bool = msg["streaming"]
         self.mode: Mode = "sse" if self.streaming else "json"  # raw framing is the frontend's concern
+        self.items: bool = msg.get("items", False)  # a job's: generator items go as values, not writes
         self._worker = worker
         self.started = time.monotonic()
         self.deadline = self.started + float(msg["timeout"])
@@ -343,7 +344,7 @@ class Worker:
         self._item(inv, item)  # off the loop a write waits for its credit itself
 
     def _item(self, inv: _Invocation, item: Any) -> Written | asyncio.Task[None]:
-        if inv.streaming:
+        if inv.streaming and not inv.items:
             return inv.stream.write(item)
         payload = encode_payload(item)
         value = payload if isinstance(item, (str, bytes, bytearray, memoryview)) else json.loads(payload)

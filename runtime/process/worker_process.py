@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ..errors import FunctionServiceError, StreamClosedError
+from ..invocation import Item as OutputItem
 from ..manifest import FunctionSpec
 from ..threadpool import call_threadsafe
 from .errors import error_from_wire
@@ -284,7 +285,10 @@ class WorkerProcess:
             if msg["t"] == "write":
                 self._deliver(job, msg["p"])
             elif msg["t"] == "item":
-                self._aggregate(job, msg["v"])
+                if job.inv.streaming:  # a job's generator items: values into the channel, as in-process
+                    self._deliver(job, [OutputItem.of(value) for value in msg["v"]])
+                else:
+                    self._aggregate(job, msg["v"])
             elif msg["t"] == "result":
                 self._finish(job, ("result", json.loads(msg["json"])))
             else:

@@ -153,4 +153,18 @@ async def test_process_executor_job(make_client, deploy_dir):
     evs = [ev for _, ev in await events(client, job_id)]
     assert [json.loads(ev["data"])["i"] for ev in evs[:3]] == [0, 1, 2] and evs[-1]["data"] == "[DONE]"
     body = await (await client.get(f"/v2/proc-count/status/{job_id}")).json()
-    assert body["status"] == "COMPLETED" and [json.loads(i)["i"] for i in body["output"]] == [0, 1, 2]
+    assert body["status"] == "COMPLETED" and [i["i"] for i in body["output"]] == [0, 1, 2]  # values, as in-process
+
+
+async def test_process_executor_error_item_fails_the_job(make_client, deploy_dir):
+    """RunPod: a generator's `{"error": ...}` item fails the job under `executor: process` as it
+    does in-process; nothing after it is output."""
+    from tests.support.servers import fn, test_config
+
+    client = await make_client(config=test_config(deploy_dir(fn("proc-yields-error", "job_fns.yields_error",
+                                                                   executor="process", instances=1))))
+    resp = await client.post("/v2/proc-yields-error/runsync?wait=20000", json={"input": {}})
+    body = await resp.json()
+    assert body["status"] == "FAILED" and body["error"] == "went wrong after one item", body
+    job = await (await client.get(f"/serverless/v1/jobs/{body['id']}/events")).read()
+    assert b"never" not in job

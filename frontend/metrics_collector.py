@@ -4,7 +4,9 @@ Inflight, jobs by status, sessions, named streams, worker pools and the event lo
 the runtime's own state when a scrape runs, not kept up to date on the invoke path; prometheus_client
 writes the exposition format. A tenant boundary: every series that names something carries its
 `tenant` label, and a collector for one tenant yields only that tenant's samples (filtered while
-the families are built, nothing copied).
+the families are built, nothing copied). A scrape reports the series of `metrics.maxFunctions`
+functions at most (the most invoked first), so its cost and size stop growing with the number
+of functions deployed; `fnstream_metrics_functions_omitted` says how many were left out.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from runtime.deployment import Deployment
 from runtime.streams import StreamStats
 
 from .jobs import JOBS
-from .keys import EXECUTOR, REGISTRY
+from .keys import CONFIG, EXECUTOR, REGISTRY
 from .metrics_cluster import cluster_families
 from .metrics_counters import (
     DISCONNECTED,
@@ -41,14 +43,32 @@ class Snapshot(Collector):
     def __init__(self, app: web.Application, streams: list[StreamStats], cluster: dict[str, Any] | None,
                  tenant: str | None) -> None:
         self.stats, self.app, self.streams, self.cluster, self.tenant = app[METRICS], app, streams, cluster, tenant
+        self._shown, self.omitted = self._bounded(app[CONFIG].metrics.maxFunctions)
 
     def _mine(self, tenant: str) -> bool:
         return self.tenant is None or tenant == self.tenant
 
+    def _bounded(self, limit: int | None) -> tuple[set[TenantFunction] | None, int]:
+        """The functions whose series this scrape reports (None: all) and how many it leaves out."""
+        known = {key: sum(per.codes.values()) for key, per in self.stats.functions.items() if self._mine(key[0])}
+        for dep in self.app[REGISTRY].list():
+            if self._mine(dep.spec.tenant):
+                known.setdefault((dep.spec.tenant, dep.name), 0)
+        if limit is None or len(known) <= limit:
+            return None, 0
+        ranked = sorted(known.items(), key=lambda kv: (-kv[1], kv[0]))  # the most invoked, then by name
+        return {key for key, _n in ranked[:limit]}, len(known) - limit
+
+    def _fn(self, tenant: str, function: str) -> bool:
+        """Whether a series of `function` is reported: the scraper's tenant's, and within the bound."""
+        return self._mine(tenant) and (self._shown is None or (tenant, function) in self._shown)
+
     def _deployments(self) -> list[Deployment]:
-        return [d for d in self.app[REGISTRY].list() if self._mine(d.spec.tenant)]
+        return [d for d in self.app[REGISTRY].list() if self._fn(d.spec.tenant, d.name)]
 
     def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("fnstream_metrics_functions_omitted", "Functions this scrape reports no series "
+                                "of (past metrics.maxFunctions; the least invoked)", value=self.omitted)
         yield from self._invocations()
         yield from self._functions()
         deps = self._deployments()
@@ -68,7 +88,7 @@ class Snapshot(Collector):
         by_outcome: dict[str, dict[TenantFunction, int]] = {"timeout": {}, "throttled": {}, DISCONNECTED: {}}
         counts = ((key, code, n) for key, per in self.stats.functions.items() for code, n in per.codes.items())
         for (tenant, function), code, count in sorted(counts):
-            if not self._mine(tenant):
+            if not self._fn(tenant, function):
                 continue
             outcome = outcome_of(0 if code == "0" else (DISCONNECTED if code == DISCONNECTED else _int(code)))
             total.add_metric([tenant, function, outcome, code], count)
@@ -96,7 +116,7 @@ class Snapshot(Collector):
         pings = CounterMetricFamily("fnstream_heartbeats", "Heartbeat comments sent on streamed answers",
                                     labels=FUNCTION_LABELS)
         for key, p in sorted(self.stats.functions.items()):
-            if not self._mine(key[0]):
+            if not self._fn(*key):
                 continue
             labels = list(key)
             duration.add_metric(labels, p.duration.buckets_with_exemplars(), p.duration.total)
@@ -184,7 +204,7 @@ class Snapshot(Collector):
             return
         now: dict[TenantFunction, dict[str, int]] = {}
         for job in manager.jobs.values():
-            if self._mine(job.tenant):
+            if self._fn(job.tenant, job.function):
                 counts = now.setdefault((job.tenant, job.function), dict.fromkeys(JOB_STATUS.values(), 0))
                 counts[JOB_STATUS[job.status]] += 1
         jobs = GaugeMetricFamily("fnstream_jobs", "Jobs this node holds now (finished ones until jobs."
@@ -195,7 +215,7 @@ class Snapshot(Collector):
         total = CounterMetricFamily("fnstream_jobs_finished", "Jobs that reached a final status",
                                     labels=[*FUNCTION_LABELS, "status"])
         for (tenant, function, status), n in sorted(finished.finished.items()):
-            if self._mine(tenant):
+            if self._fn(tenant, function):
                 total.add_metric([tenant, function, status], n)
         duration = HistogramMetricFamily("fnstream_job_duration_seconds", "Finished jobs: from start to end",
                                          labels=FUNCTION_LABELS)
@@ -203,7 +223,7 @@ class Snapshot(Collector):
                                       labels=FUNCTION_LABELS)
         for family, table in ((duration, finished.duration), (delay, finished.delay)):
             for key, histogram in sorted(table.items()):
-                if self._mine(key[0]):
+                if self._fn(*key):
                     family.add_metric(list(key), histogram.buckets(), histogram.total)
         # node-wide (a job-store failure is the store's, not one tenant's): shown to every scraper
         failed = CounterMetricFamily("fnstream_job_store_failures", "Jobs failed because the job store refused "

@@ -272,6 +272,9 @@ class MetricsConfig(_Strict):
     enabled: bool = Field(True, description="count invocations and serve `/metrics`")
     public: bool = Field(False, description="`/metrics` without a token even when auth is on — and with every "
                                             "tenant's function and stream names")
+    maxFunctions: int | None = Field(1000, ge=1, description="functions one scrape reports series of (the most "
+                                     "invoked first): a scrape's cost stops growing with the function count; "
+                                     "`fnstream_metrics_functions_omitted` counts the others (null: all)")
 
 
 class LoggingConfig(_Strict):

@@ -268,3 +268,18 @@ async def test_session_metrics_open_deleted_expired(metered):
     assert _fn(s, "fnstream_sessions_ended_total", "record", reason="deleted") == 1
     assert _fn(s, "fnstream_sessions", "record") == 1
     assert _fn(s, "fnstream_sessions_refused_total", "record") == 0
+
+
+async def test_a_scrape_reports_at_most_max_functions_the_most_invoked_first(make_client, deploy_dir):
+    """With more functions than `metrics.maxFunctions`, a scrape's series are those of the most invoked
+    (its size stops growing with the function count) and a gauge says how many were left out."""
+    functions = [fn(name, "testfns.echo_sync") for name in ("fa", "fb", "fc", "fd")]
+    client = await make_client(test_config(deploy_dir(*functions), **{"metrics.maxFunctions": 2}))
+    for name, times in (("fc", 3), ("fa", 2), ("fb", 1)):
+        for _ in range(times):
+            assert (await client.post(f"/serverless/v1/functions/{name}/invocations", json={})).status == 200
+    samples = _samples(await (await client.get("/metrics")).text())
+    shown = {dict(labels).get("function") for (_name, labels) in samples} - {None}
+    assert shown == {"fa", "fc"}, shown
+    assert _value(samples, "fnstream_metrics_functions_omitted") == 2
+    assert _fn(samples, "fnstream_invocations_total", "fc", outcome="ok", code="0") == 3

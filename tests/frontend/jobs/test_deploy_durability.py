@@ -47,3 +47,32 @@ async def test_a_deploy_of_a_manifest_survives_kill_9(start_server, tmp_path):
             assert (await r.json())["function"]["description"] == "v3"
         async with s.get(f"{server.url}/admin/v1/functions/pl") as r:
             assert r.status == 404
+
+
+async def test_an_openyuanrong_registration_survives_kill_9(start_server, tmp_path):
+    """POST /serverless/v1/functions (openYuanrong's JSON) goes through the same stored deploy."""
+    args = ("-s", f"jobs.path={tmp_path / 'jobs.sqlite3'}",
+            "-s", f"runtime.codeRoots={json.dumps([str(FUNCTIONS)])}")
+    server = start_server(*args)
+    body = {"name": "0@faaspy@hello3", "runtime": "python3.9", "kind": "faas", "handler": "echo.handler",
+            "codePath": ".", "cpu": 600, "memory": 512, "timeout": 60, "concurrentNum": "2"}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{server.url}/serverless/v1/functions", json=body) as r:
+            assert r.status == 200, await r.text()
+            urn = (await r.json())["function"]["functionVersionUrn"]
+        server.kill()
+
+        server = start_server(*args)
+        async with s.get(f"{server.url}/serverless/v1/functions/0@faaspy@hello3") as r:
+            assert r.status == 200, await r.text()
+            assert (await r.json())["function"]["concurrentNum"] == 2
+        async with s.post(f"{server.url}/serverless/v1/functions/{urn}/invocations", json={"k": 1}) as r:
+            assert await r.json() == {"k": 1}
+        async with s.delete(f"{server.url}/serverless/v1/functions/0@faaspy@hello3") as r:
+            assert r.status == 200, await r.text()
+        server.kill()
+
+        server = start_server(*args)
+        async with s.get(f"{server.url}/serverless/v1/functions/0@faaspy@hello3") as r:
+            assert r.status == 404, await r.text()
+        server.kill()

@@ -118,3 +118,19 @@ async def test_a_dropped_stream_by_default_ends_with_an_openai_error(make_client
     assert events[0] + b"\n\n" == _chunk(1, 3) and events[-2] == b"data: [DONE]"
     error = json.loads(events[-3].removeprefix(b"data: "))
     assert set(error) == {"error"} and "disconnected" in error["error"]["message"]
+
+
+async def test_cancel_by_id_ends_the_openai_stream_with_its_error(client):
+    s = _state(client, "chat", "cancel")
+    s["release"] = 1
+    resp = await client.post(CHAT, json=_body("cancel", 3))
+    assert (await resp.content.readuntil(b"\n\n")) == _chunk(1, 3)
+    inv_id = resp.headers["X-Invocation-Id"]
+    cancel = await client.post(f"/serverless/v1/invocations/{inv_id}/cancel")
+    assert cancel.status == 200, await cancel.text()
+    rest = _without_pings(await resp.read())
+    error, done = rest.split(b"\n\n")[:2]
+    assert json.loads(error.removeprefix(b"data: "))["error"]["message"].endswith("was cancelled by request")
+    assert done == b"data: [DONE]" and s["written"] == 1
+    assert await _replay(client, inv_id) == _chunk(1, 3) + rest
+    assert (await client.post(f"/serverless/v1/invocations/{inv_id}/cancel")).status == 409

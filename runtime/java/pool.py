@@ -2,8 +2,10 @@
 
 Everything else — slots (instanceConcurrency as threads of one JVM), scaling, sessions, timeouts,
 crash supervision, the frame protocol — is the process pool's (runtime/process). The JVM speaks
-the same protocol over its stdin/stdout, which are the worker's end of the socket pair; the
-worker program (sdk/org/yuanrong/fnstream/Worker.java) moves user output to stderr.
+the same protocol over the worker's end of the socket pair, inherited as a descriptor other than
+0/1/2 and named on its command line: its stdin is /dev/null and its stdout the server's stderr, so
+a handler that writes to FileDescriptor.out, or starts a child with inheritIO(), cannot corrupt or
+steal protocol bytes (and the JDK closes that descriptor in the children it starts).
 """
 from __future__ import annotations
 
@@ -66,10 +68,12 @@ class JavaWorkerPool(WorkerPool):
         heap = max(MIN_HEAP_MB, self.spec.memory)
         return [self.jdk.java, f"-Xmx{heap}m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
                 "-Djava.awt.headless=true", f"-Dfnstream.usercp={self.user_classpath}",
+                "--add-opens", "java.base/java.io=ALL-UNNAMED",  # the worker wraps its inherited descriptor
                 *shlex.split(os.environ.get("FNSTREAM_JAVA_OPTS", "")),  # the operator's JVM flags last
                 "-cp", os.pathsep.join(self.classpath), WORKER_CLASS]
 
     def launch(self, child_sock: socket.socket) -> subprocess.Popen[bytes]:
         fd = child_sock.fileno()
-        return subprocess.Popen(self.command(), stdin=fd, stdout=fd, cwd=str(self.spec.codePath),
+        return subprocess.Popen([*self.command(), str(fd)], pass_fds=(fd,), stdin=subprocess.DEVNULL,
+                                stdout=2, cwd=str(self.spec.codePath),
                                 env={**os.environ, "MALLOC_ARENA_MAX": "2"}, process_group=0)

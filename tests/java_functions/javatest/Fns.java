@@ -169,6 +169,22 @@ public class Fns {
         return out;
     }
 
+    /** The JVM's own stdout and stdin, and a child inheriting them: none of them is the protocol. */
+    public long stdio(JsonObject event, Context context) throws Exception {
+        String how = event.get("how").getAsString();
+        if (how.equals("raw")) {
+            java.io.FileOutputStream raw = new java.io.FileOutputStream(java.io.FileDescriptor.out);
+            raw.write("GARBAGE ON FD1 \u0000\u0001\u0002 hello\n".getBytes());
+            raw.flush();
+        } else if (how.equals("inherit")) {
+            new ProcessBuilder("echo", "child process stdout").inheritIO().start().waitFor();
+        } else if (how.equals("stdin")) {
+            new ProcessBuilder("timeout", "2", "head", "-c", "1").redirectInput(ProcessBuilder.Redirect.INHERIT)
+                    .redirectOutput(ProcessBuilder.Redirect.DISCARD).start().waitFor();
+        }
+        return ProcessHandle.current().pid();
+    }
+
     public static String stat1c(JsonObject event, Context context) {
         return "static";
     }

@@ -47,6 +47,7 @@ FUNCTIONS_UNDER_TEST = [
     _fn("jover", "overflow", instances=1),
     _fn("joom", "oom", memory=48, instances=1),
     _fn("jpair", "pair", instances=1, instanceConcurrency=2),
+    _fn("jstdio", "stdio", instances=1, instanceConcurrency=2),
 ]
 
 
@@ -274,6 +275,21 @@ async def test_a_crash_is_a_500_and_a_fresh_jvm_answers_next(jserver, name, word
         assert time.monotonic() < deadline, again
         await asyncio.sleep(0.1)
     assert await _post(jserver, "java-demo", {}) == (200, "ok")  # neighbours answered
+
+
+async def test_the_jvms_stdin_and_stdout_are_not_the_protocol(jserver):
+    """Bytes a handler writes to FileDescriptor.out, or a child started with inheritIO() writes or
+    reads, go to the log and /dev/null: every call answers, on the same JVM, neighbours included."""
+    status, pid = await _post(jserver, "jstdio", {"how": "none"})
+    assert status == 200
+    assert await _post(jserver, "jstdio", {"how": "raw"}) == (200, pid)
+    assert await _post(jserver, "jstdio", {"how": "inherit"}) == (200, pid)
+
+    async def neighbour() -> tuple[int, object]:
+        await asyncio.sleep(0.3)  # while the child (before the fix: reading the protocol) lives
+        return await _post(jserver, "jstdio", {"how": "none"})
+    assert await asyncio.gather(_post(jserver, "jstdio", {"how": "stdin"}), neighbour()) == [(200, pid)] * 2
+    assert await _post(jserver, "jstdio", {"how": "none"}) == (200, pid)
 
 
 async def test_instance_concurrency_is_threads_of_one_jvm(jserver):

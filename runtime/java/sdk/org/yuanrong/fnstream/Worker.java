@@ -12,7 +12,6 @@ import java.io.FileInputStream;
 import java.io.FileOutputStream;
 import java.io.IOException;
 import java.io.OutputStream;
-import java.io.PrintStream;
 import java.io.PrintWriter;
 import java.io.StringWriter;
 import java.util.ArrayList;
@@ -29,11 +28,12 @@ import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.locks.ReentrantLock;
 
 /**
- * A Java worker: the JVM side of runtime/process/protocol.py, over stdin/stdout (a socket the
- * frontend made). Invocations run on threads of this JVM (instanceConcurrency of them at once);
+ * A Java worker: the JVM side of runtime/process/protocol.py, over a socket the frontend made,
+ * inherited as the descriptor named by args[0] — never stdin/stdout, which a handler or a child it
+ * starts with inheritIO() may use (stdin is /dev/null, stdout the server's stderr). Invocations run on threads of this JVM (instanceConcurrency of them at once);
  * every frame is flushed as soon as it is written, so a stream write reaches the client while the
  * handler runs (a writer thread sends what queued while the socket was busy in one system call,
- * the writes of one invocation in one frame). System.out is the server's stderr: the protocol owns the real stdout.
+ * the writes of one invocation in one frame).
  */
 public final class Worker {
     final int maxCredits;
@@ -402,12 +402,29 @@ public final class Worker {
         });
     }
 
+    /** The inherited socket as a FileDescriptor: its streams are not interruptible (a cancelled handler's
+     * thread that sends a frame must not close the channel, as an InterruptibleChannel would). */
+    private static FileDescriptor inherited(String fd) throws ReflectiveOperationException {
+        FileDescriptor d = new FileDescriptor();
+        java.lang.reflect.Field f = FileDescriptor.class.getDeclaredField("fd");
+        f.setAccessible(true); // java.base/java.io is opened to us on the command line (runtime/java/pool.py)
+        f.setInt(d, Integer.parseInt(fd));
+        return d;
+    }
+
     public static void main(String[] args) {
         dieWithInternalThreads();
-        OutputStream protocol = new BufferedOutputStream(new FileOutputStream(FileDescriptor.out), 1 << 16);
-        System.setOut(new PrintStream(new FileOutputStream(FileDescriptor.err), true));
-        DataInputStream in = new DataInputStream(new BufferedInputStream(new FileInputStream(FileDescriptor.in),
-                1 << 18));
+        FileDescriptor socket;
+        try {
+            socket = inherited(args[0]);
+        } catch (RuntimeException | ReflectiveOperationException e) {
+            System.err.println("fnstream java worker: no protocol descriptor (args " + java.util.Arrays.toString(args)
+                    + "): " + e);
+            halt(2);
+            return;
+        }
+        OutputStream protocol = new BufferedOutputStream(new FileOutputStream(socket), 1 << 16);
+        DataInputStream in = new DataInputStream(new BufferedInputStream(new FileInputStream(socket), 1 << 18));
         try {
             JsonObject hello = Wire.read(in);
             JsonElement t = hello.get("t");

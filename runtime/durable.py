@@ -18,6 +18,7 @@ task takes over reading its output into the stream (the handler never notices), 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -136,6 +137,9 @@ class DurableOutputs:
         # otherwise keep only streams.subscriberBuffer events of a long answer.
         self._options = StreamOptions(retain_num=max_bytes, retain_bytes=max_bytes, policy="cut",
                                       max_stream_size=max_bytes)
+        # An OpenAI stream agrees on its `[DONE]` as the terminator (REST subscribers end there):
+        # what tells another frontend (find_shared) to replay it in that framing.
+        self._plain_options = dataclasses.replace(self._options, terminator=DONE)
 
     def __len__(self) -> int:
         return len(self._running) + len(self._ended)
@@ -195,7 +199,7 @@ class DurableOutputs:
             broker = self._broker()
             if not rec.configured:
                 rec.configured = True
-                await broker.configure(rec.key, self._options)
+                await broker.configure(rec.key, self._options if rec.plain is None else self._plain_options)
             await broker.publish(rec.key, [p.encode("utf-8", "surrogatepass") for p in payloads])
         except FunctionServiceError as exc:
             rec.broken = exc.message
@@ -323,6 +327,8 @@ class DurableOutputs:
             raise InvocationNotFoundError("no such invocation is kept here (unknown, ended more than "
                                           "streams.invocationRetentionSeconds ago, or not a streaming one)") from None
         view.next_id = stats.last_id + 1
+        if stats.terminator == DONE:  # an OpenAI stream's (a view only reads: any error writer marks it)
+            view.plain = error_text
         view.configured = True
         view.over = True  # cancel is for the node that answers it
         view.remote = True
@@ -333,7 +339,7 @@ class DurableOutputs:
         broker = self._broker()
         if not rec.configured:
             rec.configured = True
-            await broker.configure(rec.key, self._options)
+            await broker.configure(rec.key, self._options if rec.plain is None else self._plain_options)
         return await broker.subscribe(rec.key, from_id=from_id)
 
     def cancel(self, principal: Principal | None, inv_id: str) -> Retained:

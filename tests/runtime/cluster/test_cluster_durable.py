@@ -93,3 +93,36 @@ async def test_a_cancel_through_another_frontend_ends_the_answer(redis_server, s
     assert events[-1]["data"] == "[DONE]" and len(events) < 100  # ended by the cancel, long before its 1000
     assert json.loads(events[-2]["data"])["code"] == 200410
     assert again.status == 409 and unknown.status == 404
+
+
+async def test_an_openai_stream_replays_in_its_framing_through_another_frontend(redis_server, start_server,
+                                                                                 start_worker):
+    """Chunks dropped from A are read from B as the same `data:` bytes, without `id:` lines."""
+    from tests.support.openai_support import chat_body, chat_fn
+
+    a = start_server(*frontend_args(redis_server.url))
+    b = start_server(*frontend_args(redis_server.url))
+    start_worker(redis_server.url)
+
+    def without_pings(body: bytes) -> bytes:
+        return b"".join(line for line in body.splitlines(keepends=True) if not line.startswith(b":"))
+
+    async with aiohttp.ClientSession() as s:
+        await deploy(s, a.url, {**chat_fn(tokens_per_second=40), "onDisconnect": "continue"}, "PUT")
+        await workers_serving(s, a.url, "chat")
+        resp = await s.post(a.url + "/v1/chat/completions", json=chat_body(stream=True))
+        assert resp.status == 200
+        inv_id = resp.headers["X-Invocation-Id"]
+        first = b""
+        while first.count(b"\n\n") < 2:
+            event = await resp.content.readuntil(b"\n\n")
+            first += b"" if event.startswith(b":") else event
+        resp.close()  # dropped from A (onDisconnect: continue)
+        rest = await s.get(b.url + EVENTS(inv_id), headers={"Last-Event-ID": "2"})
+        assert rest.status == 200, await rest.text()
+        tail = without_pings(await rest.read())
+        whole = await s.get(b.url + EVENTS(inv_id))
+        replay = without_pings(await whole.read())
+    assert tail.endswith(b"data: [DONE]\n\n") and b"\nid:" not in b"\n" + tail
+    assert replay == first + tail  # the same bytes, each chunk once
+    assert all(e.startswith(b"data: {") for e in tail.split(b"\n\n")[:-2])

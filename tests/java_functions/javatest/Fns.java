@@ -185,6 +185,39 @@ public class Fns {
         return ProcessHandle.current().pid();
     }
 
+    /** Overloads: the JsonObject one serves whichever the JVM lists first. */
+    public String over(String event, Context context) {
+        return "String";
+    }
+
+    public String over(JsonObject event, Context context) {
+        return "JsonObject";
+    }
+
+    public String over(Object event, Context context) {
+        return "Object";
+    }
+
+    public String revo(Object event, Context context) {
+        return "Object";
+    }
+
+    public String revo(JsonObject event, Context context) {
+        return "JsonObject";
+    }
+
+    public String revo(String event, Context context) {
+        return "String";
+    }
+
+    public String tie(Integer event, Context context) {
+        return "Integer";
+    }
+
+    public String tie(Long event, Context context) {
+        return "Long";
+    }
+
     public static String stat1c(JsonObject event, Context context) {
         return "static";
     }

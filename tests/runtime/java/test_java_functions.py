@@ -48,6 +48,8 @@ FUNCTIONS_UNDER_TEST = [
     _fn("joom", "oom", memory=48, instances=1),
     _fn("jpair", "pair", instances=1, instanceConcurrency=2),
     _fn("jstdio", "stdio", instances=1, instanceConcurrency=2),
+    _fn("jover1", "over", instances=1),
+    _fn("jover2", "revo", instances=1),
 ]
 
 
@@ -292,6 +294,12 @@ async def test_the_jvms_stdin_and_stdout_are_not_the_protocol(jserver):
     assert await _post(jserver, "jstdio", {"how": "none"}) == (200, pid)
 
 
+async def test_overloaded_handlers_resolve_to_the_jsonobject_one(jserver):
+    """Whatever order the JVM lists the overloads in (declared both ways here)."""
+    assert await _post(jserver, "jover1", {"a": 1}) == (200, "JsonObject")
+    assert await _post(jserver, "jover2", {"a": 1}) == (200, "JsonObject")
+
+
 async def test_instance_concurrency_is_threads_of_one_jvm(jserver):
     (s1, a), (s2, b) = await asyncio.gather(_post(jserver, "jpair", {}), _post(jserver, "jpair", {}))
     assert (s1, s2) == (200, 200) and a["met"] and b["met"]
@@ -339,6 +347,8 @@ async def test_a_compile_error_names_file_line_and_message(jserver):
     ("javatest.Fns::nope", "class 'javatest.Fns' has no method 'nope'; its methods with a handler signature "
                            "(event, Context): boom(JsonObject, Context)"),
     ("javatest.Fns::notAHandler", "method notAHandler(int) of class 'javatest.Fns' does not take (event, Context)"),
+    ("javatest.Fns::tie", "class 'javatest.Fns' has overloads tie(Integer, Context), tie(Long, Context) and none "
+                          "is preferred"),
     ("javatest.Missing::handler", "class 'javatest.Missing' not found; classes in codePath: "),
 ])
 async def test_an_unknown_class_or_method_is_refused_naming_it(jserver, handler, words):

@@ -148,10 +148,9 @@ final class Handler {
             throw new LoadError("handler '" + ref + "': class '" + cls.getName() + "' has no method '" + parts[1]
                     + "'; its methods with a handler signature (event, Context): " + listing);
         }
-        for (Method m : named) {
-            if (isHandlerSignature(m)) {
-                return bind(m, cls, "handler", ref);
-            }
+        Method chosen = chooseOverload(named, ref, cls);
+        if (chosen != null) {
+            return bind(chosen, cls, "handler", ref);
         }
         List<String> found = new ArrayList<>();
         for (Method m : named) {
@@ -159,6 +158,47 @@ final class Handler {
         }
         throw new LoadError("handler '" + ref + "': method " + String.join(", ", found) + " of class '"
                 + cls.getName() + "' does not take (event, Context); its methods with a handler signature: " + listing);
+    }
+
+    /** How much an overload's event type is preferred: gson's JsonObject first (openYuanrong's signature),
+     * then other gson types, String, other classes, Object last. */
+    private static int rank(Class<?> event) {
+        if (event == com.google.gson.JsonObject.class) {
+            return 0;
+        }
+        if (JsonElement.class.isAssignableFrom(event)) {
+            return 1;
+        }
+        return event == String.class ? 2 : event == Object.class ? 4 : 3;
+    }
+
+    /** Among overloads with a handler signature, the best-ranked one — never the JVM's (unspecified) method
+     * order; two of the same rank (say Integer and Long events) refuse the deploy naming them. An override
+     * and the method it overrides are one candidate (the subclass's, listed first by methodsOf). */
+    private static Method chooseOverload(List<Method> named, String ref, Class<?> cls) throws LoadError {
+        Method best = null;
+        List<String> tied = new ArrayList<>();
+        List<Class<?>> seen = new ArrayList<>();
+        for (Method m : named) {
+            if (!isHandlerSignature(m) || seen.contains(m.getParameterTypes()[0])) {
+                continue;
+            }
+            seen.add(m.getParameterTypes()[0]);
+            int r = rank(m.getParameterTypes()[0]);
+            if (best == null || r < rank(best.getParameterTypes()[0])) {
+                best = m;
+                tied.clear();
+                tied.add(describe(m));
+            } else if (r == rank(best.getParameterTypes()[0])) {
+                tied.add(describe(m));
+            }
+        }
+        if (tied.size() > 1) {
+            throw new LoadError("handler '" + ref + "': class '" + cls.getName() + "' has overloads "
+                    + String.join(", ", new TreeSet<>(tied)) + " and none is preferred (JsonObject, then other "
+                    + "gson types, then String, then other classes, then Object); rename one");
+        }
+        return best;
     }
 
     /** An initializer or preStop: `Class::method`, `pkg.Class.method` or a bare method of the handler's class. */

@@ -1,6 +1,8 @@
 """Cluster figures for /metrics: live workers, queue depths (Redis XINFO), Redis reachability.
 
-Apart from the collector because these are read from Redis before a scrape's families are built
+Queue depths are read for `metrics.maxFunctions` functions at most (the most invoked), as the
+collector reports series of: one Redis read each. Apart from the collector because these are read
+from Redis before a scrape's families are built
 (awaited: the collector itself is synchronous), and only in cluster mode; redis is reached only
 through the cluster node, never imported by the plain server.
 """
@@ -13,7 +15,10 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from .metrics_counters import FUNCTION_LABELS, TenantFunction
+from runtime.manifest import FunctionSpec
+
+from .keys import CONFIG
+from .metrics_counters import FUNCTION_LABELS, METRICS, TenantFunction
 
 __all__ = ("cluster_families", "cluster_state")
 
@@ -27,10 +32,19 @@ async def cluster_state(app: web.Application, tenant: str | None) -> dict[str, A
     if node is None:
         return None
     queues: dict[TenantFunction, int] = {}
+    mine = [(key, spec) for key, spec in node.sync.specs.items()  # key: function_key(tenant, name)
+            if tenant is None or spec.tenant == tenant]
+    limit = app[CONFIG].metrics.maxFunctions
+    if limit is not None and len(mine) > limit:  # one Redis read a function: the most invoked ones only
+        stats = app[METRICS].functions
+
+        def invoked(item: tuple[str, FunctionSpec]) -> tuple[int, str]:
+            per = stats.get((item[1].tenant, item[1].name))
+            return -(sum(per.codes.values()) if per is not None else 0), item[0]
+        mine = sorted(mine, key=invoked)[:limit]
     try:
-        for key, spec in sorted(node.sync.specs.items()):  # key: function_key(tenant, name)
-            if tenant is None or spec.tenant == tenant:
-                queues[(spec.tenant, spec.name)] = await _queue_depth(node, key)
+        for key, spec in sorted(mine):
+            queues[(spec.tenant, spec.name)] = await _queue_depth(node, key)
     except Exception as exc:
         log.info("metrics: cannot read cluster queues: %s", exc)
     return {"workers": len(node.workers), "queues": queues, "reachable": node.redis_reachable}

@@ -12,7 +12,7 @@ PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 async def test_trace_reaches_the_worker_and_metrics_show_the_cluster(redis_server, start_server, start_worker):
     front = start_server("--cluster", redis_server.url, *FAST, "-s", "cluster.role=frontend",
-                         env={"FNSTREAM_LOG": "WARNING"})
+                         "-s", "metrics.maxFunctions=1", env={"FNSTREAM_LOG": "WARNING"})
     worker = start_worker(redis_server.url)
     async with aiohttp.ClientSession() as s:
         async with s.post(front.url + "/admin/v1/functions", json=TRACED) as r:
@@ -35,5 +35,8 @@ async def test_trace_reaches_the_worker_and_metrics_show_the_cluster(redis_serve
     assert samples[("fnstream_cluster_workers_alive", ())] >= 1
     assert samples[("fnstream_cluster_queue_depth", (("function", "traced"), ("tenant", "default")))] == 0
     assert samples[("fnstream_cluster_redis_reachable", ())] == 1
+    # metrics.maxFunctions: 1 - the queue of the one invoked function only is read (the bundled ones' are not)
+    assert [labels for name, labels in samples if name == "fnstream_cluster_queue_depth"] == [
+        (("function", "traced"), ("tenant", "default"))]
     assert samples[("fnstream_invocations_total", (("code", "0"), ("function", "traced"), ("outcome", "ok"),
                                                      ("tenant", "default")))] == 1

@@ -17,10 +17,12 @@ from runtime.errors import BadRequestError
 from runtime.streams import SubscriptionCutError, SubscriptionEndedError
 
 from ..auth import principal_of
+from ..jobs import JOBS
 from ..keys import CONFIG, OUTPUTS
 from ..openapi import SSE, Op, Param, document
 from ..sse import DONE_EVENT, EventStream, encode_event
 from ..tenancy import stream_tenant
+from .jobs import job_events
 
 __all__ = ("routes", "LOST_CODE")
 
@@ -47,6 +49,10 @@ async def events(request: web.Request) -> web.StreamResponse:
     try:
         rec = outputs.find(principal_of(request), inv_id)
     except InvocationNotFoundError:
+        manager = request.app.get(JOBS)
+        job = await manager.by_invocation(inv_id, principal_of(request)) if manager is not None else None
+        if job is not None:  # a job's run (this node's): the job's own events, which are kept with it
+            return await job_events(request, job)
         if not outputs.shared():
             raise
         rec = await outputs.find_shared(stream_tenant(request), inv_id)  # another frontend's (cluster mode)

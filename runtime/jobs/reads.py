@@ -59,6 +59,17 @@ class JobReads:
         another function (as for an unknown id: a job's existence is not another tenant's business)."""
         return _visible(self.jobs.get(job_id), job_id, principal, function)
 
+    async def by_invocation(self, inv_id: str, principal: Principal | None = None) -> Job | None:
+        """This node's job whose run has the invocation id `inv_id` (its answers' X-Invocation-Id),
+        if `principal` may see it; else None. A scan of the jobs held: only asked for an id that
+        is no kept invocation's (frontend/routes/invocations.py)."""
+        for job in self.jobs.values():
+            if job.invocation_id == inv_id:
+                if principal is not None and job.tenant != principal.tenant:
+                    return None
+                return await self._warm(job) if job.cold else job
+        return None
+
     async def lookup(self, job_id: str, principal: Principal | None = None, function: str | None = None) -> Job:
         """`get`, or in cluster mode a job another node runs, read from the shared store."""
         job = self.jobs.get(job_id)

@@ -74,3 +74,35 @@ async def test_a_retry_is_a_new_run_with_a_new_id(jobs):
     assert ID.fullmatch(second) and second != first
     status = await jobs.get(f"/v2/yields-error/status/{job_id}")
     assert status.headers["X-Invocation-Id"] == second
+
+
+async def test_the_invocation_events_route_reads_a_jobs_run(jobs):
+    resp = await jobs.post("/v2/count/run", json={"input": {"n": 3}})
+    inv_id = resp.headers["X-Invocation-Id"]
+    job_id = (await resp.json())["id"]
+    await eventually(lambda: _done(jobs, "count", job_id))
+    by_job = await (await jobs.get(f"/serverless/v1/jobs/{job_id}/events", headers={"Last-Event-ID": "1"})).read()
+    got = await jobs.get(f"/serverless/v1/invocations/{inv_id}/events", headers={"Last-Event-ID": "1"})
+    assert got.status == 200 and got.headers["X-Job-Id"] == job_id
+    body = await got.read()
+    assert body == by_job and b"id: 2\n" in body and body.endswith(b"data: [DONE]\n\n")
+    assert (await jobs.get("/serverless/v1/invocations/" + "z" * 22 + "/events")).status == 404
+
+
+async def _done(client, function: str, job_id: str) -> bool:
+    body = await (await client.get(f"/v2/{function}/status/{job_id}")).json()
+    return body["status"] == "COMPLETED"
+
+
+async def test_another_tenant_cannot_read_a_jobs_run_by_its_id(make_client, job_config):
+    from tests.support.tenants import bearer
+
+    tokens = [{"token": "user-a", "tenant": "default", "role": "user"},
+              {"token": "user-b", "tenant": "acme", "role": "user"}]
+    client = await make_client(config=job_config(**{"auth.tokens": tokens}))
+    resp = await client.post("/v2/echo-job/run", json={"input": {}}, headers=bearer("user-a"))
+    inv_id = resp.headers["X-Invocation-Id"]
+    url = f"/serverless/v1/invocations/{inv_id}/events"
+    assert (await client.get(url, headers=bearer("user-b"))).status == 404
+    mine = await client.get(url, headers=bearer("user-a"))
+    assert mine.status == 200 and (await mine.read()).endswith(b"data: [DONE]\n\n")

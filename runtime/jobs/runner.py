@@ -282,8 +282,7 @@ class JobManager(JobReads):
         return job
 
     async def purge(self, function: str, tenant: str = DEFAULT_TENANT) -> int:
-        """Cancel every queued job of the tenant's `function` (in cluster mode those other nodes hold
-        too: each is told to cancel it if it is still queued then); the number cancelled."""
+        """Cancel the tenant's queued jobs of `function` (in cluster mode other nodes' too); how many."""
         queue = self._queues.get(function_key(tenant, function), ())  # names are per tenant
         queued = [self.jobs[i] for i in queue if self.jobs[i].status == "IN_QUEUE"]
         for job in queued:

@@ -3,7 +3,7 @@
 Every record made while an invocation (or an HTTP request) runs carries its trace id, function
 and invocation id, taken from a context variable: asyncio tasks copy it, and the executor runs
 thread handlers inside a copy of it, so handler logs are tagged too. A process worker
-(runtime/process/worker.py) sets the same variable around each invocation it runs and sends its
+(runtime/process/child/main.py) sets the same variable around each invocation it runs and sends its
 records to the server with those fields and its pid (`worker`), which are logged here as they are.
 """
 from __future__ import annotations

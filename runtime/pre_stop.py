@@ -1,6 +1,6 @@
 """Running the manifest's `preStop` of an in-process (thread or async) deployment.
 
-Worker processes run their own preStop (runtime/process/worker.py); this is the same hook for
+Worker processes run their own preStop (runtime/process/child/main.py); this is the same hook for
 deployments whose code lives in the server. It runs once, with an initializer-style Context,
 within min(timeout, 180 s) (openYuanrong's cap on pre_stop), and whatever it raises is logged:
 a broken preStop must never take the server down or hold up a shutdown for ever.

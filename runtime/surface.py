@@ -2,7 +2,7 @@
 
 Three kinds of invocation exist: a local `Invocation` (runtime/invocation.py), a
 `RemoteInvocation` relayed from a cluster worker (runtime/cluster/queue.py) and the invocation
-a process worker runs (runtime/process/worker.py). They share `InvocationInfo`. A handler sees
+a process worker runs (runtime/process/child/). They share `InvocationInfo`. A handler sees
 its invocation through `HandlerInvocation` (what `Context` needs); a response reads one through
 `InvocationSurface`, so each response kind (JSON, SSE, OpenAI chunks...) is written once for
 local and cluster invocations alike.

@@ -1,14 +1,14 @@
 """Frame coalescing in the worker's writer: writes of one invocation merge, order is kept."""
 from __future__ import annotations
 
-from runtime.process.worker import _coalesce
+from runtime.process.child.outbox import coalesce
 
 
 def test_writes_of_one_invocation_merge_into_its_first_frame():
     frames = [{"t": "write", "id": "a", "p": ["1"]}, {"t": "write", "id": "b", "p": ["x"]},
               {"t": "write", "id": "a", "p": ["2"]}, {"t": "log", "name": "n", "level": 20, "msg": "m"},
               {"t": "write", "id": "a", "p": ["3"]}]
-    assert _coalesce(frames) == [{"t": "write", "id": "a", "p": ["1", "2", "3"]},
+    assert coalesce(frames) == [{"t": "write", "id": "a", "p": ["1", "2", "3"]},
                                  {"t": "write", "id": "b", "p": ["x"]},
                                  {"t": "log", "name": "n", "level": 20, "msg": "m"}]
 
@@ -17,10 +17,10 @@ def test_a_write_never_moves_past_its_invocations_result():
     frames = [{"t": "write", "id": "a", "p": ["1"]}, {"t": "result", "id": "a", "json": "null"},
               {"t": "write", "id": "a", "p": ["late"]}, {"t": "item", "id": "c", "v": [1]},
               {"t": "item", "id": "c", "v": [2]}]
-    assert _coalesce(frames) == [{"t": "write", "id": "a", "p": ["1"]}, {"t": "result", "id": "a", "json": "null"},
+    assert coalesce(frames) == [{"t": "write", "id": "a", "p": ["1"]}, {"t": "result", "id": "a", "json": "null"},
                                  {"t": "write", "id": "a", "p": ["late"]}, {"t": "item", "id": "c", "v": [1, 2]}]
 
 
 def test_a_lone_frame_goes_as_it_is():
     frame = {"t": "write", "id": "a", "p": ["only"]}
-    assert _coalesce([frame]) == [frame]
+    assert coalesce([frame]) == [frame]

@@ -19,7 +19,7 @@ final class Invocation {
     final Stream stream;
     private final Worker worker;
     private int credits;
-    // Stream text in flight (sent, not yet credited back), as runtime/process/worker.py's WINDOW_BYTES:
+    // Stream text in flight (sent, not yet credited back), as runtime/process/child/flow.py's WINDOW_BYTES:
     // the frontend holds at most this much of one invocation when its client is slow.
     static final int WINDOW_CHARS = 256 * 1024;
     private final java.util.ArrayDeque<Integer> unacked = new java.util.ArrayDeque<>();

@@ -1,0 +1,117 @@
+"""The worker's outbox: one bounded queue of frames and the writer thread that empties it.
+
+Apart from the main loop because it is the worker's only way out: whatever queued while the socket
+was busy goes out in one system call, and the stream writes of one invocation in one frame.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import sys
+import time
+
+from ..protocol import Connection, ConnectionClosed, Error, Item, ProtocolError, Result, ToFrontend, ToWorker, Write
+
+__all__ = ("FLUSH_BEFORE_EXIT", "Outbox", "coalesce", "hard_exit")
+
+hard_exit = os._exit  # the worker's own exits; a handler's os._exit is wrapped to flush first (main)
+
+OUTBOX_FRAMES = 4096      # frames waiting for the writer thread (writes are also bounded by credits)
+BATCH_FRAMES = 256        # at most this many frames per system call
+BATCH_BYTES = 1 << 20     # ... or about this many payload bytes
+FLUSH_BEFORE_EXIT = 2.0   # seconds a worker leaving on its own waits for its last frames to go out
+
+
+class Outbox:
+    """Frames for the frontend, sent in order from one writer thread (`write_loop`)."""
+
+    def __init__(self, conn: Connection[ToFrontend, ToWorker]) -> None:
+        self.conn = conn
+        self._outbox: queue.Queue[ToFrontend] = queue.Queue(maxsize=OUTBOX_FRAMES)
+
+    def post(self, frame: ToFrontend) -> None:
+        self._outbox.put(frame)
+
+    def post_outcome(self, frame: Result | Error) -> None:
+        """A result goes straight out when nothing is queued before it (no hop to the writer thread).
+
+        Safe here: the handler has returned, so no cancel can be raised in this thread any more,
+        and with an empty outbox every earlier write of the invocation is already on the socket.
+        """
+        if not self._outbox.unfinished_tasks:
+            try:
+                if self.conn.try_send(frame):
+                    return
+            except (ConnectionClosed, ProtocolError, TypeError, ValueError):
+                pass  # the writer thread reports or exits
+        self.post(frame)
+
+    def flush(self, timeout: float = FLUSH_BEFORE_EXIT) -> None:
+        """Wait (bounded) until every frame posted so far is on the socket."""
+        deadline = time.monotonic() + timeout
+        while self._outbox.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def write_loop(self) -> None:
+        while True:
+            frames = [self._outbox.get()]
+            size = 0
+            while len(frames) < BATCH_FRAMES and size < BATCH_BYTES:
+                try:
+                    frame = self._outbox.get_nowait()
+                except queue.Empty:
+                    break
+                frames.append(frame)
+                if frame["t"] == "write":
+                    size += sum(len(p) for p in frame["p"])
+            try:
+                self.conn.send_many(coalesce(frames))
+            except ConnectionClosed:
+                hard_exit(0)  # the frontend is gone
+            except (ProtocolError, TypeError, ValueError) as exc:
+                self._send_one_by_one(frames, exc)
+            finally:
+                for _ in frames:
+                    with contextlib.suppress(ValueError):  # a put cut short by a cancel in a handler thread
+                        self._outbox.task_done()
+
+    def _send_one_by_one(self, frames: list[ToFrontend], exc: Exception) -> None:
+        """A frame could not be encoded: send the others, report the bad one."""
+        for frame in frames:
+            try:
+                self.conn.send(frame)
+            except ConnectionClosed:
+                hard_exit(0)
+            except (ProtocolError, TypeError, ValueError) as err:
+                sys.stderr.write(f"fnstream worker: dropped a {frame['t']!r} frame: {err}\n")
+
+
+def coalesce(frames: list[ToFrontend]) -> list[ToFrontend]:
+    """Merge the stream writes (and items) of one invocation queued together into its first frame.
+
+    Order per invocation is kept: a write only moves earlier, never past its own result.
+    """
+    if len(frames) == 1:
+        return frames
+    out: list[ToFrontend] = []
+    writes: dict[str, Write] = {}
+    items: dict[str, Item] = {}
+    for frame in frames:
+        if frame["t"] == "write":
+            first_write = writes.get(frame["id"])
+            if first_write is not None:
+                first_write["p"].extend(frame["p"])
+                continue
+            writes[frame["id"]] = frame
+        elif frame["t"] == "item":
+            first_item = items.get(frame["id"])
+            if first_item is not None:
+                first_item["v"].extend(frame["v"])
+                continue
+            items[frame["id"]] = frame
+        elif frame["t"] == "result" or frame["t"] == "error":
+            writes.pop(frame["id"], None)
+            items.pop(frame["id"], None)
+        out.append(frame)
+    return out

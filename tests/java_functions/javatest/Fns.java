@@ -218,6 +218,32 @@ public class Fns {
         return "Long";
     }
 
+    static final CountDownLatch LATE_GO = new CountDownLatch(1);
+    static final java.util.concurrent.CompletableFuture<String> LATE = new java.util.concurrent.CompletableFuture<>();
+
+    /** Leaves a thread behind that writes to this invocation's stream once the next call says it ended. */
+    public String late(JsonObject event, Context context) throws Exception {
+        if (event.has("check")) {
+            LATE_GO.countDown();
+            return LATE.get(20, TimeUnit.SECONDS);
+        }
+        Stream stream = context.getStream();
+        Thread t = new Thread(() -> {
+            try {
+                LATE_GO.await();
+                stream.write("late");
+                LATE.complete("no exception");
+            } catch (org.yuanrong.exception.YRException e) {
+                LATE.complete("YRException: " + e.getMessage());
+            } catch (Throwable e) {
+                LATE.complete(e.toString());
+            }
+        });
+        t.setDaemon(true);
+        t.start();
+        return "left a writer";
+    }
+
     public static String stat1c(JsonObject event, Context context) {
         return "static";
     }

@@ -49,6 +49,7 @@ FUNCTIONS_UNDER_TEST = [
     _fn("jpair", "pair", instances=1, instanceConcurrency=2),
     _fn("jstdio", "stdio", instances=1, instanceConcurrency=2),
     _fn("jover1", "over", instances=1),
+    _fn("jlate", "late", instances=1),
     _fn("jover2", "revo", instances=1),
 ]
 
@@ -298,6 +299,15 @@ async def test_overloaded_handlers_resolve_to_the_jsonobject_one(jserver):
     """Whatever order the JVM lists the overloads in (declared both ways here)."""
     assert await _post(jserver, "jover1", {"a": 1}) == (200, "JsonObject")
     assert await _post(jserver, "jover2", {"a": 1}) == (200, "JsonObject")
+
+
+async def test_a_write_after_the_handler_returned_throws(jserver):
+    async with aiohttp.ClientSession() as s, s.post(jserver.url + INVOKE.format("jlate"), json={}, headers=SSE) as r:
+        body = await r.read()
+    assert r.status == 200 and b"left a writer" in body
+    # the stream ended; the thread it left now writes to it
+    assert await _post(jserver, "jlate", {"check": True}) == (
+        200, "YRException: stream closed: the invocation has ended")
 
 
 async def test_instance_concurrency_is_threads_of_one_jvm(jserver):

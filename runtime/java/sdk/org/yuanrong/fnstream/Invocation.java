@@ -25,6 +25,7 @@ final class Invocation {
     private final java.util.ArrayDeque<Integer> unacked = new java.util.ArrayDeque<>();
     private long unackedChars;
     private volatile String cancelReason;
+    private volatile boolean ended; // the handler returned: a write from a thread it left behind throws
     private Thread thread;
 
     Invocation(JsonObject msg, Worker worker) {
@@ -66,6 +67,21 @@ final class Invocation {
         }
     }
 
+    /** The handler returned (its outcome is about to be sent): later writes throw instead of vanishing. */
+    synchronized void end() {
+        ended = true;
+        notifyAll();
+    }
+
+    private void checkOpen() {
+        if (cancelReason != null) {
+            throw new YRException("stream closed: " + cancelReason);
+        }
+        if (ended) {
+            throw new YRException("stream closed: the invocation has ended");
+        }
+    }
+
     synchronized void credit(int n) {
         credits += n;
         for (int i = 0; i < n && !unacked.isEmpty(); i++) {
@@ -82,14 +98,12 @@ final class Invocation {
     /** A stream write: waits for a credit, then goes out on the socket at once. */
     private void write(String payload) {
         if (!streaming) {
-            if (cancelReason != null) {
-                throw new YRException("stream closed: " + cancelReason);
-            }
+            checkOpen();
             return; // a plain JSON request has no stream: writes are dropped, as in Python
         }
         synchronized (this) {
             while (!hasRoom(payload.length())) {
-                if (cancelReason != null) {
+                if (cancelReason != null || ended) {
                     break;
                 }
                 long left = remainingMillis();
@@ -105,9 +119,7 @@ final class Invocation {
                     }
                 }
             }
-            if (cancelReason != null) {
-                throw new YRException("stream closed: " + cancelReason);
-            }
+            checkOpen();
             credits--;
             unacked.addLast(payload.length());
             unackedChars += payload.length();

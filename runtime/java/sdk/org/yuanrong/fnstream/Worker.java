@@ -270,6 +270,7 @@ public final class Worker {
     }
 
     private void report(Invocation inv, Object result, Throwable error) {
+        inv.end();
         boolean retire = false;
         String name = null;
         String message = null;

@@ -33,7 +33,7 @@ from aiohttp.web_request import BaseRequest
 from runtime.config import Config, FrontendLimits
 from runtime.errors import ConfigError
 from runtime.fork_guard import release_in_forked_children
-from runtime.invocation import new_trace_id
+from runtime.invocation_ids import new_trace_id
 from runtime.tracing import make_traceparent
 
 from .errors import http_error_code

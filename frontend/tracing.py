@@ -13,7 +13,7 @@ from __future__ import annotations
 from aiohttp import web
 from multidict import CIMultiDictProxy, istr
 
-from runtime.invocation import new_trace_id
+from runtime.invocation_ids import new_trace_id
 from runtime.logs import set_log_context
 from runtime.tracing import is_w3c_trace_id, new_span_id, parse_traceparent
 

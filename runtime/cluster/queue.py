@@ -31,10 +31,10 @@ from typing import Any
 from redis.typing import EncodableT
 
 from runtime.channel import OutputChannel
+from runtime.codec import Item
 from runtime.deployment import function_key
 from runtime.errors import FunctionServiceError
-from runtime.invocation import Item, new_trace_id
-from runtime.invocation_ids import new_invocation_id
+from runtime.invocation_ids import new_invocation_id, new_trace_id
 from runtime.manifest import FunctionSpec
 from runtime.surface import Mode, resolve_mode
 from runtime.tasks import checkpoint, retrieve

@@ -17,10 +17,11 @@ from typing import Any, get_args
 
 from redis.typing import EncodableT
 
+from runtime.codec import Item
 from runtime.deployment import Deployment
 from runtime.errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError
 from runtime.executor import Executor
-from runtime.invocation import Invocation, Item
+from runtime.invocation import Invocation
 from runtime.registry import Registry
 from runtime.surface import Mode
 

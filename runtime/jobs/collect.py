@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from ..codec import Item, encode_payload
 from ..deployment import Deployment, FunctionRef
 from ..errors import FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError
-from ..invocation import Invocation, Item, encode_payload
+from ..invocation import Invocation
 from .errors import JobItemError, JobOutputTooLargeError, JobStoreError
 from .model import Job
 from .refresh import refresh_instance, take_refresh_flag

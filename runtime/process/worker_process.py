@@ -20,8 +20,8 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from ..codec import Item as OutputItem
 from ..errors import FunctionServiceError, StreamClosedError
-from ..invocation import Item as OutputItem
 from ..manifest import FunctionSpec
 from ..threadpool import call_threadsafe
 from .errors import error_from_wire

@@ -55,7 +55,7 @@ def test_a_cycle_in_a_result_is_refused_even_under_a_raised_recursion_limit():
     import sys
 
     code = ("import sys; sys.setrecursionlimit(10**6)\n"
-            "from runtime.invocation import encode_json, encode_payload\n"
+            "from runtime.codec import encode_json, encode_payload\n"
             "from runtime.errors import ResultNotSerializableError, StreamWriteError\n"
             "a = []; a.append(a)\n"
             "for encode, refused in ((encode_json, ResultNotSerializableError), (encode_payload, StreamWriteError)):\n"
@@ -69,8 +69,8 @@ def test_a_cycle_in_a_result_is_refused_even_under_a_raised_recursion_limit():
 
 
 def test_a_cycle_at_the_default_limit_is_refused_as_not_json():
+    from runtime.codec import encode_json
     from runtime.errors import ResultNotSerializableError
-    from runtime.invocation import encode_json
 
     cycle: dict = {}
     cycle["self"] = cycle

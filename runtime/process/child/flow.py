@@ -17,8 +17,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ...codec import WRITTEN, Written, encode_payload, encode_write
 from ...errors import StreamBufferFullError, StreamClosedError
-from ...invocation import WRITTEN, Written, encode_payload, encode_write
 from ...surface import Mode
 from ..protocol import Invoke, Item, ToFrontend, Write
 

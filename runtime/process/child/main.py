@@ -27,11 +27,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ...codec import encode_json
 from ...context import Context
 from ...deployment import Kind, handler_kind
 from ...errors import FunctionServiceError, ResultNotSerializableError, handler_failure
 from ...fork_guard import release_in_forked_children
-from ...invocation import drain_generator, encode_json
+from ...invocation import drain_generator
 from ...loader import LoadedCode, load_code
 from ...logs import log_context, set_log_context
 from ...manifest import FunctionSpec

@@ -47,6 +47,8 @@ _MANIFEST = {"model": FunctionSpec, "types": ("application/yaml", "application/j
 _YR_FUNCTION = {"description": "openYuanrong's function registration JSON (instance counts as strings)"}
 _YR_ANSWER = {"json": {"description": '{"code": 0, "message": "SUCCESS", "function": {id, functionVersionUrn, '
                        'revisionId, name, runtime, handler, ...}}'}}
+_YR_LIST = {"json": {"description": '{"code": 0, "message": "SUCCESS", "result": {"functions": [FunctionInfo, '
+                                    '...], "total": N}}'}}
 _EVENT = {"description": "the event handed to the handler: any JSON value"}
 _INVOKE_DOC = ("The result as JSON, or with `Accept: text/event-stream` every `context.get_stream().write()` as "
                "one SSE event the moment it is written (`id:` 1, 2, ...), the result as the last event, then "
@@ -147,6 +149,11 @@ document(
     Op("POST", "/serverless/v1/functions", "admin", "openYuanrong: register a function (its JSON: name "
        "0@{service}@{func}, runtime, handler, codePath, concurrentNum...)", body=_YR_FUNCTION, ok=_YR_ANSWER,
        errors=(400, 409)),
+    Op("GET", "/serverless/v1/functions", "admin", "openYuanrong: list the caller's tenant's functions",
+       ok=_YR_LIST, errors=(400,), params=(Param("name", "query", "part of 0@{service}@{func}"),
+                                           Param("versionNumber", "query", "exact version, e.g. latest"),
+                                           Param("pageIndex", "query", "page number, from 1 (default 1)"),
+                                           Param("pageSize", "query", "functions per page (default 1000)"))),
     Op("GET", "/serverless/v1/functions/{name}", "admin", "openYuanrong: one registered function (name "
        "0@{service}@{func} or its URN)", ok=_YR_ANSWER, errors=(404,)),
     Op("PUT", "/serverless/v1/functions/{name}", "admin", "openYuanrong: update a registered function",

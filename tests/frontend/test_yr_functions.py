@@ -89,3 +89,35 @@ async def test_roles_and_tenants(make_client):
     resp = await client.get(f"{FUNCS}/{urn}", headers=bearer("dev-acme"))
     assert resp.status == 200 and (await resp.json())["function"]["tenantId"] == "acme"
     assert (await client.get("/openapi.json")).status == 200
+
+
+async def test_list_is_the_callers_tenant_only_in_openyuanrongs_shape(make_client):
+    client = await make_client(make_config(**{"auth.tokens": TOKENS}))
+    for token, name in (("dev-default", "0@faaspy@hello3"), ("dev-default", "0@faaspy@other"),
+                        ("dev-acme", "0@faaspy@secret"), ("dev-acme", "0@faaspy@hello3")):
+        resp = await client.post(FUNCS, json=registration(name), headers=bearer(token))
+        assert resp.status == 200, await resp.text()
+    resp = await client.get(FUNCS, headers=bearer("dev-default"))  # the server's own functions too
+    body = await resp.json()
+    assert resp.status == 200 and body["code"] == 0 and body["message"] == "SUCCESS", body
+    listed = body["result"]["functions"]
+    assert body["result"]["total"] == len(listed) and "0@faaspy@other" in [f["name"] for f in listed]
+    assert {f["tenantId"] for f in listed} == {"default"} and "secret" not in await resp.text()
+    acme = await (await client.get(FUNCS, headers=bearer("dev-acme"))).json()
+    assert [f["name"] for f in acme["result"]["functions"]] == ["0@faaspy@hello3", "0@faaspy@secret"]
+    assert acme["result"]["functions"][0]["functionVersionUrn"] == "sn:cn:yrk:acme:function:0@faaspy@hello3:latest"
+    assert (await client.get(FUNCS, headers=bearer("user-default"))).status == 403  # managing needs a developer
+    # openYuanrong's query: name matches part of the name, versionNumber exactly, pages from 1
+    async def names(query):
+        got = await (await client.get(f"{FUNCS}?{query}", headers=bearer("dev-default"))).json()
+        return [f["name"] for f in got["result"]["functions"]], got["result"]["total"]
+    assert await names("name=oth") == (["0@faaspy@other"], 1)
+    assert await names("versionNumber=latest&name=@faaspy@") == (["0@faaspy@hello3", "0@faaspy@other"], 2)
+    assert await names("versionNumber=v9") == ([], 0)
+    assert await names("name=faaspy&pageIndex=2&pageSize=1") == (["0@faaspy@other"], 2)
+    assert await names("name=faaspy&pageIndex=3&pageSize=1") == ([], 2)
+    resp = await client.get(f"{FUNCS}?pageSize=0", headers=bearer("dev-default"))
+    bad = await resp.json()
+    assert resp.status == 400 and bad["code"] != 0 and "pageSize" in bad["message"]
+    spec = await (await client.get("/openapi.json")).json()
+    assert "get" in spec["paths"]["/serverless/v1/functions"]

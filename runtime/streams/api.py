@@ -279,8 +279,8 @@ class Consumer:
             if not batch or expect_num is None or len(got) >= expect_num:
                 return got
 
-    async def aack(self, ele_id: int) -> None:
-        self._sub.ack(ele_id)
+    async def aack(self, element_id: int) -> None:
+        self._sub.ack(element_id)
 
     async def aclose(self) -> None:
         """Ack what was received and leave the stream; idempotent."""
@@ -290,8 +290,9 @@ class Consumer:
     def receive(self, timeout_ms: int, expect_num: int | None = None) -> list[Element]:
         return _run_sync(self._loop, lambda: self.areceive(timeout_ms, expect_num), "areceive")
 
-    def ack(self, ele_id: int) -> None:
-        _run_sync(self._loop, lambda: self.aack(ele_id), "aack")
+    def ack(self, element_id: int) -> None:
+        """openYuanrong's parameter name (`ack(element_id=...)` works as there)."""
+        _run_sync(self._loop, lambda: self.aack(element_id), "aack")
 
     def close(self) -> None:
         _run_sync(self._loop, self.aclose, "aclose")

@@ -92,6 +92,21 @@ async def uses_yr(event, context):
     return {"received": [bytes(e.data).decode() for e in got], "shim": getattr(yr, "FNSTREAM_SHIM", False)}
 
 
+
+def uses_yr_sync(event, context):
+    """docs/yr.md's example: the blocking forms, `yr.stream`, openYuanrong's keyword names."""
+    from yr.stream import SubscriptionType
+
+    name = f"job-yr-sync-{context.get_invoke_id()}"
+    consumer = yr.create_stream_consumer(name, yr.SubscriptionConfig("sub-a", SubscriptionType.STREAM))
+    producer = yr.create_stream_producer(name, yr.ProducerConfig(delay_flush_time=0))
+    producer.send(yr.Element(b"42"))
+    producer.close()
+    elements = consumer.receive(1000, expect_num=1)
+    consumer.ack(element_id=elements[-1].id)
+    consumer.close()
+    return {"data": elements[0].data.decode(), "consumers": yr.query_global_consumers_num(name)}
+
 def marked(job):
     """Appends its job id to the file `mark` (each run leaves a line), then yields `n` items of `size` bytes."""
     inp = job["input"]

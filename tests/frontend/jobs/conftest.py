@@ -18,6 +18,7 @@ JOB_FUNCTIONS = [
     fn("big", "job_fns.big"),
     fn("writer", "job_fns.writes_then_returns"),
     fn("uses-yr", "job_fns.uses_yr"),
+    fn("uses-yr-sync", "job_fns.uses_yr_sync"),
     fn("log-ids", "job_fns.log_ids"),
 ]
 

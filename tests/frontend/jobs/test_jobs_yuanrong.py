@@ -163,3 +163,10 @@ async def test_yr_imports_and_streams(jobs):
     resp = await jobs.post(INVOKE.format("uses-yr"), json={})
     assert resp.status == 200, await resp.text()
     assert await resp.json() == {"received": ["hello-yr"], "shim": True}
+
+
+async def test_the_yr_docs_example_runs(jobs):
+    """docs/yr.md's handler, blocking forms and `from yr.stream import SubscriptionType`."""
+    resp = await jobs.post(INVOKE.format("uses-yr-sync"), json={})
+    assert resp.status == 200, await resp.text()
+    assert await resp.json() == {"data": "42", "consumers": 0}

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ("RunpodOptions", "capture_start", "install", "set_progress_sink")
+__all__ = ("RunpodOptions", "capture_start", "install", "report_progress", "set_progress_sink")
 
 log = logging.getLogger("fnstream.runtime")
 
@@ -70,12 +70,17 @@ def _start(config: Any, original: Callable[[Any], Any] | None = None) -> None:
 
 def _progress(job: Any, progress: Any, original: Callable[[Any, Any], Any] | None = None) -> None:
     job_id = job.get("id") if isinstance(job, dict) else None
-    if isinstance(job_id, str) and any(sink(job_id, progress) for sink in list(_progress_sinks)):
+    if isinstance(job_id, str) and report_progress(job_id, progress):
         return
     if original is not None:
         original(job, progress)
     else:
         log.debug("runpod.serverless.progress_update for job %r, which is not a fnstream job here", job_id)
+
+
+def report_progress(job_id: str, progress: Any) -> bool:
+    """A progress update of a job from elsewhere (a worker process): to the sinks; True if one took it."""
+    return any(sink(job_id, progress) for sink in list(_progress_sinks))
 
 
 def set_progress_sink(sink: Callable[[str, Any], bool], *, remove: bool = False) -> None:

@@ -32,6 +32,7 @@ __all__ = (
     "Item",
     "Loaded",
     "Log",
+    "Progress",
     "ProtocolError",
     "Ready",
     "Result",
@@ -128,6 +129,13 @@ class Result(TypedDict):
     t: Literal["result"]
     id: str
     json: str              # the JSON-encoded return value
+    retire: NotRequired[bool]  # RunPod's refresh_worker: the worker exits after this (a fresh one next)
+
+
+class Progress(TypedDict):
+    t: Literal["progress"]  # runpod.serverless.progress_update() of the invocation's job
+    id: str
+    v: Any
 
 
 class Error(TypedDict):
@@ -160,7 +168,7 @@ class StreamCall(TypedDict):
 
 
 ToWorker = Hello | Invoke | Credit | Cancel | Stop | StreamReply
-ToFrontend = Loaded | Ready | Write | Item | Result | Error | Log | Stopped | StreamCall
+ToFrontend = Loaded | Ready | Write | Item | Result | Error | Progress | Log | Stopped | StreamCall
 Frame = ToWorker | ToFrontend
 #: every `t` the protocol knows; `recv` refuses any other frame.
 TAGS = frozenset(get_args(get_type_hints(message)["t"])[0] for message in get_args(Frame))

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from ..codec import Item as OutputItem
 from ..errors import FunctionServiceError, StreamClosedError
 from ..manifest import FunctionSpec
+from ..runpod_compat import report_progress
 from ..threadpool import call_threadsafe
 from .errors import error_from_wire
 from .protocol import (
@@ -244,7 +245,7 @@ class WorkerProcess:
 
     def _handle(self, msg: ToFrontend) -> None:
         if msg["t"] == "write" or msg["t"] == "item" or msg["t"] == "result" or msg["t"] == "error":
-            if msg["t"] == "error" and msg.get("retire"):
+            if (msg["t"] == "error" or msg["t"] == "result") and msg.get("retire"):
                 with self.pool.lock:
                     if self.state == "ready":
                         self.state = "retiring"  # it exits once its invocations end: no new ones
@@ -258,6 +259,12 @@ class WorkerProcess:
                 first = len(self._inbox) == 1
             if first:
                 call_threadsafe(job.loop, self._take_inbox)
+        elif msg["t"] == "progress":
+            # For the job whose event the frontend sent this invocation (never an id the worker names)
+            progressed = self.jobs.get(msg["id"])
+            event = progressed.inv.event if progressed is not None else None
+            if isinstance(event, dict) and isinstance(event.get("id"), str):
+                report_progress(event["id"], msg["v"])
         elif msg["t"] == "loaded":
             self.pool._on_loaded(msg.get("kind"), msg.get("error"), msg.get("runpod"))
         elif msg["t"] == "ready":

@@ -37,6 +37,7 @@ from ...loader import LoadedCode, load_code
 from ...logs import log_context, set_log_context
 from ...manifest import FunctionSpec
 from ...pre_stop import pre_stop_timeout
+from ...runpod_compat import set_progress_sink
 from ...streams import bind_broker
 from ...threadpool import DaemonThreadPool
 from ..errors import MemoryLimitError
@@ -127,6 +128,8 @@ class Worker(FlowControl):
             self._threads = DaemonThreadPool(self.slots, thread_name_prefix="fnstream-handler")
         runpod = None if options is None else {"concurrency": options.concurrency,
                                                "aggregate_stream": options.aggregate_stream}
+        if options is not None:
+            set_progress_sink(self._progress)
         self.post({"t": "loaded", "kind": self.kind, "error": None, "runpod": runpod})
         return None
 
@@ -271,6 +274,15 @@ class Worker(FlowControl):
             error = exc
         self._report(inv, result, error)
 
+    def _progress(self, job_id: str, value: Any) -> bool:
+        """runpod.serverless.progress_update() of a job running here: to the frontend, by invocation."""
+        with self._cond:
+            inv = next((i for i in self._invs.values()
+                        if isinstance(i.event, dict) and i.event.get("id") == job_id), None)
+        if inv is not None:
+            self.post({"t": "progress", "id": inv.id, "v": value})
+        return inv is not None
+
     def _report(self, inv: WorkerInvocation, result: Any, exc: BaseException | None) -> None:
         """Send the invocation's outcome (from its task or its thread) and forget it."""
         retire = False
@@ -280,7 +292,11 @@ class Worker(FlowControl):
             except ResultNotSerializableError as err:
                 exc = err
             else:
-                self.outbox.post_outcome({"t": "result", "id": inv.id, "json": text})
+                # RunPod's refresh_worker (start() option, or a returned dict's key): a fresh worker next
+                options = self._code.runpod if self._code is not None else None
+                retire = options is not None and (options.refresh_worker or (
+                    isinstance(result, dict) and bool(result.get("refresh_worker"))))
+                self.outbox.post_outcome({"t": "result", "id": inv.id, "json": text, "retire": retire})
         if exc is not None:
             name, message, retire = self._classify(inv, exc)
             self.outbox.post_outcome({"t": "error", "id": inv.id, "error": name, "message": message, "retire": retire})

@@ -27,7 +27,11 @@ async def workers(make_client, deploy_dir):
         {"name": "rp-keyed", "handler": "keyed", "codePath": str(HANDLERS / "rp_refresh_worker")},
         {"name": "rp-proc", "codePath": str(HANDLERS / "rp_worker"), "executor": "process", "instances": 1},
         {"name": "rp-proc-sync", "codePath": str(HANDLERS / "rp_sync_worker"), "executor": "process",
-         "instances": 1})
+         "instances": 1},
+        {"name": "rp-proc-refresh", "codePath": str(HANDLERS / "rp_refresh_worker"), "executor": "process",
+         "instances": 1},
+        {"name": "rp-proc-keyed", "handler": "keyed", "codePath": str(HANDLERS / "rp_refresh_worker"),
+         "executor": "process", "instances": 1})
     return await make_client(config=test_config(deploy, **{"runtime.codeRoots": [str(HANDLERS)]}))
 
 
@@ -85,12 +89,14 @@ async def _statuses(client, ids, until=None):
         await asyncio.sleep(0.02)
 
 
-async def test_progress_update_shows_in_status_while_the_job_runs(sdk, workers, tmp_path):
+@pytest.mark.parametrize("name", ["rp-worker", "rp-proc"])
+async def test_progress_update_shows_in_status_while_the_job_runs(sdk, workers, tmp_path, name):
+    """In-process, and from a worker process (a `progress` frame)."""
     gate = tmp_path / "go"
-    job = await asyncio.to_thread(sdk.Endpoint("rp-worker").run,
+    job = await asyncio.to_thread(sdk.Endpoint(name).run,
                                   {"progress": {"step": 1, "of": 2}, "hold": str(gate), "n": 1})
     while True:
-        body = await (await workers.get(f"/v2/rp-worker/status/{job.job_id}")).json()
+        body = await (await workers.get(f"/v2/{name}/status/{job.job_id}")).json()
         if "output" in body:
             break
         await asyncio.sleep(0.02)
@@ -99,8 +105,10 @@ async def test_progress_update_shows_in_status_while_the_job_runs(sdk, workers, 
     assert await asyncio.to_thread(job.output, 20) == [{"token": "t-0"}]
 
 
-async def test_refresh_worker_recycles_the_instance_after_each_job(sdk):
-    refreshed, keyed = sdk.Endpoint("rp-refresh"), sdk.Endpoint("rp-keyed")
+@pytest.mark.parametrize("prefix", ["rp-", "rp-proc-"])
+async def test_refresh_worker_recycles_the_instance_after_each_job(sdk, prefix):
+    """In-process, and with executor: process (the worker that ran the job retires; a fresh one)."""
+    refreshed, keyed = sdk.Endpoint(f"{prefix}refresh"), sdk.Endpoint(f"{prefix}keyed")
     for _ in range(2):  # a fresh module each time
         assert await asyncio.to_thread(refreshed.run_sync, {"input": {}}, 30) == {"jobs_seen_by_this_instance": 1}
     # without the option the instance lives on, until an output carries `refresh_worker` (not shown)

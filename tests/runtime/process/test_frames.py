@@ -24,3 +24,19 @@ def test_a_write_never_moves_past_its_invocations_result():
 def test_a_lone_frame_goes_as_it_is():
     frame = {"t": "write", "id": "a", "p": ["only"]}
     assert coalesce([frame]) == [frame]
+
+
+def test_a_progress_frame_crosses_the_socket():
+    """RunPod's progress_update from a worker: a frame of the protocol (recv refuses unknown ones)."""
+    import socket
+
+    from runtime.process.protocol import Connection
+
+    a, b = socket.socketpair()
+    sender, receiver = Connection(a), Connection(b)
+    try:
+        sender.send({"t": "progress", "id": "inv-1", "v": {"step": 1}})
+        assert receiver.recv() == {"t": "progress", "id": "inv-1", "v": {"step": 1}}
+    finally:
+        sender.close()
+        receiver.close()

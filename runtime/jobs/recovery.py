@@ -34,13 +34,23 @@ async def recover(manager: JobHost) -> None:
     recovered = requeued = 0
     now = time.time()
     expired: list[str] = []
+    ended = await manager.writes.open_journal()  # ends the store refused before: over, as clients were told
     for job in await manager.store.load():
         if job.final and job.completed_at is not None and job.completed_at + manager.config.retentionSeconds < now:
             expired.append(job.id)  # expired while the server was down
             continue
+        if not job.final and job.id in ended:
+            manager.jobs[job.id] = job
+            manager.bytes.add_input(job, job.stored_input if job.cold else input_size(job.event))
+            manager.bytes.outputs(job)
+            await manager._finish(job, "FAILED", error=JobStoreError(ended[job.id] or "its end was not stored"))
+            continue
         recovered += job.status == "IN_PROGRESS"
         await adopt(manager, job, "the server restarted")
         requeued += job.status == "IN_QUEUE"
+    for job_id in ended:  # stored after all (a flush took), or expired: nothing left to apply
+        if job_id not in manager.jobs or manager.jobs[job_id].final:
+            await manager.writes.forget_journaled(job_id)
     if expired:
         await manager.writes.delete(expired)
     if recovered or requeued:

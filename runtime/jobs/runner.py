@@ -392,7 +392,7 @@ class JobManager(JobReads):
                 self.writes.failed(job, exc)
                 ended = _ended(job, "FAILED", None, JobStoreError(
                     f"the job ended {status} but its end could not be stored: {exc.message}"))
-                self.writes.unsaved[job.id] = job  # stored later by _flush_unsaved
+                await self.writes.keep_unsaved(job, (ended.error or {}).get("message", ""))  # see _flush_unsaved
                 log.warning("jobs: the end of job %s is not stored yet; it is tried again every %g s",
                             job.id, FLUSH_EVERY)
                 if self._flusher is None or self._flusher.done():

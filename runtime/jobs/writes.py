@@ -6,7 +6,9 @@ writes of one job run one at a time (the row is taken when its turn comes, so a 
 never overwritten by an earlier one); a refused output or final write is retried a few times
 with short backoff, then the job fails loudly: `failures` counts it (the metrics scrape reads
 it), one log line names the job and the error. A final state that could not be stored either is
-kept in `unsaved` and written again on each `flush` (the sweeper's, and at stop).
+kept in `unsaved` and written again on each `flush` (the sweeper's, and at stop), and recorded in
+the end journal (end_journal.py: space allocated at start), so a restart before a flush took still
+finds the job over, as its clients were told, and never runs it again.
 """
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from .end_journal import EndJournal
 from .errors import JobStoreError
 from .model import Job
-from .store import JobStore
+from .store import JobStore, SqliteJobStore
 
 __all__ = ("RETRY_DELAYS", "StoreWrites")
 
@@ -46,6 +49,8 @@ class StoreWrites:
         self.unsaved: dict[str, Job] = {}  # final states not stored yet, by job id
         self._turns: dict[str, _Turn] = {}
         self._failed: set[str] = set()     # jobs already counted and logged
+        self.journal = EndJournal(store.path.with_name(store.path.name + ".ends")) \
+            if isinstance(store, SqliteJobStore) else None
 
     @contextlib.asynccontextmanager
     async def _turn(self, job_id: str) -> AsyncIterator[None]:
@@ -78,6 +83,24 @@ class StoreWrites:
         """Store the job's row (as it is when its turn comes); JobStoreError once retries are spent."""
         await self._attempt(job.id, lambda: self.store.save(job), retry)
         self.unsaved.pop(job.id, None)
+        if job.final and self.journal is not None and job.id in self.journal:
+            await self.journal.clear(job.id)
+
+    async def open_journal(self) -> dict[str, str]:
+        """At start: the ends the store refused before (job id -> error), to apply before the restart rules."""
+        return await self.journal.open() if self.journal is not None else {}
+
+    async def forget_journaled(self, job_id: str) -> None:
+        if self.journal is not None:
+            await self.journal.clear(job_id)
+
+    async def keep_unsaved(self, job: Job, error: str) -> None:
+        """The store refused `job`'s end (FAILED with `error`): written again on each flush, and kept
+        in the journal meanwhile."""
+        self.unsaved[job.id] = job
+        if self.journal is not None and not await self.journal.record(job.id, error):
+            log.error("jobs: the end of job %s is kept in memory only: a restart before the store takes it "
+                      "will apply the restart rules", job.id)
 
     async def add_outputs(self, job: Job, first: int, items: list[Any]) -> None:
         output_bytes = job.output_bytes

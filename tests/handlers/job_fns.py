@@ -1,6 +1,7 @@
 """Handlers for the job tests: RunPod-style (one parameter) and openYuanrong-style (event, context)."""
 import asyncio
 import json
+import os
 import time
 
 import yr  # openYuanrong code imports yr unchanged: fnstream's shim when no real yr is installed
@@ -108,10 +109,13 @@ def uses_yr_sync(event, context):
     return {"data": elements[0].data.decode(), "consumers": yr.query_global_consumers_num(name)}
 
 def marked(job):
-    """Appends its job id to the file `mark` (each run leaves a line), then yields `n` items of `size` bytes."""
+    """Appends its job id to the file `mark` (each run leaves a line), then yields `n` items of `size` bytes
+    (once the file `gate` exists, when given)."""
     inp = job["input"]
     with open(inp["mark"], "a") as f:
         f.write(f"{job['id']}\n")
+    while inp.get("gate") and not os.path.exists(inp["gate"]):  # with `gate`: its items wait for that file
+        time.sleep(0.02)
     for _ in range(int(inp.get("n", 1))):
         yield "x" * int(inp.get("size", 10))
 

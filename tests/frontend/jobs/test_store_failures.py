@@ -230,3 +230,35 @@ async def test_a_read_only_store_stops_start_up_with_one_line(start_server, tmp_
     assert "Traceback" not in out, out
     errors = [ln for ln in out.splitlines() if ln.startswith("fnstream:")]
     assert len(errors) == 1 and str(store) in errors[0], out
+
+
+async def test_an_end_the_full_store_refused_survives_kill_9_and_the_job_never_runs_again(start_server, tmp_path,
+                                                                                          tmpfs):
+    # Its end is refused, it is answered FAILED, the server dies before a flush: the journal of
+    # unstored ends (allocated at start, while there was room) still knows it is over.
+    marks, gate = tmp_path / "marks", tmp_path / "gate"
+    args = serve_args(tmp_path, tmpfs / "jobs.sqlite3")
+    server = start_server(*args)
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{server.url}/v2/marked/run",
+                          json={"input": {"mark": str(marks), "gate": str(gate), "n": 1, "size": 50_000}}) as r:
+            assert r.status == 200, await r.text()
+            job_id = (await r.json())["id"]
+        await wait_status(s, server.url, "marked", job_id, {"IN_PROGRESS"})  # stored running
+        fill(tmpfs)
+        gate.write_text("go")  # its output and then its end are refused
+        failed = await wait_status(s, server.url, "marked", job_id, {"COMPLETED", "FAILED"})
+        assert failed["status"] == "FAILED" and "could not be stored" in failed["error"], failed
+        for _ in range(200):
+            if f"the end of job {job_id} is not stored yet" in server.output():
+                break
+            await asyncio.sleep(0.05)
+        server.kill()  # before any flush could store it
+        (tmpfs / "filler").unlink()
+
+        server = start_server(*args)
+        after = await wait_status(s, server.url, "marked", job_id, {"COMPLETED", "FAILED", "IN_QUEUE", "IN_PROGRESS"})
+        assert after["status"] == "FAILED", after  # over, as its clients were told
+        async with s.post(f"{server.url}/v2/echo-job/runsync", json={"input": {}}) as r:
+            assert (await r.json())["status"] == "COMPLETED"  # the restarted server has run its queue
+    assert marks.read_text().split() == [job_id]  # it ran once

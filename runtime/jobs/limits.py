@@ -21,12 +21,13 @@ def input_size(event: Any) -> int:
 
 
 class JobBytes:
-    """Each tenant's stored bytes (inputs plus outputs of the jobs held), and the checks at submit."""
+    """Each tenant's stored bytes (inputs, outputs and results of the jobs held), and the checks at submit."""
 
     def __init__(self, config: JobsConfig) -> None:
         self.config = config
         self._inputs: dict[str, tuple[str, int]] = {}  # job id -> (tenant, input bytes)
         self._outputs: dict[str, tuple[str, int]] = {}  # job id -> (tenant, output bytes counted)
+        self._results: dict[str, tuple[str, int]] = {}  # job id -> (tenant, result bytes: an echo's is its input)
         self.by_tenant: collections.Counter[str] = collections.Counter()
 
     def check(self, tenant: str, size: int, *, sync: bool) -> None:
@@ -49,11 +50,18 @@ class JobBytes:
         self._outputs[job.id] = (job.tenant, job.output_bytes)
         self.by_tenant[job.tenant] += job.output_bytes - before
 
+    def result(self, job: Job, size: int) -> None:
+        """Count the finished job's result (`size` bytes; a generator's aggregated one is its outputs)."""
+        if job.aggregated or job.id in self._results:
+            return
+        self._results[job.id] = (job.tenant, size)
+        self.by_tenant[job.tenant] += size
+
     def input_of(self, job_id: str) -> int:
         return self._inputs.get(job_id, ("", 0))[1]
 
     def forget(self, job_id: str) -> None:
-        for table in (self._inputs, self._outputs):
+        for table in (self._inputs, self._outputs, self._results):
             tenant, size = table.pop(job_id, ("", 0))
             if size:
                 self.by_tenant[tenant] -= size

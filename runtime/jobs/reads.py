@@ -32,9 +32,12 @@ class JobReads:
 
     def _keep(self, job: Job) -> None:
         """A job just finished (and stored), or read back: hold it in full while the cache has room."""
-        if self.cache is None or not job.final or job.remote:
+        if not job.final or job.remote or job.cold:
             return
         result_bytes = result_size(job)
+        self.bytes.result(job, result_bytes)  # the tenant's quota counts what the store holds
+        if self.cache is None:
+            return
         size = self.bytes.input_of(job.id) + job.output_bytes + result_bytes
         for victim_id, victim_result in self.cache.add(job.id, size, result_bytes):
             victim = self.jobs.get(victim_id)

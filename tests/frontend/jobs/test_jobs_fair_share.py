@@ -62,6 +62,18 @@ async def test_input_size_and_tenant_quota_are_answered_at_submit(make_client, d
     assert resp.status == 200 and (await resp.json())["status"] == "COMPLETED"
 
 
+async def test_the_tenant_quota_counts_results_too(make_client, deploy_dir):
+    # An echo's result is its input again: both are stored, both count (inputs alone let a tenant
+    # store twice its quota).
+    functions = [fn("alice-echo", "job_fns.echo", tenant="alice")]
+    config = test_config(deploy_dir(*functions), **{"auth.tokens": TOKENS, "jobs.tenantQuotaBytes": 10_000})
+    client = await make_client(config=config)
+    pad = {"pad": "x" * 2000}
+    statuses = [(await client.post("/v2/alice-echo/runsync", json={"input": pad}, headers=ALICE)).status
+                for _ in range(4)]
+    assert statuses[:2] == [200, 200] and statuses[-1] == 507, statuses  # ~4 kB a job: two fit in 10 kB
+
+
 async def test_a_slow_receiver_of_one_tenant_never_drops_another_tenants_webhooks(make_client, deploy_dir):
     import asyncio
 

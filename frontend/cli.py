@@ -41,6 +41,7 @@ def _print(obj: Any) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from runtime import eventloop
+    from runtime.fork_guard import become_subreaper
     from runtime.lifecycle import exit_after_shutdown
     from runtime.logs import configure_logging
 
@@ -80,6 +81,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 2
         from .reload import Reloader
         app.cleanup_ctx.append(Reloader(registry, config.runtime.deployDir or Path.cwd() / "deploy").context)
+    become_subreaper()  # what handlers start and detach stays ours, killed at exit (runtime/fork_guard.py)
     try:
         eventloop.run(serve(app, config.frontend.host, config.frontend.port), config.frontend.loop)
     except FunctionServiceError as exc:  # e.g. the job store is in use by another server
@@ -113,6 +115,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """A handler-only cluster node: functions come from the shared registry, work from the queue."""
     from runtime import eventloop
     from runtime.cluster.node import serve_worker
+    from runtime.fork_guard import become_subreaper
     from runtime.lifecycle import exit_after_shutdown
     from runtime.logs import configure_logging
 
@@ -128,6 +131,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"fnstream: {exc.message}", file=sys.stderr)
         return 2
     configure_logging(config.logging.format, os.environ.get("FNSTREAM_LOG", "INFO"))
+    become_subreaper()
     return exit_after_shutdown(eventloop.run(serve_worker(config), config.frontend.loop))
 
 

@@ -2,7 +2,12 @@
 
 `end_descendants` (at exit): children a `def` handler started and left running are killed with
 their own descendants, rather than outliving the server that ran the call. (A process worker's
-are its process group, killed with it: runtime/process/pool.py.)
+are its process group, killed with it: runtime/process/pool.py.) `become_subreaper`: a handler's
+grandchild that detaches (`setsid()`, a daemon's double fork) leaves every process group, and when
+its parent ends it would be adopted by init, out of reach; a subreaper adopts it instead, so the
+worker (or, after the worker, the server) still finds it among its descendants at exit. Adopted
+processes that end before that stay zombies until then (a pid each, never reaped early: reaping
+them could take a handler's own subprocess's exit status from it).
 
 What a forked child must not keep: the server's listening sockets, its job-store lock, a worker's
 channel to the server.
@@ -16,11 +21,12 @@ close of the number closes nothing of anyone else's.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 from pathlib import Path
 
-__all__ = ("end_descendants", "forget", "release_in_forked_children")
+__all__ = ("become_subreaper", "end_descendants", "forget", "release_in_forked_children")
 
 _fds: set[int] = set()
 
@@ -75,3 +81,15 @@ def end_descendants() -> int:
         except ProcessLookupError:
             pass
     return len(order)
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process adopt its orphaned descendants (Linux prctl); whether it could."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):  # not Linux
+        return False

@@ -99,3 +99,13 @@ def test_a_process_handlers_children_end_with_their_worker(start_server, deploy_
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(30) == 0  # it used to outlive its grace: the worker's channel never closed
     assert _gone(*pids)
+
+
+def test_a_detached_grandchild_of_a_process_handler_ends_with_the_server(start_server, deploy_dir, tmp_path):
+    server = _serve(start_server, deploy_dir, tmp_path,
+                    fn("pdetach", "runaway_fns.detaches", timeout=10, executor="process", instances=1))
+    daemon = _invoke(server, "pdetach", {"linger": 60})
+    assert isinstance(daemon, int) and _alive(daemon)  # in a session of its own: no process group reaches it
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(30) == 0
+    assert _gone(daemon)  # adopted by its worker (a subreaper), and ended with it

@@ -64,3 +64,22 @@ def spawns(event, context):
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     return {"child": proc.pid, "grandchild": int(proc.stdout.readline())}
+
+
+def detaches(event, context):
+    """A daemon's double fork: the grandchild calls setsid() (leaving every process group), its parent
+    exits at once; answers the grandchild's pid (read from a pipe)."""
+    import os
+    read, write = os.pipe()
+    if os.fork() == 0:
+        os.close(read)
+        if os.fork() == 0:
+            os.setsid()
+            os.write(write, str(os.getpid()).encode())
+            os.close(write)
+            time.sleep(float(event.get("linger", 60)))
+            os._exit(0)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        return int(f.read())

@@ -31,10 +31,10 @@ from ...codec import encode_json
 from ...context import Context
 from ...deployment import Kind, handler_kind
 from ...errors import FunctionServiceError, ResultNotSerializableError, handler_failure
-from ...fork_guard import release_in_forked_children
+from ...fork_guard import become_subreaper, end_descendants, release_in_forked_children
 from ...invocation import drain_generator
 from ...loader import LoadedCode, load_code
-from ...logs import log_context, set_log_context
+from ...logs import set_log_context
 from ...manifest import FunctionSpec
 from ...pre_stop import pre_stop_timeout
 from ...runpod_compat import set_progress_sink
@@ -55,29 +55,11 @@ from ..protocol import (
 )
 from ..streams_bridge import ProxyBroker, stream_error
 from .flow import Cancelled, FlowControl, WorkerInvocation, raise_in_thread, resolve
-from .outbox import Outbox, hard_exit
+from .outbox import FrameLogHandler, Outbox, hard_exit
 
 __all__ = ("Worker", "main")
 
 log = logging.getLogger("fnstream.worker")
-
-
-class _FrameLogHandler(logging.Handler):
-    """Forwards the worker's log records to the frontend's logging, with the id of the invocation
-    that logged (runtime/logs.py: set around each invocation); the pool adds its trace id and the
-    function, whose they are being the pool's to say."""
-
-    def __init__(self, worker: Worker) -> None:
-        super().__init__(logging.INFO)
-        self._worker = worker
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            _trace_id, _function, invocation_id = log_context()  # the pool adds the others itself
-            self._worker.post({"t": "log", "name": record.name, "level": record.levelno, "msg": self.format(record),
-                               "invocation_id": invocation_id})
-        except Exception:  # logging must never fail the handler
-            self.handleError(record)
 
 
 class Worker(FlowControl):
@@ -420,6 +402,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the frontend decides
     faulthandler.enable()  # a segfault prints the Python stack to the server's stderr
     fd = int(args[0])
+    become_subreaper()  # a handler's detached grandchild stays ours, and ends with us (fork_guard)
     os.set_inheritable(fd, False)  # passed to us inheritable: a handler's subprocess must not get it
     release_in_forked_children(fd)  # nor a handler's fork (the server would never see us end)
     conn: Connection[ToFrontend, ToWorker] = Connection(socket.socket(fileno=fd))
@@ -431,14 +414,20 @@ def main(argv: list[str] | None = None) -> NoReturn:
     worker = Worker(conn, spec, [Path(p) for p in hello["code_roots"]], int(hello["credits"]))
     root = logging.getLogger()
     root.setLevel(logging.INFO)
-    root.addHandler(_FrameLogHandler(worker))
+    root.addHandler(FrameLogHandler(worker.post))
+
+    me = os.getpid()
 
     def exit_after_flush(code: int) -> NoReturn:
-        """A handler's os._exit: what it wrote before still reaches the client."""
-        worker.outbox.flush()
+        """A handler's os._exit: what it wrote before still reaches the client. (In a process the
+        handler forked, os._exit is its own: nothing of the worker's to flush or end there.)"""
+        if os.getpid() == me:
+            worker.outbox.flush()
+            end_descendants()
         hard_exit(code)
     os._exit = exit_after_flush  # type: ignore[assignment]
     worker.serve()
+    end_descendants()  # what its handlers started and left running ends with the worker
     worker.outbox.flush()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -6,14 +6,18 @@ was busy goes out in one system call, and the stream writes of one invocation in
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import queue
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
+from ...logs import log_context
 from ..protocol import Connection, ConnectionClosed, Error, Item, ProtocolError, Result, ToFrontend, ToWorker, Write
 
-__all__ = ("FLUSH_BEFORE_EXIT", "Outbox", "coalesce", "hard_exit")
+__all__ = ("FLUSH_BEFORE_EXIT", "FrameLogHandler", "Outbox", "coalesce", "hard_exit")
 
 hard_exit = os._exit  # the worker's own exits; a handler's os._exit is wrapped to flush first (main)
 
@@ -115,3 +119,21 @@ def coalesce(frames: list[ToFrontend]) -> list[ToFrontend]:
             items.pop(frame["id"], None)
         out.append(frame)
     return out
+
+
+class FrameLogHandler(logging.Handler):
+    """Forwards the worker's log records to the frontend's logging as frames (`post`), with the id of
+    the invocation that logged (runtime/logs.py: set around each invocation); the pool adds its trace
+    id and the function, whose they are being the pool's to say."""
+
+    def __init__(self, post: Callable[[Any], None]) -> None:
+        super().__init__(logging.INFO)
+        self._post = post
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            _trace_id, _function, invocation_id = log_context()  # the pool adds the others itself
+            self._post({"t": "log", "name": record.name, "level": record.levelno, "msg": self.format(record),
+                        "invocation_id": invocation_id})
+        except Exception:  # logging must never fail the handler
+            self.handleError(record)

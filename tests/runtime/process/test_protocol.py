@@ -31,6 +31,7 @@ TO_FRONTEND: list[ToFrontend] = [
     {"t": "write", "id": "i1", "p": '{"token":"hi"}'},
     {"t": "item", "id": "i1", "v": {"n": 1}},
     {"t": "result", "id": "i1", "json": "[1,2]"},
+    {"t": "progress", "id": "i1", "v": {"percent": 50}},
     {"t": "error", "id": "i1", "error": "HandlerError", "message": "boom", "retire": False},
     {"t": "log", "name": "user", "level": 20, "msg": "hello"},
     {"t": "stopped", "error": None},

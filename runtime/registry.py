@@ -22,6 +22,7 @@ from .errors import DeployError, FunctionNotFoundError, FunctionServiceError
 from .java.pool import JavaWorkerPool
 from .loader import check_code_location, load_code
 from .manifest import FunctionSpec
+from .process.budget import WorkerBudget
 from .process.pool import WorkerPool
 from .quotas import Quotas
 
@@ -39,6 +40,7 @@ class Registry:
                  quotas: Quotas | None = None) -> None:
         self.code_roots = [Path(p).resolve() for p in code_roots]
         self.quotas = quotas or Quotas()  # checked before anything is imported or started, and again at commit
+        self.workers = WorkerBudget(self.quotas.max_worker_processes)  # scale-outs stop at the node's limit
         self.stop_grace = stop_grace  # how long a replaced/deleted deployment's invocations may run on
         self._deployments: dict[str, Deployment] = {}  # function_key(tenant, name) -> deployment
         self._tenants_of: dict[str, set[str]] = {}  # name -> tenants deploying it (auth-off lookups)
@@ -103,7 +105,7 @@ class Registry:
             for spec, dep in zip(specs, loaded, strict=True):
                 if dep is None:
                     dep = Deployment(spec, None)
-                    dep.pool = POOLS[spec.is_java](spec, self.code_roots)
+                    dep.pool = POOLS[spec.is_java](spec, self.code_roots, budget=self.workers)
                     dep.pool.start()
                 staged.append(dep)
         except BaseException:

@@ -33,7 +33,7 @@ class JavaWorkerPool(WorkerPool):
 
     interrupts_threads = True  # a cancel interrupts the handler's thread; the JVM dies only if it ignores that
 
-    def __init__(self, spec: FunctionSpec, code_roots: list[Path], **kwargs: int) -> None:
+    def __init__(self, spec: FunctionSpec, code_roots: list[Path], **kwargs: Any) -> None:
         self.jdk = find_jdk(spec.name)
         try:
             code = classpath_for(self.jdk, spec.name, spec.codePath)

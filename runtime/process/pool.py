@@ -28,6 +28,7 @@ from typing import Any
 
 from ..errors import DeployError, handler_failure_message
 from ..manifest import FunctionSpec
+from .budget import WorkerBudget
 from .errors import WorkerCrashedError, WorkerUnavailableError
 from .instances import instance_bounds, instance_slots, with_runpod_concurrency
 from .protocol import DEFAULT_CREDITS
@@ -59,8 +60,10 @@ def _describe_exit(returncode: int | None) -> str:
 class WorkerPool(SlotScheduler):
     """The workers of one deployment: start, hand out slots, take back, scale, replace, stop."""
 
-    def __init__(self, spec: FunctionSpec, code_roots: list[Path], *, credits: int = DEFAULT_CREDITS) -> None:
+    def __init__(self, spec: FunctionSpec, code_roots: list[Path], *, credits: int = DEFAULT_CREDITS,
+                 budget: WorkerBudget | None = None) -> None:
         self.spec = spec
+        self.budget = budget if budget is not None else WorkerBudget()  # the node's (runtime.maxWorkerProcesses)
         self.code_roots = list(code_roots)
         self.min_instances, self.max_instances = instance_bounds(spec)
         self.idle_seconds = float(spec.scaleDownIdleSeconds)
@@ -141,19 +144,26 @@ class WorkerPool(SlotScheduler):
         for worker in workers:
             worker.kill("the deploy was refused")
 
-    def _spawn(self) -> None:
-        worker = WorkerProcess(self)
+    def _spawn(self, counted: bool = False) -> None:
+        """Start one worker (`counted`: already taken from the node's budget, a scale-out)."""
+        if not counted:
+            self.budget.take(scale_out=False)  # kept and replacement workers: counted at deploy
+        try:
+            worker = WorkerProcess(self)
+        except BaseException:
+            self.budget.ended()
+            raise
         with self.lock:
             self.workers.append(worker)
         log.info("function %s: started worker %d", self.name, worker.pid)
 
-    def _spawn_in_background(self) -> None:
+    def _spawn_in_background(self, counted: bool = False) -> None:
         """Called with the lock held: start one more worker from a thread (Popen is not for the loop)."""
         self._spawning += 1
 
         def run() -> None:
             try:
-                self._spawn()
+                self._spawn(counted)
             except OSError as exc:
                 with self.lock:
                     self.broken = f"function {self.name!r}: cannot start a worker process: {exc}"
@@ -170,9 +180,12 @@ class WorkerPool(SlotScheduler):
         live = self._live()
         starting = sum(1 for w in live if w.state == "starting") + self._spawning
         if starting == 0 and len(live) < self.max_instances:
+            scale_out = len(live) >= self.min_instances
+            if not self.budget.take(scale_out=scale_out):
+                return  # the node runs runtime.maxWorkerProcesses workers: calls wait for a slot
             if not any(w.state == "ready" for w in live):
                 self.cold_starts += 1
-            self._spawn_in_background()
+            self._spawn_in_background(counted=True)
 
     # -- supervision (reader threads, the scale thread) ----------------------------------------
     def _on_loaded(self, kind: str | None, error: str | None, runpod: dict[str, Any] | None = None) -> None:
@@ -200,6 +213,7 @@ class WorkerPool(SlotScheduler):
 
     def _on_exit(self, worker: WorkerProcess) -> None:
         how = _describe_exit(worker.returncode)
+        self.budget.ended()
         with self.lock:
             was = worker.state
             worker.state = "dead"
@@ -212,7 +226,7 @@ class WorkerPool(SlotScheduler):
                 self.load_error = (f"function {self.name!r}: its worker process {how} while importing "
                                    f"the code (handler {self.spec.handler!r}); see the server log")
                 self._loaded.set()
-            replace = False
+            replace, live = False, 0
             if not self.stopping and self.validated:
                 if unplanned:
                     self.restarts += 1
@@ -231,9 +245,13 @@ class WorkerPool(SlotScheduler):
                 f"the worker process (pid {worker.pid}) {why} during the invocation"))))
         if unplanned and was != "killed":
             log.error("function %s: worker %d %s", self.name, worker.pid, how)
+        if replace and live >= self.min_instances and not self.budget.take(scale_out=True):
+            replace = False  # a scale-out replacement: only within the node's limit (process/budget.py)
+        elif replace:
+            self.budget.take(scale_out=False)
         if replace:
             try:
-                self._spawn()
+                self._spawn(counted=True)
             except OSError as exc:
                 with self.lock:
                     self.broken = f"function {self.name!r}: cannot start a worker process: {exc}"
@@ -248,6 +266,7 @@ class WorkerPool(SlotScheduler):
             with self.lock:
                 if self.stopping:
                     return
+                self._maybe_scale_up()  # calls that waited for room on the node (process/budget.py)
                 live = self._live()
                 spare = len(live) - self.min_instances
                 for worker in sorted(live, key=lambda w: w.idle_since):

@@ -2,6 +2,7 @@
 another tenant's tokens (only `admin` manages across tenants); bearer parsing is exact."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -356,3 +357,35 @@ async def test_process_instances_are_capped_per_function_and_per_node(make_clien
     assert (await client.get(f"{FUNCS}/pw2")).status == 404  # refused before a worker was started
     resp = await client.post(FUNCS, data=yaml.safe_dump({**spec, "name": "pw2", "minInstances": 0}))
     assert resp.status == 201, await resp.text()  # scale-to-zero keeps none running
+
+
+async def test_scaling_out_under_load_stops_at_the_nodes_worker_limit(make_client):
+    # Two functions that may each scale to 3 workers, on a node of 3: loaded at once, they share
+    # the 3 (the deploy quota counts what they keep; this counts what they scale out to).
+    from tests.support.servers import ROOT
+    config = test_config(**{"runtime.maxWorkerProcesses": 3,
+                            "runtime.codeRoots": [str(ROOT / "tests" / "process_functions")]})
+    client = await make_client(config)
+    for name in ("sa", "sb"):
+        spec = {"name": name, "handler": "shared.chunked_sleep", "codePath": str(ROOT / "tests" / "process_functions"),
+                "executor": "process", "minInstances": 1, "maxInstances": 3, "instanceConcurrency": 1,
+                "timeout": 30}
+        resp = await client.post(FUNCS, data=yaml.safe_dump(spec))
+        assert resp.status == 201, await resp.text()
+
+    async def workers() -> int:
+        total = 0
+        for name in ("sa", "sb"):
+            body = await (await client.get(f"{FUNCS}/{name}")).json()
+            total += len(body["function"]["status"]["pool"]["workers"])
+        return total
+
+    calls = [asyncio.ensure_future(client.post(f"/serverless/v1/functions/{name}/invocations",
+                                               json={"seconds": 1.5}))
+             for name in ("sa", "sb", "sa", "sb", "sa", "sb")]
+    peak = 0
+    while not all(c.done() for c in calls):
+        peak = max(peak, await workers())
+        await asyncio.sleep(0.05)
+    assert all(c.result().status == 200 for c in calls)  # the rest waited for a slot, then ran
+    assert peak == 3, peak  # scaled out to the node's limit, and no further

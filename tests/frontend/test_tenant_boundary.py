@@ -118,6 +118,8 @@ PROBES = {
         "name": "0@default@echo", "handler": "hello.handler", "codePath": ".", "runtime": "python3.9"},
         expect=(200,), user=(403,), check=lambda b: "acme" in b["function"]["id"]),
     "admin-list": Probe("GET", "/admin/v1/functions", expect=(200,), user=(403,), check=_names("functions")),
+    "yr-list": Probe("GET", "/serverless/v1/functions", expect=(200,), user=(403,),
+                     check=lambda body: "@echo" not in json.dumps(body["result"])),
     # -- named streams (names are per tenant: A's `b-stream` is A's own, empty one)
     "stream-stat": Probe("GET", "/serverless/v1/streams?stream=b-stream", expect=(404,), user=(403,)),
     "stream-list": Probe("GET", "/serverless/v1/streams", expect=(200,), user=(403,),

@@ -48,8 +48,9 @@ async def recover(manager: JobHost) -> None:
         recovered += job.status == "IN_PROGRESS"
         await adopt(manager, job, "the server restarted")
         requeued += job.status == "IN_QUEUE"
-    for job_id in ended:  # stored after all (a flush took), or expired: nothing left to apply
-        if job_id not in manager.jobs or manager.jobs[job_id].final:
+    for job_id in ended:  # stored after all (a flush took, or just now), or expired: nothing left to apply
+        held = manager.jobs.get(job_id)
+        if held is None or (held.final and job_id not in manager.writes.unsaved):
             await manager.writes.forget_journaled(job_id)
     if expired:
         await manager.writes.delete(expired)

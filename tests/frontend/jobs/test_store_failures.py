@@ -254,11 +254,16 @@ async def test_an_end_the_full_store_refused_survives_kill_9_and_the_job_never_r
                 break
             await asyncio.sleep(0.05)
         server.kill()  # before any flush could store it
-        (tmpfs / "filler").unlink()
 
-        server = start_server(*args)
+        server = start_server(*args)  # the disk still full: the end is applied, and kept for later
         after = await wait_status(s, server.url, "marked", job_id, {"COMPLETED", "FAILED", "IN_QUEUE", "IN_PROGRESS"})
         assert after["status"] == "FAILED", after  # over, as its clients were told
+        server.kill()
+        (tmpfs / "filler").unlink()
+
+        server = start_server(*args)  # room again: still over, and never run again
+        after = await wait_status(s, server.url, "marked", job_id, {"COMPLETED", "FAILED", "IN_QUEUE", "IN_PROGRESS"})
+        assert after["status"] == "FAILED", after
         async with s.post(f"{server.url}/v2/echo-job/runsync", json={"input": {}}) as r:
             assert (await r.json())["status"] == "COMPLETED"  # the restarted server has run its queue
     assert marks.read_text().split() == [job_id]  # it ran once

@@ -41,13 +41,13 @@ async def test_subscribe_on_a_while_a_function_invoked_on_b_produces(redis_serve
                           json={"stream": "across", "count": count, "delay_ms": 200}) as inv:
             assert inv.status == 200, await inv.text()
             assert (await inv.json())["sent"] == count
+        answered = time.monotonic()  # the producer's invocation is over: every element was sent
         stamps, events = map(list, zip(*await asyncio.wait_for(reading, 10), strict=True))
         sub.close()
-    total = stamps[-1] - started
     assert [e["id"] for e in events] == [str(i) for i in range(1, count + 2)]
     assert [json.loads(e["data"])["seq"] for e in events[:-1]] == list(range(1, count + 1))
     assert events[-1]["data"] == "[DONE]"                     # the response ends on the terminator
-    assert stamps[0] - started < 0.4 * total                  # elements arrive as produced
+    assert started < stamps[0] < answered                     # the first arrived while the producer ran
     assert worker.proc.poll() is None
 
 

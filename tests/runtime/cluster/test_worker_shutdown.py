@@ -41,7 +41,7 @@ async def test_sigterm_on_a_worker_finishes_the_running_invocation_then_runs_pre
             st = await status(session, front.url)
             return any(w["running"] for w in st["workers"])
         await wait_until(running, "the worker to run the invocation")
-        assert not marker.exists()  # still in the handler: it ends when `release` exists
+        assert "invocation-end" not in (marker.read_text() if marker.exists() else "")  # ends on `release`
         worker.proc.send_signal(signal.SIGTERM)
 
         async def draining():  # alive (relaying what it runs) but serving nothing new, or gone
@@ -60,5 +60,8 @@ async def test_sigterm_on_a_worker_finishes_the_running_invocation_then_runs_pre
     rc = await asyncio.to_thread(worker.proc.wait, 30)
     output = worker.stop()
     assert rc == 0, output
-    # The invocation ended before the hook ran: in the marker file, not by the clock.
-    assert marker.read_text().splitlines() == ["invocation-end v1", "preStop v1"], output
+    # The invocation ended before the hook ran: in the marker file, not by the clock. (A deployment
+    # the worker replaced while it synced the registry may have run its own preStop earlier.)
+    lines = marker.read_text().splitlines()
+    assert lines.count("invocation-end v1") == 1 and lines[-1] == "preStop v1", (lines, output)
+    assert lines.index("invocation-end v1") < len(lines) - 1, (lines, output)

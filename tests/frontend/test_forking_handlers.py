@@ -3,14 +3,15 @@ lock or worker channels (runtime/fork_guard.py), and every descendant ends with 
 worker — a restart never fails because of one. Real servers over real sockets; pids read from /proc."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
-import time
 import urllib.request
 from pathlib import Path
 
 from tests.support.servers import FUNCTIONS, HANDLERS, fn
+from tests.support.waiting import eventually
 
 INVOKE = "/serverless/v1/functions/{}/invocations"
 
@@ -30,24 +31,14 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _gone(*pids: int, limit: float = 10) -> bool:
-    deadline = time.monotonic() + limit
-    while any(_alive(p) for p in pids):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+async def _gone(*pids: int) -> None:
+    await eventually(lambda: not any(_alive(p) for p in pids), f"processes {pids} to end")
 
 
-def _released(pid: int, target: str, limit: float = 10) -> bool:
+async def _released(pid: int, target: str) -> None:
     """The child lets go of `target` as it starts (its at-fork hook runs before fork() returns there,
     which may be after the parent already answered)."""
-    deadline = time.monotonic() + limit
-    while target in _fd_targets(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    await eventually(lambda: target not in _fd_targets(pid), f"process {pid} to let go of {target}")
 
 
 def _listening_inode(port: int) -> str:
@@ -70,20 +61,20 @@ def _serve(start_server, deploy_dir, tmp_path, *manifests):
                         "-s", f"runtime.codeRoots={json.dumps([str(FUNCTIONS), str(HANDLERS)])}")
 
 
-def test_a_def_handlers_fork_keeps_nothing_of_the_server_and_ends_with_it(start_server, deploy_dir, tmp_path):
+async def test_a_def_handlers_fork_keeps_nothing_of_the_server_and_ends_with_it(start_server, deploy_dir, tmp_path):
     server = _serve(start_server, deploy_dir, tmp_path, fn("forks", "runaway_fns.forks", timeout=10))
     child = _invoke(server, "forks", {"linger": 60})
     assert isinstance(child, int) and _alive(child)
-    assert _released(child, f"socket:[{_listening_inode(server.port)}]")  # it would take our connections
-    assert _released(child, str(tmp_path / "jobs.sqlite3.lock"))           # and keep the store locked
+    await _released(child, f"socket:[{_listening_inode(server.port)}]")  # it would take our connections
+    await _released(child, str(tmp_path / "jobs.sqlite3.lock"))           # and keep the store locked
     server.proc.send_signal(signal.SIGTERM)
-    assert server.proc.wait(20) == 0
-    assert _gone(child)                                              # it ended with its server
+    assert await asyncio.to_thread(server.proc.wait, 20) == 0
+    await _gone(child)                                              # it ended with its server
     again = _serve(start_server, deploy_dir, tmp_path, fn("forks", "runaway_fns.forks", timeout=10))
     assert _invoke(again, "forks", {"linger": 0}) != child          # the same store serves again
 
 
-def test_a_process_handlers_children_end_with_their_worker(start_server, deploy_dir, tmp_path):
+async def test_a_process_handlers_children_end_with_their_worker(start_server, deploy_dir, tmp_path):
     server = _serve(start_server, deploy_dir, tmp_path,
                     fn("pforks", "runaway_fns.forks", timeout=10, executor="process", instances=1),
                     fn("pspawns", "runaway_fns.spawns", timeout=10, executor="process", instances=1))
@@ -95,17 +86,19 @@ def test_a_process_handlers_children_end_with_their_worker(start_server, deploy_
     worker = int(Path(f"/proc/{forked}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent
     channel_fd = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")[-2].decode()  # worker.py FD
     channel = os.readlink(f"/proc/{worker}/fd/{channel_fd}")
-    assert channel.startswith("socket:") and _released(forked, channel)  # not the worker's channel
+    assert channel.startswith("socket:")
+    await _released(forked, channel)  # not the worker's channel
     server.proc.send_signal(signal.SIGTERM)
-    assert server.proc.wait(30) == 0  # it used to outlive its grace: the worker's channel never closed
-    assert _gone(*pids)
+    # It used to outlive its grace: the worker's channel never closed.
+    assert await asyncio.to_thread(server.proc.wait, 30) == 0
+    await _gone(*pids)
 
 
-def test_a_detached_grandchild_of_a_process_handler_ends_with_the_server(start_server, deploy_dir, tmp_path):
+async def test_a_detached_grandchild_of_a_process_handler_ends_with_the_server(start_server, deploy_dir, tmp_path):
     server = _serve(start_server, deploy_dir, tmp_path,
                     fn("pdetach", "runaway_fns.detaches", timeout=10, executor="process", instances=1))
     daemon = _invoke(server, "pdetach", {"linger": 60})
     assert isinstance(daemon, int) and _alive(daemon)  # in a session of its own: no process group reaches it
     server.proc.send_signal(signal.SIGTERM)
-    assert server.proc.wait(30) == 0
-    assert _gone(daemon)  # adopted by its worker (a subreaper), and ended with it
+    assert await asyncio.to_thread(server.proc.wait, 30) == 0
+    await _gone(daemon)  # adopted by its worker (a subreaper), and ended with it

@@ -12,6 +12,7 @@ import pytest
 
 from frontend.keys import EXECUTOR
 from tests.support.servers import FUNCTIONS, HANDLERS, fn, test_config
+from tests.support.waiting import eventually
 
 INVOKE = "/serverless/v1/functions/{}/invocations"
 
@@ -45,11 +46,9 @@ async def test_a_spinning_function_cannot_take_the_shared_pool(make_client, depl
 
 
 async def threads_end(client, name: str) -> None:
-    for _ in range(200):
-        if (await status_of(client, name))["threads"]["busy"] == 0:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the threads of {name} still run: {await status_of(client, name)}")
+    async def busy() -> int:
+        return int((await status_of(client, name))["threads"]["busy"])
+    await eventually(busy, f"the threads of {name} to end", accept=lambda n: n == 0)
 
 
 async def test_a_thread_spinning_past_its_timeout_is_stopped(make_client, deploy_dir, tmp_path):

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from frontend.jobs import JOB_STORE
 from tests.support.servers import FUNCTIONS, HANDLERS, FnstreamProcess, fn, free_port
+from tests.support.waiting import eventually
 
 ASYNC = {"X-Invoke-Type": "async"}
 
@@ -249,10 +250,7 @@ async def test_an_end_the_full_store_refused_survives_kill_9_and_the_job_never_r
         gate.write_text("go")  # its output and then its end are refused
         failed = await wait_status(s, server.url, "marked", job_id, {"COMPLETED", "FAILED"})
         assert failed["status"] == "FAILED" and "could not be stored" in failed["error"], failed
-        for _ in range(200):
-            if f"the end of job {job_id} is not stored yet" in server.output():
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: f"the end of job {job_id} is not stored yet" in server.output(), "the refused end")
         server.kill()  # before any flush could store it
 
         server = start_server(*args)  # the disk still full: the end is applied, and kept for later

@@ -39,14 +39,8 @@ async def recover(manager: JobHost) -> None:
         if job.final and job.completed_at is not None and job.completed_at + manager.config.retentionSeconds < now:
             expired.append(job.id)  # expired while the server was down
             continue
-        if not job.final and job.id in ended:
-            manager.jobs[job.id] = job
-            manager.bytes.add_input(job, job.stored_input if job.cold else input_size(job.event))
-            manager.bytes.outputs(job)
-            await manager._finish(job, "FAILED", error=JobStoreError(ended[job.id] or "its end was not stored"))
-            continue
-        recovered += job.status == "IN_PROGRESS"
-        await adopt(manager, job, "the server restarted")
+        recovered += job.status == "IN_PROGRESS" and job.id not in ended
+        await adopt(manager, job, "the server restarted", ended=ended.get(job.id))
         requeued += job.status == "IN_QUEUE"
     for job_id in ended:  # stored after all (a flush took, or just now), or expired: nothing left to apply
         held = manager.jobs.get(job_id)
@@ -58,13 +52,18 @@ async def recover(manager: JobHost) -> None:
         log.info("jobs: %d queued job(s) after restart (%d were running)", requeued, recovered)
 
 
-async def adopt(manager: JobHost, job: Job, what: str, *, take_ownership: bool = False) -> None:
-    """Hold `job` and apply the restart rules to it (`what` says why its runner is gone)."""
+async def adopt(manager: JobHost, job: Job, what: str, *, take_ownership: bool = False,
+                ended: str | None = None) -> None:
+    """Hold `job` and apply the restart rules to it (`what` says why its runner is gone); `ended`: the
+    error of an end the store refused before (the journal's), applied instead of the rules."""
     manager.jobs[job.id] = job
     manager.bytes.add_input(job, job.stored_input if job.cold else input_size(job.event))
     manager.bytes.outputs(job)
     if job.final and not job.cold:
         manager._keep(job)  # (the SQLite store loads finished jobs as stubs: read back when asked for)
+    if ended is not None and not job.final:  # over, as its clients were told: never run again
+        await manager._finish(job, "FAILED", error=JobStoreError(ended or "its end was not stored"))
+        return
     if job.status == "IN_PROGRESS":
         if job.outputs:
             await manager._finish(job, "FAILED", error=ServiceUnavailableError(

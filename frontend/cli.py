@@ -15,7 +15,7 @@ import sys
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from runtime.errors import ConfigError, FunctionServiceError
 from runtime.logs import TEXT_FORMAT
@@ -216,7 +216,7 @@ def cmd_invoke(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
-def _submit_job(client: Client, path: str, event: object, out: Any) -> str | None:
+def _submit_job(client: Client, path: str, event: object, out: TextIO) -> str | None:
     """`invoke --async`: print the job id (a request id of openYuanrong's async invocation) to `out`
     (stderr with --follow: stdout is the output's) and return it; None (the answer printed) when the
     job was not accepted."""

@@ -267,9 +267,8 @@ class _LimitedHandler(RequestHandler):
         self.force_close()
 
     def _release_head(self) -> None:
-        if self._head_held:
-            self._budget.release(self._head_held)
-            self._head_held = 0
+        self._budget.release(self._head_held)
+        self._head_held = 0
 
     def _arm_head_timer(self, counted: int = 0) -> None:
         self._head_bytes = counted
@@ -277,7 +276,8 @@ class _LimitedHandler(RequestHandler):
 
     def _head_timeout(self) -> None:
         self._head_timer = None
-        self._release_head()
+        if self._head_held:
+            self._release_head()
         if self.transport is None or not self._idle():
             return
         if self._head_bytes:  # a client that sent nothing gets nothing back, as from nginx
@@ -312,7 +312,8 @@ class _LimitedHandler(RequestHandler):
         self.close()
 
     def _cancel_head_timer(self) -> None:
-        self._release_head()
+        if self._head_held:  # (checked here: this runs for every request, a call for none of them)
+            self._release_head()
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None

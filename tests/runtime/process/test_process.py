@@ -221,8 +221,8 @@ async def test_client_disconnect_interrupts_the_handler(pclient, tmp_path):
     assert (await resp.content.readline()).startswith(b"id: 1")
     resp.close()  # the client goes away mid-stream
 
-    async def interrupted():
-        return marker.exists()
+    async def interrupted():  # written, not just created: write_text opens the file first
+        return marker.exists() and marker.read_text() != ""
     await wait_until(interrupted, "the handler to be interrupted")
     assert marker.read_text() == str(pid)  # interrupted in place: its finally block ran
     marker.unlink()

@@ -134,12 +134,8 @@ async def test_refused_output_writes_fail_the_job_loudly_and_nothing_reverts(sta
 
         filler.unlink()  # room again: a FAILED end the store refused too is stored by the next flush
         if f"the end of job {job_id} is not stored yet" in server.output():
-            for _ in range(400):
-                if f"the final state of job {job_id} is stored now" in server.output():
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError(server.output())
+            await eventually(lambda: f"the final state of job {job_id} is stored now" in server.output(),
+                             "the refused end stored by a flush")
         server.kill()  # kill -9: what a restart finds is what was stored
 
         server = start_server(*args)
@@ -246,6 +242,7 @@ async def test_an_end_the_full_store_refused_survives_kill_9_and_the_job_never_r
             assert r.status == 200, await r.text()
             job_id = (await r.json())["id"]
         await wait_status(s, server.url, "marked", job_id, {"IN_PROGRESS"})  # stored running
+        await eventually(lambda: marks.exists() and marks.read_text().split() == [job_id], "the handler started")
         fill(tmpfs)
         gate.write_text("go")  # its output and then its end are refused
         failed = await wait_status(s, server.url, "marked", job_id, {"COMPLETED", "FAILED"})

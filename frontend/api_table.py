@@ -47,8 +47,11 @@ _MANIFEST = {"model": FunctionSpec, "types": ("application/yaml", "application/j
 _YR_FUNCTION = {"description": "openYuanrong's function registration JSON (instance counts as strings)"}
 _YR_ANSWER = {"json": {"description": '{"code": 0, "message": "SUCCESS", "function": {id, functionVersionUrn, '
                        'revisionId, name, runtime, handler, ...}}'}}
-_YR_LIST = {"json": {"description": '{"code": 0, "message": "SUCCESS", "result": {"functions": [FunctionInfo, '
+_YR_LIST = {"json": {"description": '{"code": 0, "message": "", "result": {"functions": [FunctionInfo, '
                                     '...], "total": N}}'}}
+_YR_UPDATED = {"json": {"description": '{"code": 0, "message": "", "result": {id, functionVersionUrn, revisionId, '
+                                       '...}} (as openYuanrong\'s update)'}}
+_YR_DELETED = {"json": {"description": "{} (as openYuanrong's delete)"}}
 _EVENT = {"description": "the event handed to the handler: any JSON value"}
 _INVOKE_DOC = ("The result as JSON, or with `Accept: text/event-stream` every `context.get_stream().write()` as "
                "one SSE event the moment it is written (`id:` 1, 2, ...), the result as the last event, then "
@@ -157,9 +160,9 @@ document(
     Op("GET", "/serverless/v1/functions/{name}", "admin", "openYuanrong: one registered function (name "
        "0@{service}@{func} or its URN)", ok=_YR_ANSWER, errors=(404,)),
     Op("PUT", "/serverless/v1/functions/{name}", "admin", "openYuanrong: update a registered function",
-       body=_YR_FUNCTION, ok=_YR_ANSWER, errors=(400, 404)),
+       body=_YR_FUNCTION, ok=_YR_UPDATED, errors=(400, 404, 409)),
     Op("DELETE", "/serverless/v1/functions/{name}", "admin", "openYuanrong: delete a registered function",
-       ok=_YR_ANSWER, errors=(404,)),
+       ok=_YR_DELETED, errors=(404,)),
     # -- named streams
     Op("GET", "/serverless/v1/stream/subscribe", "streams", "Subscribe to a named stream (openYuanrong headers)",
        description="SSE (or msgpack with Accept: application/x-msgpack): one event per element, `id:` its "

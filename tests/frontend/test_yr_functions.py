@@ -45,17 +45,32 @@ async def test_register_get_invoke_by_urn_update_delete(make_client):
     # the same name again: openYuanrong's 4101
     resp = await client.post(FUNCS, json=registration())
     assert resp.status == 409 and (await resp.json())["code"] == 4101
-    # update: a new revision with the new settings
-    resp = await client.put(f"{FUNCS}/0@faaspy@hello3", json=registration(concurrentNum="3", timeout=30))
-    updated = (await resp.json())["function"]
-    assert resp.status == 200 and updated["concurrentNum"] == 3 and updated["timeout"] == 30
-    assert updated["revisionId"] != body["function"]["revisionId"]
+    # update, as yrcli does it (the current revisionId sent back): a new revision with the new settings,
+    # answered in `result` as openYuanrong's meta-service answers an update
+    revision = body["function"]["revisionId"]
+    resp = await client.put(f"{FUNCS}/0@faaspy@hello3",
+                            json=registration(concurrentNum="3", timeout=30, revisionId=revision))
+    answer = await resp.json()
+    assert resp.status == 200 and answer["code"] == 0 and answer["message"] == "" and "function" not in answer
+    updated = answer["result"]
+    assert updated["concurrentNum"] == 3 and updated["timeout"] == 30 and updated["name"] == "0@faaspy@hello3"
+    assert updated["revisionId"] != revision
+    # the revision it replaced is stale now: openYuanrong's 4134
+    resp = await client.put(f"{FUNCS}/0@faaspy@hello3", json=registration(revisionId=revision))
+    assert resp.status == 409 and await resp.json() == {"code": 4134, "message": "revisionID is not the same",
+                                                        "trace_id": resp.headers["X-Trace-Id"]}
+    assert resp.headers["X-Inner-Code"] == "4134"
     # the admin API sees the same function (one deploy path)
     assert (await (await client.get("/admin/v1/functions/hello3")).json())["function"]["namespace"] == "faaspy"
-    resp = await client.delete(f"{FUNCS}/0@faaspy@hello3")
-    assert resp.status == 200 and (await resp.json())["code"] == 0
-    resp = await client.get(f"{FUNCS}/0@faaspy@hello3")
-    assert resp.status == 404 and (await resp.json())["code"] != 0
+    assert (await client.get(f"{FUNCS}/0@faaspy@hello3?versionNumber=latest")).status == 200  # as yrcli asks
+    assert (await client.get(f"{FUNCS}/0@faaspy@hello3?versionNumber=v2")).status == 404
+    resp = await client.delete(f"{FUNCS}/0@faaspy@hello3?versionNumber=latest")
+    assert resp.status == 200 and await resp.json() == {}  # openYuanrong's delete answers {}
+    for method in ("GET", "PUT", "DELETE"):  # gone: openYuanrong's 4115, naming the function
+        resp = await client.request(method, f"{FUNCS}/0@faaspy@hello3", json=registration())
+        gone = await resp.json()
+        assert resp.status == 404 and gone["code"] == 4115, (method, gone)
+        assert gone["message"] == "function [0@faaspy@hello3] is not found. check input parameters"
 
 
 @pytest.mark.parametrize("fields, says", [
@@ -72,8 +87,21 @@ async def test_bad_registrations_are_400_in_openyuanrongs_shape(make_client, fie
     client = await make_client(make_config())
     resp = await client.post(FUNCS, json=registration(**fields))
     body = await resp.json()
-    assert resp.status == 400 and body["code"] != 0 and says in body["message"], body
+    # openYuanrong's InvalidUserParam
+    assert resp.status == 400 and body["code"] == 4104 and says in body["message"], body
+    assert resp.headers["X-Inner-Code"] == "4104"
     assert (await client.get(f"{FUNCS}/0@faaspy@hello3")).status == 404
+
+
+@pytest.mark.parametrize("method, path", [("POST", FUNCS), ("PUT", f"{FUNCS}/0@faaspy@hello3")])
+async def test_a_body_that_is_not_json_is_openyuanrongs_130600(make_client, method, path):
+    client = await make_client(make_config())
+    assert (await client.post(FUNCS, json=registration())).status == 200
+    resp = await client.request(method, path, data=b'{"name": "0@faaspy@hello3",',
+                                headers={"Content-Type": "application/json"})
+    body = await resp.json()
+    assert resp.status == 400 and body["code"] == 130600 and "not valid JSON" in body["message"], body
+    assert resp.headers["X-Inner-Code"] == "130600"
 
 
 async def test_roles_and_tenants(make_client):
@@ -99,7 +127,7 @@ async def test_list_is_the_callers_tenant_only_in_openyuanrongs_shape(make_clien
         assert resp.status == 200, await resp.text()
     resp = await client.get(FUNCS, headers=bearer("dev-default"))  # the server's own functions too
     body = await resp.json()
-    assert resp.status == 200 and body["code"] == 0 and body["message"] == "SUCCESS", body
+    assert resp.status == 200 and body["code"] == 0 and body["message"] == "", body  # its WriteResponse
     listed = body["result"]["functions"]
     assert body["result"]["total"] == len(listed) and "0@faaspy@other" in [f["name"] for f in listed]
     assert {f["tenantId"] for f in listed} == {"default"} and "secret" not in await resp.text()
@@ -118,6 +146,6 @@ async def test_list_is_the_callers_tenant_only_in_openyuanrongs_shape(make_clien
     assert await names("name=faaspy&pageIndex=3&pageSize=1") == ([], 2)
     resp = await client.get(f"{FUNCS}?pageSize=0", headers=bearer("dev-default"))
     bad = await resp.json()
-    assert resp.status == 400 and bad["code"] != 0 and "pageSize" in bad["message"]
+    assert resp.status == 400 and bad["code"] == 4123 and "pageSize" in bad["message"]  # PageInfoError
     spec = await (await client.get("/openapi.json")).json()
     assert "get" in spec["paths"]["/serverless/v1/functions"]

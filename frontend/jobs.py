@@ -64,6 +64,9 @@ def attach_jobs(app: web.Application) -> None:
     dispatcher.jobs = manager  # Dispatcher.submit_job: X-Invoke-Type async, RunPod's /run
     # Before the drain aborts running jobs: they stay IN_PROGRESS (the restart rules apply).
     app[LIFECYCLE].stop_intake.append(manager.stop_taking)
+    # Then /runsync, job long-polls and job streams answer with the job as it is: none waits for an
+    # end that a job the drain aborts only gets after a restart (aiohttp would hold it past the grace).
+    app[LIFECYCLE].end_streams.append(manager.release_readers)
 
     async def _jobs(app: web.Application) -> AsyncIterator[None]:
         await store.open()

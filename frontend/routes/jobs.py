@@ -71,6 +71,8 @@ async def job_events(request: web.Request, job: Job) -> web.StreamResponse:
             frames = [encode_event(_item_text(item), sent + n) for n, item in enumerate(batch, 1)]
             await stream.write(b"".join(frames))
         sent += len(batch)
+    if not job.final:  # the server is shutting down (follow returned early): a client resumes after the restart
+        return await stream.finish()
     end_id = len(job.outputs) + 1
     if job.error is not None and (job.raw or after < end_id):
         await stream.write(encode_event(_dumps(job.error), None if job.raw else end_id))

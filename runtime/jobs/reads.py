@@ -29,6 +29,7 @@ class JobReads:
     cache: JobCache | None  # None: every job is held in full (a store that cannot read one back)
     bytes: JobBytes
     _changed: dict[str, asyncio.Event]
+    released = False  # shutdown: waiters and followers return with the job as it is (release_readers)
 
     def _keep(self, job: Job) -> None:
         """A job just finished (and stored), or read back: hold it in full while the cache has room."""
@@ -131,10 +132,19 @@ class JobReads:
         if event is not None:
             event.set()
 
+    async def release_readers(self) -> None:
+        """Shutdown (Lifecycle.end_streams): every `wait` and `follow` returns now, and later ones at
+        once, with the job as it is: a job the drain aborted stays IN_PROGRESS (the restart rules
+        apply), and no request may wait for an end that comes only after a restart."""
+        self.released = True
+        for event in self._changed.values():
+            event.set()
+        self._changed.clear()
+
     async def wait(self, job: Job, timeout: float) -> None:
-        """Until the job is final or `timeout` seconds passed."""
+        """Until the job is final, `timeout` seconds passed, or the readers are released (shutdown)."""
         deadline = time.monotonic() + timeout
-        while not job.final:
+        while not job.final and not self.released:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -150,7 +160,8 @@ class JobReads:
     async def follow(self, job: Job, after: int = 0, heartbeat: float | None = None) -> AsyncIterator[list[Any]]:
         """Batches of output items after item `after`, live, until the job is final and all are out.
 
-        Yields [] after `heartbeat` seconds without a new item (so the caller can ping)."""
+        Yields [] after `heartbeat` seconds without a new item (so the caller can ping). Returns early,
+        the job not final, once the readers are released (shutdown)."""
         sent = after
         quiet_since = time.monotonic()
         while True:
@@ -161,7 +172,7 @@ class JobReads:
                 quiet_since = time.monotonic()
                 yield batch
                 continue
-            if job.final:
+            if job.final or self.released:
                 return
             if job.remote:  # another node runs it: read the shared store again shortly
                 if heartbeat is not None and time.monotonic() - quiet_since >= heartbeat:

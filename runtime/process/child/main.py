@@ -274,9 +274,10 @@ class Worker(FlowControl):
             except ResultNotSerializableError as err:
                 exc = err
             else:
-                # RunPod's refresh_worker (start() option, or a returned dict's key): a fresh worker next
+                # RunPod's refresh_worker (start() option, or a returned dict's key): a fresh worker
+                # next; for a job only (`items`: a job's), as runpod-python's worker loop, never a plain invoke
                 options = self._code.runpod if self._code is not None else None
-                retire = options is not None and (options.refresh_worker or (
+                retire = inv.items and options is not None and (options.refresh_worker or (
                     isinstance(result, dict) and bool(result.get("refresh_worker"))))
                 self.outbox.post_outcome({"t": "result", "id": inv.id, "json": text, "retire": retire})
         if exc is not None:

@@ -116,6 +116,27 @@ async def test_refresh_worker_recycles_the_instance_after_each_job(sdk, prefix):
     assert seen == [{"jobs_seen_by_this_instance": n} for n in (1, 2, 1)]
 
 
+@pytest.mark.parametrize("prefix", ["rp-", "rp-proc-"])
+async def test_a_plain_invoke_does_not_refresh_the_worker(sdk, workers, prefix):
+    """runpod-python applies refresh_worker to jobs of its serverless worker loop (rp_scale
+    JobScaler.handle_job, rp_job.run_job), never to a request that is not a job: a plain invoke
+    keeps the instance (and its worker process), then a job still retires it."""
+    async def invoke(name, event):
+        resp = await workers.post(f"/serverless/v1/functions/{name}/invocations", json=event)
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+    seen = [await invoke(f"{prefix}refresh", {"input": {}}) for _ in range(3)]
+    assert seen == [{"jobs_seen_by_this_instance": n} for n in (1, 2, 3)]
+    # a returned `refresh_worker` key on a plain invoke is the handler's output, and refreshes nothing
+    assert await invoke(f"{prefix}keyed", {"input": {"refresh": True}}) == {
+        "jobs_seen_by_this_instance": 1, "refresh_worker": True}
+    assert await invoke(f"{prefix}keyed", {"input": {}}) == {"jobs_seen_by_this_instance": 2}
+    # a job is a job: it runs on the same instance, which is recycled after it
+    endpoint = sdk.Endpoint(f"{prefix}refresh")
+    assert await asyncio.to_thread(endpoint.run_sync, {"input": {}}, 30) == {"jobs_seen_by_this_instance": 4}
+    assert await invoke(f"{prefix}refresh", {"input": {}}) == {"jobs_seen_by_this_instance": 1}
+
+
 async def test_process_workers_take_the_start_options(sdk, workers):
     """In worker processes: concurrency_modifier is each worker's instanceConcurrency, and
     return_aggregate_stream decides the output as in-process."""

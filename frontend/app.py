@@ -101,7 +101,8 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app[EXECUTOR] = executor if executor is not None else Executor(config.runtime.threadPoolSize,
                                                                      config.runtime.threadsPerFunction,
                                                                      config.runtime.cpuBoundThreadsPerFunction,
-                                                                     config.runtime.burningSwitchInterval)
+                                                                     config.runtime.burningSwitchInterval,
+                                                                     threads_per_tenant=config.runtime.threadsPerTenant)
     app[DISPATCHER] = Dispatcher(app[REGISTRY], app[EXECUTOR], Limits.from_config(config))
     app[LIFECYCLE] = Lifecycle(app[EXECUTOR], app[REGISTRY], config.frontend.args.shutdownGraceSeconds)
     # Named streams live in this process, or in Redis in cluster mode (attach_cluster replaces it).

@@ -143,6 +143,11 @@ class RuntimeConfig(_Strict):
                                                                    "threads still running past their timeout (see "
                                                                    "Hardening); unset = a quarter of "
                                                                    "`threadPoolSize`")
+    threadsPerTenant: int | None = Field(None, ge=1, description="threads one tenant's functions may hold "
+                                         "together (counting threads past their timeout): a tenant flooding "
+                                         "slow `def` handlers leaves the rest of the pool to the others, and "
+                                         "threads that free go to waiting tenants in turn; unset = half of "
+                                         "`threadPoolSize` (set it to `threadPoolSize` on a one-tenant node)")
     cpuBoundThreadsPerFunction: int = Field(2, ge=1, description="threads of one function found busy on a "
                                             "CPU at once; while that many are, its next calls wait (Python "
                                             "threads share one GIL; raise it for native code that releases it)")

@@ -23,7 +23,7 @@ from .cpu_sampler import CpuSampler
 from .deployment import Deployment
 from .errors import FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError, handler_failure
 from .invocation import Invocation, drain_generator
-from .limits import LoopLagMonitor, ThreadGate
+from .limits import LoopLagMonitor, TenantShares, ThreadGate
 from .logs import set_log_context
 from .process.executor import ProcessExecutor
 from .streams.tenancy import current_tenant
@@ -42,7 +42,8 @@ class Executor:
     """Starts invocations and owns the thread pool for sync handlers."""
 
     def __init__(self, thread_pool_size: int = 64, threads_per_function: int | None = None,
-                 cpu_bound_threads: int = 2, burning_switch_interval: float = 0.0002) -> None:
+                 cpu_bound_threads: int = 2, burning_switch_interval: float = 0.0002, *,
+                 threads_per_tenant: int | None = None) -> None:
         self._pool = DaemonThreadPool(thread_pool_size, thread_name_prefix="fnstream-handler")
         self.process = ProcessExecutor()  # `executor: process` functions run on worker processes
         self.active: set[Invocation] = set()
@@ -50,6 +51,8 @@ class Executor:
         # One function's threads (running or overran) may not take more than this of the pool.
         self.threads_per_function = threads_per_function or max(1, thread_pool_size // 4)
         self.cpu_bound_threads = cpu_bound_threads
+        # One tenant's threads (all its functions') may not take more than this of the pool.
+        self.shares = TenantShares(thread_pool_size, threads_per_tenant or max(1, thread_pool_size // 2))
         self.cpu_sampler = CpuSampler(burning_switch_interval)
         self._gates: list[ThreadGate] = []
         self._loop_started: set[str] = set()
@@ -65,7 +68,8 @@ class Executor:
 
     def _gate(self, dep: Deployment) -> ThreadGate:
         if dep.thread_gate is None:
-            dep.thread_gate = ThreadGate(dep.name, self.threads_per_function, self.cpu_bound_threads)
+            dep.thread_gate = ThreadGate(dep.name, self.threads_per_function, self.cpu_bound_threads, self.shares,
+                                         dep.spec.tenant)
             self._gates.append(dep.thread_gate)
             self.cpu_sampler.watch(dep.thread_gate, asyncio.get_running_loop())
         return dep.thread_gate

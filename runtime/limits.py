@@ -7,6 +7,12 @@ timed out but which are still running (overran): one function spinning in `while
 its own share, never the pool. A call waiting for a thread waits on the loop (cancellable: its
 deadline passing ends it with a 504 before it ever starts).
 
+Tenants share the pool fairly (TenantShares): one tenant holds at most `runtime.threadsPerTenant`
+threads at once (running or overran, summed over its functions), so a tenant flooding slow `def`
+handlers leaves the rest of the pool to the others; and when calls of several tenants wait for a
+thread, each thread that frees goes to the next tenant in turn (round robin), not to the oldest
+call. No handler call ever queues in the pool itself behind another tenant's.
+
 Threads busy on a CPU share one GIL: more than a couple of them at once add no throughput, only
 latency to the loop and to every other function. So while `cpuBound` of a function's threads are
 found burning CPU (sampled by the executor), its next calls wait for one of them to end instead.
@@ -22,9 +28,10 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 
-__all__ = ("ThreadGate", "LoopLagMonitor", "Waiters")
+__all__ = ("ThreadGate", "LoopLagMonitor", "TenantShares", "Waiters")
 
 log = logging.getLogger("fnstream.runtime")
 
@@ -62,15 +69,91 @@ class Waiters:
                 return
 
 
+class TenantShares:
+    """The `def` pool's `threads`, at most `per_tenant` of them held by one tenant at once; a thread
+    that frees is handed to the next waiting tenant in turn (see the module docstring). O(1) per
+    call while nobody waits; the turn is taken only when calls wait."""
+
+    def __init__(self, threads: int, per_tenant: int) -> None:
+        self.threads = threads
+        self.per_tenant = min(per_tenant, threads)
+        self.busy = 0
+        self.held: dict[str, int] = {}  # tenant -> threads it holds now (0: it held some before)
+        # Tenants with calls waiting, in turn order (a dict keeps insertion order): each call's future.
+        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
+
+    def try_acquire(self, tenant: str) -> bool:
+        """Take a thread for `tenant` if it may have one now (none of its calls waits before it)."""
+        held = self.held.get(tenant, 0)
+        if self.busy >= self.threads or held >= self.per_tenant or (self._waiting and tenant in self._waiting):
+            return False
+        self.held[tenant] = held + 1
+        self.busy += 1
+        return True
+
+    async def acquire(self, tenant: str) -> None:
+        """Wait for the thread `_hand_out` gives this call (cancellable)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue = self._waiting.get(tenant)
+        if queue is None:
+            queue = self._waiting[tenant] = deque()
+        queue.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release(tenant)  # handed a thread, then cancelled before it could use it
+            elif self._waiting.get(tenant) is queue:
+                try:
+                    queue.remove(waiter)
+                except ValueError:
+                    pass
+                if not queue:
+                    del self._waiting[tenant]
+            raise
+
+    def release(self, tenant: str) -> None:
+        self.busy -= 1
+        self.held[tenant] -= 1  # a tenant's count stays at 0 (one entry a tenant: bounded)
+        if self._waiting:
+            self._hand_out()
+
+    def _hand_out(self) -> None:
+        """Free threads to waiting calls: the first waiting tenant (in turn) below its share gets one,
+        and goes last in the turn."""
+        while self.busy < self.threads:
+            tenant = next((t for t in self._waiting if self.held.get(t, 0) < self.per_tenant), None)
+            if tenant is None:
+                return  # nobody waits, or every waiting tenant holds its share
+            queue = self._waiting.pop(tenant)
+            while queue and queue[0].done():  # cancelled, its task not resumed yet
+                queue.popleft()
+            if not queue:
+                continue
+            waiter = queue.popleft()
+            if queue:
+                self._waiting[tenant] = queue  # last in the turn
+            self.held[tenant] = self.held.get(tenant, 0) + 1
+            self.busy += 1
+            waiter.set_result(None)
+
+    def waiting(self, tenant: str) -> int:
+        return len(self._waiting.get(tenant, ()))
+
+
 class ThreadGate:
     """At most `limit` threads of one function, running or overran their deadline; at most
-    `cpu_bound` of them once that many are found burning CPU."""
+    `cpu_bound` of them once that many are found burning CPU; and the function's tenant's share
+    of the pool (TenantShares), taken with each thread."""
 
     BURNING = 0.5  # a function whose threads took this share of the process's CPU time burns it
     BUSY = 0.1     # ... and at least this share of the wall time
 
-    def __init__(self, name: str, limit: int, cpu_bound: int | None = None) -> None:
+    def __init__(self, name: str, limit: int, cpu_bound: int | None = None, shares: TenantShares | None = None,
+                 tenant: str = "default") -> None:
         self.name = name
+        self.shares = shares
+        self.tenant = tenant
         self.limit = limit
         self.cpu_bound = cpu_bound or limit
         self.running: dict[int, float] = {}  # thread ident -> its CPU seconds (written by the thread)
@@ -85,21 +168,31 @@ class ThreadGate:
 
     def try_acquire(self) -> bool:
         """Take a thread if one is free now (no coroutine for the usual case)."""
-        if self._waiters or self._full():
+        if self._waiters or self._full() or (self.shares is not None and not self.shares.try_acquire(self.tenant)):
             return False
         self.busy += 1
         return True
 
     async def acquire(self) -> None:
-        """Wait for a thread of this function (cancellable: the deadline watchdog cancels it)."""
+        """Wait for a thread of this function, then for its tenant's share (cancellable: the deadline
+        watchdog cancels it)."""
         await self._waiters.wait_while(self._full)
         self.busy += 1
+        if self.shares is not None and not self.shares.try_acquire(self.tenant):
+            try:
+                await self.shares.acquire(self.tenant)
+            except BaseException:
+                self.busy -= 1
+                self._waiters.wake_one()
+                raise
 
     def release(self, overran: bool) -> None:
         """A thread ended (on the loop; it already left `running`)."""
         self.busy -= 1
         if overran:
             self.overran -= 1
+        if self.shares is not None:
+            self.shares.release(self.tenant)
         self._waiters.wake_one()
 
     def enter(self) -> int:

@@ -213,7 +213,7 @@ async def serve_worker(config: Config) -> int:
     registry = Registry(config.runtime.codeRoots, stop_grace=grace)
     executor = Executor(config.runtime.threadPoolSize, config.runtime.threadsPerFunction,
                         config.runtime.cpuBoundThreadsPerFunction,
-                        config.runtime.burningSwitchInterval)
+                        config.runtime.burningSwitchInterval, threads_per_tenant=config.runtime.threadsPerTenant)
     node = ClusterNode(config, registry, executor, role="worker")
     async with Lifecycle(executor, registry, grace) as lifecycle:
         lifecycle.stop_intake.append(node.stop_taking)

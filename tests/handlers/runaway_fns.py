@@ -83,3 +83,13 @@ def detaches(event, context):
     os.close(write)
     with os.fdopen(read) as f:
         return int(f.read())
+
+
+def holds(event, context):
+    """Marks that it started (a file of its own in `marks`), then holds its thread until `release` exists."""
+    import uuid
+    Path(event["marks"], uuid.uuid4().hex).touch()
+    release = Path(event["release"])
+    while not release.exists():
+        time.sleep(0.01)
+    return "released"

@@ -6,6 +6,10 @@ functions; `PUT /admin/v1/functions` deploys or redeploys the functions of one. 
 Names are per tenant (the token's; an `admin` picks another with `X-Tenant-ID`): another
 tenant's function of the same name is neither a conflict nor visible, and is a 404 like any
 name the tenant has not deployed.
+
+openYuanrong's tools (`yrcli deploy`, ...) send its registration JSON here too, as its frontend
+forwards `/admin/v1/functions` to its meta-service: a body whose `name` is `0@{service}@{func}`, and
+a `{name}` of that form, are served by the registration API (routes/yr_functions.py), in its shapes.
 """
 from __future__ import annotations
 
@@ -22,10 +26,11 @@ from runtime.manifest import FunctionSpec, parse_manifest
 from runtime.principal import check_manage, may_manage
 
 from ..auth import principal_of
-from ..body import read_body
+from ..body import parse_json_body, read_body
 from ..jobs import forget_function, remember_functions
 from ..keys import REGISTRY
 from ..tenancy import TENANT_HEADER, function_tenant, owned_specs
+from ..yr_meta import function_info
 
 __all__ = ("routes",)
 
@@ -37,8 +42,8 @@ def _parse(text: str, code_roots: list[Path]) -> list[FunctionSpec]:
     return parse_manifest(text, "request body", code_roots[0] if code_roots else Path.cwd())
 
 
-async def _specs_from_body(request: web.Request) -> list[FunctionSpec]:
-    raw = await read_body(request)
+async def _specs_from_body(request: web.Request, raw: bytes | None = None) -> list[FunctionSpec]:
+    raw = await read_body(request) if raw is None else raw
     if not raw.strip():
         raise BadRequestError("empty body: send a manifest (YAML or JSON)")
     try:
@@ -81,9 +86,30 @@ def _deployed(deps: Iterable[Deployment]) -> dict[str, Any]:
     return {"code": 0, "message": "SUCCESS", "function": functions[0], "functions": functions}
 
 
+def _yr_name(request: web.Request) -> bool:
+    return request.match_info["name"].startswith("0@")
+
+
+def _yr_body(raw: bytes) -> Any:
+    """The openYuanrong registration `raw` is, or None (a fnstream manifest, YAML or JSON)."""
+    if not raw.lstrip().startswith(b"{"):
+        return None
+    try:
+        body = parse_json_body(raw)
+    except BadRequestError:
+        return None  # the manifest parser says what is wrong
+    from .yr_functions import is_registration  # late, as below: yr_functions builds on this module
+    return body if is_registration(body) else None
+
+
 @routes.post("/admin/v1/functions")
 async def create_functions(request: web.Request) -> web.Response:
-    specs = await _specs_from_body(request)
+    raw = await read_body(request)
+    registration = _yr_body(raw)
+    if registration is not None:  # yrcli deploy: answered as openYuanrong's meta-service answers
+        from .yr_functions import register_body
+        return await register_body(request, registration)
+    specs = await _specs_from_body(request, raw)
     deps = await _deploy(request, specs, replace=False)
     return web.json_response(_deployed(deps), status=201)
 
@@ -102,16 +128,24 @@ async def list_functions(request: web.Request) -> web.Response:
     only = function_tenant(request) if TENANT_HEADER in request.headers else None
     deps = [d for d in request.app[REGISTRY].list()
             if may_manage(principal, d.spec.tenant) and only in (None, d.spec.tenant)]
-    return web.json_response({"functions": [d.describe() for d in deps]})
+    # fnstream's `functions`; openYuanrong's `code` / `message` / `result` for yrcli's list
+    return web.json_response({"functions": [d.describe() for d in deps], "code": 0, "message": "",
+                              "result": {"functions": [function_info(d) for d in deps], "total": len(deps)}})
 
 
 @routes.get("/admin/v1/functions/{name}")
-async def get_function(request: web.Request) -> web.Response:
+async def get_function(request: web.Request) -> web.StreamResponse:
+    if _yr_name(request):
+        from .yr_functions import get as yr_get
+        return await yr_get(request)
     return web.json_response({"function": _managed(request, request.match_info["name"]).describe()})
 
 
 @routes.put("/admin/v1/functions/{name}")
-async def redeploy_function(request: web.Request) -> web.Response:
+async def redeploy_function(request: web.Request) -> web.StreamResponse:
+    if _yr_name(request):
+        from .yr_functions import update as yr_update
+        return await yr_update(request)
     name = request.match_info["name"]
     specs = await _specs_from_body(request)
     if len(specs) != 1 or specs[0].name != name:
@@ -126,7 +160,10 @@ async def redeploy_function(request: web.Request) -> web.Response:
 
 
 @routes.delete("/admin/v1/functions/{name}")
-async def delete_function(request: web.Request) -> web.Response:
+async def delete_function(request: web.Request) -> web.StreamResponse:
+    if _yr_name(request):
+        from .yr_functions import delete as yr_delete
+        return await yr_delete(request)
     name = request.match_info["name"]
     dep = request.app[REGISTRY].delete(_managed(request, name).key)
     await forget_function(request.app, dep.key)  # [jobs hook]

@@ -15,9 +15,10 @@ openYuanrong answers 500 for several of them, and its clients (`yrcli`) only tel
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -55,22 +56,28 @@ class _YrError(FunctionServiceError):
     """An error already in openYuanrong's codes: passed on as it is."""
 
 
-def _yr_codes(handler: _Handler) -> _Handler:
+@contextlib.contextmanager
+def _codes_of(request: web.Request) -> Iterator[None]:
     """fnstream's errors on these routes -> openYuanrong meta-service's codes, same status and message."""
+    try:
+        yield
+    except _YrError:
+        raise
+    except FunctionNotFoundError:
+        ref = request.match_info.get("name", "")
+        raise _YrError(f"function [{ref}] is not found. check input parameters",
+                       code=FUNCTION_NOT_FOUND, status=404) from None
+    except FunctionServiceError as exc:
+        if exc.status == 400:  # a field the registration got wrong (or code that does not load)
+            raise _YrError(exc.message, code=INVALID_PARAM, status=400) from None
+        raise
+
+
+def _yr_codes(handler: _Handler) -> _Handler:
     @functools.wraps(handler)
     async def wrapped(request: web.Request) -> web.Response:
-        try:
+        with _codes_of(request):
             return await handler(request)
-        except _YrError:
-            raise
-        except FunctionNotFoundError:
-            ref = request.match_info.get("name", "")
-            raise _YrError(f"function [{ref}] is not found. check input parameters",
-                           code=FUNCTION_NOT_FOUND, status=404) from None
-        except FunctionServiceError as exc:
-            if exc.status == 400:  # a field the registration got wrong (or code that does not load)
-                raise _YrError(exc.message, code=INVALID_PARAM, status=400) from None
-            raise
     return wrapped
 
 
@@ -113,17 +120,27 @@ def _named(request: web.Request) -> Deployment:
     return dep
 
 
+def is_registration(body: Any) -> bool:
+    """An openYuanrong registration body (its `name` `0@{service}@{func}`), never a fnstream manifest."""
+    return isinstance(body, dict) and isinstance(body.get("name"), str) and body["name"].startswith("0@")
+
+
 @routes.post("/serverless/v1/functions")
-@_yr_codes
 async def register(request: web.Request) -> web.Response:
-    specs = await _specs(request, await _registration(request))
-    try:
-        (dep,) = await _deploy(request, specs, replace=False)
-    except DeployError as exc:
-        if exc.status == 409:
-            raise _YrError("the function name already exists. rename your function",
-                           code=NAME_EXISTS, status=409) from None
-        raise
+    return await register_body(request, await _registration(request))
+
+
+async def register_body(request: web.Request, body: Any) -> web.Response:
+    """Register `body`, read already (here, or by yrcli's `POST /admin/v1/functions`)."""
+    with _codes_of(request):
+        specs = await _specs(request, body)
+        try:
+            (dep,) = await _deploy(request, specs, replace=False)
+        except DeployError as exc:
+            if exc.status == 409:
+                raise _YrError("the function name already exists. rename your function",
+                               code=NAME_EXISTS, status=409) from None
+            raise
     return _ok(dep)
 
 

@@ -117,7 +117,16 @@ PROBES = {
     "yr-register-same-name": Probe("POST", "/serverless/v1/functions", json={
         "name": "0@default@echo", "handler": "hello.handler", "codePath": ".", "runtime": "python3.9"},
         expect=(200,), user=(403,), check=lambda b: "acme" in b["function"]["id"]),
-    "admin-list": Probe("GET", "/admin/v1/functions", expect=(200,), user=(403,), check=_names("functions")),
+    # ... and the same by yrcli's path (openYuanrong's frontend forwards /admin/v1/functions there)
+    "yr-admin-get": Probe("GET", "/admin/v1/functions/0@default@echo?versionNumber=latest", user=(403,)),
+    "yr-admin-update": Probe("PUT", "/admin/v1/functions/0@default@echo", json={
+        "name": "0@default@echo", "handler": "hello.handler", "codePath": ".", "runtime": "python3.9"}, user=(403,)),
+    "yr-admin-delete": Probe("DELETE", "/admin/v1/functions/0@default@echo", user=(403,)),
+    "yr-admin-register-same-name": Probe("POST", "/admin/v1/functions", json={
+        "name": "0@default@echo", "handler": "hello.handler", "codePath": ".", "runtime": "python3.9"},
+        expect=(200,), user=(403,), check=lambda b: "acme" in b["function"]["id"]),
+    "admin-list": Probe("GET", "/admin/v1/functions", expect=(200,), user=(403,),
+                        check=lambda body: _names("functions")(body) and "@echo" not in json.dumps(body["result"])),
     "yr-list": Probe("GET", "/serverless/v1/functions", expect=(200,), user=(403,),
                      check=lambda body: "@echo" not in json.dumps(body["result"])),
     # -- named streams (names are per tenant: A's `b-stream` is A's own, empty one)
@@ -188,7 +197,8 @@ SAME_TRACE = {"X-Trace-Id": "0af7651916cd43dd8448eb211c80319c"}  # the body name
 UNKNOWN_ALIKE = ["admin-get", "admin-redeploy", "admin-delete", "invoke-json", "invoke-sse", "invoke-urn-path",
                  "invoke-async", "invoke-in-b-session", "session-interrupt", "session-end", "job-list-by-fn",
                  "runpod-run", "runpod-runsync", "runpod-status", "runpod-stream", "runpod-cancel", "runpod-retry",
-                 "runpod-purge-queue", "runpod-health", "yr-get", "yr-get-urn", "yr-update", "yr-delete"]
+                 "runpod-purge-queue", "runpod-health", "yr-get", "yr-get-urn", "yr-update", "yr-delete",
+                 "yr-admin-get", "yr-admin-update", "yr-admin-delete"]
 
 
 @pytest.mark.parametrize("token", ["dev-a", "user-a"])

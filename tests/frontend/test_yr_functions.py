@@ -149,3 +149,41 @@ async def test_list_is_the_callers_tenant_only_in_openyuanrongs_shape(make_clien
     assert resp.status == 400 and bad["code"] == 4123 and "pageSize" in bad["message"]  # PageInfoError
     spec = await (await client.get("/openapi.json")).json()
     assert "get" in spec["paths"]["/serverless/v1/functions"]
+
+
+async def test_yrcli_deploy_update_invoke_delete_over_the_admin_path(make_client):
+    """yrcli (openYuanrong runtime api/python/yr/cli/scripts.py) talks to `/admin/v1/functions`,
+    which openYuanrong's frontend forwards to its meta-service: the same calls, bodies and reads."""
+    client = await make_client(make_config(**{"auth.tokens": TOKENS}))
+    admin = "/admin/v1/functions"
+    headers = {"Content-Type": "application/json", "User-Agent": "DeploymentScript/1.0", "X-Auth": "dev-default"}
+
+    async def call(method, path, body):  # HTTPClient.request: json=body, success is status 200 only
+        resp = await client.request(method, path, json=body, headers=headers)
+        return resp.status, await resp.json()
+    # deploy: query_function (not found), then deploy_function reads data["function"]
+    status, _ = await call("GET", f"{admin}/0@faaspy@hello3?versionNumber=latest", {})
+    assert status == 404
+    status, data = await call("POST", admin, registration())
+    assert status == 200 and data["function"]["name"] == "0@faaspy@hello3", data
+    # deploy --update: query_function reads data["function"]["revisionId"], update_function data["result"]
+    status, data = await call("GET", f"{admin}/0@faaspy@hello3?versionNumber=latest", {})
+    assert status == 200
+    status, data = await call("PUT", f"{admin}/0@faaspy@hello3",
+                              registration(concurrentNum="4", revisionId=data["function"]["revisionId"]))
+    assert status == 200 and data["result"]["concurrentNum"] == 4, data
+    # query (no name) reads data["result"]["functions"]
+    status, data = await call("GET", admin, {})
+    assert status == 200 and "0@faaspy@hello3" in [f["name"] for f in data["result"]["functions"]]
+    assert "hello3" in [f["name"] for f in data["functions"]]  # fnstream's own list, as before
+    # invoke_function: /invocations/{user}/{service}/{name}:{version}/
+    resp = await client.post("/invocations/default/faaspy/hello3:latest/", json={"q": 1}, headers=headers)
+    assert resp.status == 200 and await resp.json() == {"q": 1}
+    status, data = await call("DELETE", f"{admin}/0@faaspy@hello3?versionNumber=latest", {})
+    assert status == 200 and data == {}
+    status, data = await call("GET", f"{admin}/0@faaspy@hello3?versionNumber=latest", {})
+    assert status == 404 and data["code"] == 4115
+    # a fnstream manifest posted there is fnstream's, as before
+    resp = await client.post(admin, data="name: hello4\nhandler: echo.handler\n",
+                             headers={"X-Auth": "dev-default"})
+    assert resp.status == 201 and (await resp.json())["function"]["name"] == "hello4"

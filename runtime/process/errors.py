@@ -8,7 +8,14 @@ from __future__ import annotations
 from .. import errors as _core
 from ..errors import FunctionServiceError, HandlerError
 
-__all__ = ("MemoryLimitError", "WorkerCrashedError", "WorkerUnavailableError", "error_from_wire")
+__all__ = ("JavaHandlerError", "MemoryLimitError", "WorkerCrashedError", "WorkerUnavailableError", "error_from_wire")
+
+
+class JavaHandlerError(HandlerError):
+    """A Java handler threw: openYuanrong's Java runtime answers 4002 (FaaSHandler FUNCTION_RUN_ERROR,
+    the exception's toString() as message) where its Python one answers 4001."""
+
+    code = 4002
 
 
 class WorkerCrashedError(HandlerError):

@@ -225,8 +225,9 @@ async def test_string_event_and_pojo_result(jserver):
 
 async def test_an_exception_is_the_routes_json_error(jserver):
     status, body = await _post(jserver, "jboom", {})
-    assert status == 500 and body["code"] == 4001
-    assert "java.lang.IllegalStateException: no widgets" in body["message"]
+    # openYuanrong's Java runtime's code and message (FaaSHandler: FUNCTION_RUN_ERROR, cause.toString())
+    assert status == 500 and body["code"] == 4002
+    assert body["message"] == "java.lang.IllegalStateException: no widgets"
     assert "at javatest.Fns.boom" in jserver.output()  # the stack trace is in the log
     status, body = await _post(jserver, "jpoint", "not an object")
     assert status == 200  # an Object parameter takes any JSON

@@ -293,8 +293,8 @@ public final class Worker {
         } else {
             log("fnstream.worker", FunctionLogger.ERROR, "invocation " + inv.id + " raised:\n" + stackTrace(error),
                     inv.id);
-            name = "HandlerError";
-            message = "Fail to run user call handler. err: " + error;
+            name = "JavaHandlerError"; // openYuanrong's Java runtime: 4002, the exception's toString()
+            message = error.toString();
             retire = error instanceof VirtualMachineError; // e.g. StackOverflowError: make way for a fresh JVM
         }
         if (retire) {

@@ -5,9 +5,17 @@ their own descendants, rather than outliving the server that ran the call. (A pr
 are its process group, killed with it: runtime/process/pool.py.) `become_subreaper`: a handler's
 grandchild that detaches (`setsid()`, a daemon's double fork) leaves every process group, and when
 its parent ends it would be adopted by init, out of reach; a subreaper adopts it instead, so the
-worker (or, after the worker, the server) still finds it among its descendants at exit. Adopted
-processes that end before that stay zombies until then (a pid each, never reaped early: reaping
-them could take a handler's own subprocess's exit status from it).
+worker (or, after the worker, the server) still finds it among its descendants at exit.
+
+An adopted process that ends is a zombie of ours, and nobody else will wait for it: a reaper
+thread (started by `become_subreaper`) reaps it. It must not take the exit status of a child
+someone does wait for (a process worker's, a handler's `subprocess.run`, asyncio's child watcher),
+so it only looks at children of the main thread — where the kernel puts adopted processes; a `def`
+handler's own children belong to its pool thread and are never touched — and reaps a zombie only
+once it has stayed one for REAP_AFTER looks REAP_EVERY seconds apart (a waiter collects its child
+at once). The one status it can take: a child started on the event loop's thread (an `async def`
+handler's `subprocess.Popen`) whose status is collected seconds after it ended; such code gets
+returncode 0 (`asyncio.create_subprocess_exec` waits at once and is safe).
 
 What a forked child must not keep: the server's listening sockets, its job-store lock, a worker's
 channel to the server.
@@ -24,9 +32,14 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
-__all__ = ("become_subreaper", "end_descendants", "forget", "release_in_forked_children")
+__all__ = ("become_subreaper", "end_descendants", "forget", "reap_adopted", "release_in_forked_children")
+
+REAP_EVERY = 1.0  # seconds between looks for adopted zombies
+REAP_AFTER = 3    # looks in a row a zombie must be seen at before it is reaped (no one waits for it)
 
 _fds: set[int] = set()
 
@@ -87,9 +100,50 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 
 def become_subreaper() -> bool:
-    """Make this process adopt its orphaned descendants (Linux prctl); whether it could."""
+    """Make this process adopt its orphaned descendants (Linux prctl), and reap those that end;
+    whether it could."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+        adopted = bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):  # not Linux
         return False
+    if adopted:
+        threading.Thread(target=_reap_loop, name="fnstream-reaper", daemon=True).start()
+    return adopted
+
+
+def _reap_loop() -> None:
+    looks: dict[int, int] = {}
+    while True:
+        time.sleep(REAP_EVERY)
+        looks = reap_adopted(looks)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def reap_adopted(looks: dict[int, int]) -> dict[int, int]:
+    """One look: reap the main thread's children that were zombies at the last REAP_AFTER - 1 looks
+    too (`looks`: zombie pid -> looks it was one at); the counts for the next look."""
+    main = os.getpid()  # the main thread's id: adopted processes are its children
+    try:
+        children = [int(c) for c in Path(f"/proc/{main}/task/{main}/children").read_text().split()]
+    except (OSError, ValueError):  # not Linux, or no per-task children list
+        return {}
+    counted: dict[int, int] = {}
+    for pid in children:
+        if _state(pid) != "Z":
+            continue
+        seen = looks.get(pid, 0) + 1
+        if seen < REAP_AFTER:
+            counted[pid] = seen
+            continue
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # its own waiter collected it meanwhile
+            pass
+    return counted

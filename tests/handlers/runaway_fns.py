@@ -93,3 +93,19 @@ def holds(event, context):
     while not release.exists():
         time.sleep(0.01)
     return "released"
+
+
+def exit_status_later(event, context):
+    """Starts `sh -c 'exit N'` and collects its status `wait` seconds after it ended."""
+    import subprocess
+    proc = subprocess.Popen(["sh", "-c", f"exit {int(event.get('code', 7))}"])
+    time.sleep(float(event.get("wait", 4)))
+    return proc.wait()
+
+
+async def async_exit_status(event, context):
+    """An `async def` handler's subprocess, collected the asyncio way."""
+    import asyncio
+    proc = await asyncio.create_subprocess_exec("sh", "-c", f"exit {int(event.get('code', 7))}")
+    await asyncio.sleep(float(event.get("wait", 0)))
+    return await proc.wait()

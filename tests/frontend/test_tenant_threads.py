@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from frontend.keys import EXECUTOR
 from runtime.limits import TenantShares
 from tests.support.servers import FUNCTIONS, fn, test_config
 from tests.support.tenants import TOKENS, bearer
@@ -82,3 +83,9 @@ async def test_a_tenant_at_its_share_waits_while_another_gets_the_free_thread():
     shares.release("a")
     await asyncio.sleep(0)
     assert a_waits.done() and shares.held["a"] == 2
+
+
+async def test_the_configured_share_is_the_executors(make_client):
+    client = await make_client(test_config(**{"runtime.threadPoolSize": 12, "runtime.threadsPerTenant": 5}))
+    shares = client.app[EXECUTOR].shares
+    assert (shares.threads, shares.per_tenant) == (12, 5)

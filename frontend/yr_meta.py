@@ -11,18 +11,27 @@ from typing import Any
 from runtime.deployment import Deployment
 from runtime.errors import BadRequestError
 
-__all__ = ("manifest_entry", "function_info", "split_name", "yr_name")
+__all__ = ("manifest_entry", "function_info", "is_yr_name", "split_name", "yr_name")
 
-_YR_NAME_RE = re.compile(r"^0@(?P<service>[A-Za-z0-9]{1,16})@(?P<func>[a-z][a-z0-9-]{0,126})$")
+# openYuanrong's function names (meta_service function_repo/utils/customvalidator.go funNameReg):
+# `0@{service}@{func}` or `0-{service}-{func}`; fnstream's own name rules then apply to `func`.
+_YR_NAME_RE = re.compile(r"^0(?P<sep>[@-])(?P<service>[0-9A-Za-z]{1,16})(?P=sep)"
+                         r"(?P<func>[a-z0-9][a-z0-9-]{0,126}[a-z0-9]|[a-z])$")
 _MAX_TIMEOUT = 8_640_000  # openYuanrong clamps longer timeouts to this
 
 
+def is_yr_name(name: Any) -> bool:
+    """A name in openYuanrong's form (never a fnstream name: those start with a letter)."""
+    return isinstance(name, str) and name[:2] in ("0@", "0-")
+
+
 def split_name(name: Any) -> tuple[str, str]:
-    """`0@{service}@{func}` -> (service, func); 400 otherwise."""
+    """`0@{service}@{func}` (or `0-{service}-{func}`) -> (service, func); 400 otherwise."""
     m = _YR_NAME_RE.match(name) if isinstance(name, str) else None
     if m is None:
-        raise BadRequestError(f"field 'name': {name!r} is not '0@{{service}}@{{func}}' (service: 1-16 letters "
-                              "and digits; func: a lowercase letter, then lowercase letters, digits and '-')")
+        raise BadRequestError(f"field 'name': {name!r} is not '0@{{service}}@{{func}}' or '0-{{service}}-{{func}}' "
+                              "(service: 1-16 letters and digits; func: lowercase letters, digits and '-', at most "
+                              "128, not ending with '-')")
     return m["service"], m["func"]
 
 
@@ -56,7 +65,7 @@ def manifest_entry(body: Any, name: str | None = None) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequestError("the request body must be a JSON object (openYuanrong's function registration)")
     service, func = split_name(body.get("name", name))
-    if name is not None and body.get("name", name) != name:
+    if name is not None and (service, func) != split_name(name):
         raise BadRequestError(f"field 'name': {body['name']!r} is not the function of the path ({name!r})")
     kind = body.get("kind", "faas")
     if kind != "faas":

@@ -30,7 +30,7 @@ from ..body import parse_json_body, read_body
 from ..jobs import forget_function, remember_functions
 from ..keys import REGISTRY
 from ..tenancy import TENANT_HEADER, function_tenant, owned_specs
-from ..yr_meta import function_info
+from ..yr_meta import function_info, is_yr_name
 
 __all__ = ("routes",)
 
@@ -87,7 +87,7 @@ def _deployed(deps: Iterable[Deployment]) -> dict[str, Any]:
 
 
 def _yr_name(request: web.Request) -> bool:
-    return request.match_info["name"].startswith("0@")
+    return is_yr_name(request.match_info["name"])
 
 
 def _yr_body(raw: bytes) -> Any:

@@ -33,7 +33,7 @@ from ..body import read_json_body
 from ..jobs import forget_function
 from ..keys import REGISTRY
 from ..tenancy import function_tenant, owned_specs
-from ..yr_meta import function_info, manifest_entry, split_name, yr_name
+from ..yr_meta import function_info, is_yr_name, manifest_entry, split_name, yr_name
 from .admin import _deploy, _managed, _parse, _urn_tenant
 
 __all__ = ("routes",)
@@ -108,7 +108,7 @@ def _check_version(request: web.Request, dep: Deployment) -> None:
 def _named(request: web.Request) -> Deployment:
     """The function `{name}` names (`0@service@func`, its URN, or fnstream's name), if the token may manage it."""
     ref = request.match_info["name"]
-    if ref.startswith("0@"):
+    if is_yr_name(ref):
         service, func = split_name(ref)
         parts: dict[str, str | None] = {"name": func, "namespace": service, "tenant": None, "version": None}
     else:
@@ -122,7 +122,7 @@ def _named(request: web.Request) -> Deployment:
 
 def is_registration(body: Any) -> bool:
     """An openYuanrong registration body (its `name` `0@{service}@{func}`), never a fnstream manifest."""
-    return isinstance(body, dict) and isinstance(body.get("name"), str) and body["name"].startswith("0@")
+    return isinstance(body, dict) and is_yr_name(body.get("name"))
 
 
 @routes.post("/serverless/v1/functions")

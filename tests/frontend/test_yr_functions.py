@@ -76,6 +76,9 @@ async def test_register_get_invoke_by_urn_update_delete(make_client):
 @pytest.mark.parametrize("fields, says", [
     ({"name": "hello3"}, "is not '0@{service}@{func}'"),
     ({"name": "0@a_b@hello"}, "is not '0@{service}@{func}'"),
+    ({"name": "0@faaspy@hello-"}, "is not '0@{service}@{func}'"),  # openYuanrong's rule: not ending with '-'
+    ({"name": "0-faaspy@hello"}, "is not '0@{service}@{func}'"),
+    ({"name": "0@faaspy@1hello"}, "must start with a lowercase letter"),  # openYuanrong's, not a fnstream name
     ({"kind": "yrlib"}, "only 'faas'"),
     ({"storageType": "s3"}, "'storageType'"),
     ({"runtime": "posix-custom-runtime"}, "'runtime'"),
@@ -187,3 +190,20 @@ async def test_yrcli_deploy_update_invoke_delete_over_the_admin_path(make_client
     resp = await client.post(admin, data="name: hello4\nhandler: echo.handler\n",
                              headers={"X-Auth": "dev-default"})
     assert resp.status == 201 and (await resp.json())["function"]["name"] == "hello4"
+
+
+async def test_the_dash_form_of_the_name_is_the_same_function(make_client):
+    """openYuanrong also names a function `0-{service}-{func}` (its funNameReg; yrcli offers it)."""
+    client = await make_client(make_config())
+    resp = await client.post("/admin/v1/functions", json=registration("0-faaspy-hello-3"))
+    body = await resp.json()
+    assert resp.status == 200 and body["function"]["name"] == "0@faaspy@hello-3", body
+    for ref in ("0-faaspy-hello-3", "0@faaspy@hello-3"):
+        assert (await client.get(f"{FUNCS}/{ref}")).status == 200
+        assert (await client.get(f"/admin/v1/functions/{ref}")).status == 200
+    resp = await client.put(f"{FUNCS}/0@faaspy@hello-3", json=registration("0-faaspy-hello-3", concurrentNum="5"))
+    assert resp.status == 200 and (await resp.json())["result"]["concurrentNum"] == 5
+    resp = await client.put(f"{FUNCS}/0@faaspy@hello-3", json=registration("0-other-hello-3"))
+    assert resp.status == 400 and (await resp.json())["code"] == 4104  # not the function of the path
+    assert (await client.delete("/admin/v1/functions/0-faaspy-hello-3")).status == 200
+    assert (await client.get(f"{FUNCS}/0@faaspy@hello-3")).status == 404

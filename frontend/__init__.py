@@ -1,6 +1,6 @@
 """fnstream's HTTP frontend (aiohttp): routes, SSE encoding, auth, admin API and the CLI.
 
-`build_app`, `build_registry` and `serve` are imported on first use: the CLI's `--help`, `invoke`
+`build_app` and `serve` are imported on first use: the CLI's `--help`, `invoke`
 and `deploy` need none of the app (importing it costs ~0.4 s).
 """
 from typing import Any
@@ -9,7 +9,7 @@ from .shadowing import check_own_packages
 
 check_own_packages()  # before anything imports `runtime`: a shadowing module gets a clear error
 
-__all__ = ("build_app", "build_registry", "serve")
+__all__ = ("build_app", "serve")
 
 
 def __getattr__(name: str) -> Any:

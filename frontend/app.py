@@ -10,16 +10,10 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from runtime.config import Config
-from runtime.dispatch import Dispatcher, Limits
-from runtime.durable import DurableOutputs
 from runtime.eventloop import loop_name
-from runtime.executor import Executor
-from runtime.java.build import java_unavailable
-from runtime.lifecycle import Lifecycle, wait_for_stop_signal
-from runtime.manifest import load_deploy_dir
-from runtime.quotas import Quotas
+from runtime.lifecycle import wait_for_stop_signal
+from runtime.node import Node
 from runtime.registry import Registry
-from runtime.streams import AbstractBroker, BrokerSettings, MemoryBroker, bind_broker, unbind_broker
 
 from . import (
     api_table,  # noqa: F401 - its rows describe the routes for /openapi.json
@@ -29,8 +23,8 @@ from .auth import auth_middleware
 from .cors import cors_middleware, install_cors
 from .errors import error_middleware
 from .hosts import HOST_POLICY, HostPolicy, host_middleware
-from .jobs import attach_jobs
-from .keys import BROKER, CONFIG, DISPATCHER, EXECUTOR, LIFECYCLE, OUTPUTS, REGISTRY, TRACE_ID
+from .jobs import set_job_keys
+from .keys import BROKER, CONFIG, DISPATCHER, EXECUTOR, LIFECYCLE, NODE, OUTPUTS, REGISTRY, TRACE_ID
 from .metrics import install_metrics
 from .routes import (
     admin,
@@ -47,7 +41,7 @@ from .routes import (
 )
 from .server import FnstreamRunner, raise_fd_limit, start_site
 
-__all__ = ("build_app", "build_registry", "serve", "SERVER_KWARGS")
+__all__ = ("build_app", "serve", "SERVER_KWARGS")
 
 log = logging.getLogger("fnstream.frontend")
 
@@ -69,24 +63,10 @@ class AccessLogger(AbstractAccessLogger):
 SERVER_KWARGS: dict[str, Any] = {"handler_cancellation": True, "access_log_class": AccessLogger}
 
 
-def build_registry(config: Config, *, deploy: bool = True) -> Registry:
-    """A registry with every manifest of `runtime.deployDir` deployed (all or nothing)."""
-    quotas = Quotas(config.tenants.maxFunctions, config.tenants.maxInstancesPerFunction,
-                    config.runtime.maxWorkerProcesses)
-    registry = Registry(config.runtime.codeRoots, stop_grace=config.frontend.args.shutdownGraceSeconds,
-                        quotas=quotas)
-    if deploy and config.runtime.deployDir is not None:
-        specs = load_deploy_dir(config.runtime.deployDir)
-        missing = java_unavailable("(any Java function)") if any(s.is_java for s in specs) else None
-        if missing is not None:  # the server serves everything else; a Java deploy says what to install
-            log.error("not deploying the Java functions of %s: %s", config.runtime.deployDir, missing)
-            specs = [s for s in specs if not s.is_java]
-        registry.deploy(specs)
-    return registry
-
-
-def build_app(config: Config, registry: Registry | None = None, executor: Executor | None = None,
-              broker: AbstractBroker | None = None) -> web.Application:
+def build_app(config: Config, registry: Registry | None = None) -> web.Application:
+    """The HTTP application over one runtime `Node` (runtime/node.py, the composition root), which
+    it runs for its lifetime; `registry` is one built already (`fnstream serve` reports a bad
+    manifest before anything starts), else the node deploys `runtime.deployDir`."""
     body_limit = int(config.frontend.args.maxRequestBodySize * 1024 * 1024)
     # Without tokens auth is off: no middleware at all rather than one that checks and passes.
     # The Origin guard runs before auth: a foreign page's request is refused before anything else.
@@ -95,18 +75,19 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     middlewares = [error_middleware, *(() if hosts.any else (host_middleware,)), cors_middleware,
                    *((auth_middleware,) if config.auth.tokens else ())]
     app = web.Application(middlewares=middlewares, client_max_size=body_limit)
+    # Open named-stream subscribers get `event: end` (reason shutdown) as the Lifecycle says.
+    app[streams.OPEN_SUBSCRIPTIONS] = subscriptions = streams.OpenSubscriptions()
+    app[NODE] = node = Node(config, registry=registry, end_streams=(subscriptions.end_all,))
     app[CONFIG] = config
     app[HOST_POLICY] = hosts
-    app[REGISTRY] = registry if registry is not None else build_registry(config)
-    app[EXECUTOR] = executor if executor is not None else Executor(config.runtime.threadPoolSize,
-                                                                     config.runtime.threadsPerFunction,
-                                                                     config.runtime.cpuBoundThreadsPerFunction,
-                                                                     config.runtime.burningSwitchInterval,
-                                                                     threads_per_tenant=config.runtime.threadsPerTenant)
-    app[DISPATCHER] = Dispatcher(app[REGISTRY], app[EXECUTOR], Limits.from_config(config))
-    app[LIFECYCLE] = Lifecycle(app[EXECUTOR], app[REGISTRY], config.frontend.args.shutdownGraceSeconds)
-    # Named streams live in this process, or in Redis in cluster mode (attach_cluster replaces it).
-    app[BROKER] = broker if broker is not None else MemoryBroker(BrokerSettings.from_config(config.streams))
+    app[REGISTRY] = node.registry
+    app[EXECUTOR] = node.executor
+    app[DISPATCHER] = node.dispatcher
+    app[LIFECYCLE] = node.lifecycle
+    app[BROKER] = node.broker  # in this process, or Redis in cluster mode
+    assert node.outputs is not None
+    app[OUTPUTS] = node.outputs
+    set_job_keys(app, node)
     app.add_routes(health.routes)
     app.add_routes(invoke.routes)
     app.add_routes(invocations.routes)  # an SSE invocation's kept output, by its id
@@ -118,51 +99,27 @@ def build_app(config: Config, registry: Registry | None = None, executor: Execut
     app.add_routes(jobs.routes)    # [jobs] /serverless/v1/jobs..., async-results
     app.add_routes(runpod.routes)  # [jobs] RunPod's /v2/{fn}/...
     app.add_routes(console.routes)
+    if node.cluster is not None:  # cluster mode: its admin guard and /cluster/v1/status
+        from .cluster import install_cluster  # imports redis: cluster mode only
+        install_cluster(app, node.cluster)
     app.add_routes(openapi.routes)  # described by the rows of api_table
     install_cors(app)
     install_metrics(app)
 
-    async def _run_lifecycle(app: web.Application) -> AsyncIterator[None]:
-        # Leaving it closes the process pools, runs every preStop and stops the thread pool.
-        async with app[LIFECYCLE]:
+    async def _run_node(app: web.Application) -> AsyncIterator[None]:
+        # Starts the broker, the cluster node and the jobs; leaving it stops them, closes the
+        # process pools, runs every preStop and stops the thread pool.
+        async with node:
             yield
 
-    app.cleanup_ctx.append(_run_lifecycle)
+    app.cleanup_ctx.append(_run_node)
 
-    async def _drain_invocations(app: web.Application) -> None:
+    async def _drain(app: web.Application) -> None:
         # Runs after the listener stopped and before aiohttp waits for open responses: aborted
-        # invocations end their SSE responses with an error event and [DONE]; named-stream
-        # subscribers get `event: end` (reason shutdown) as the Lifecycle says.
-        await app[LIFECYCLE].drain()
+        # invocations end their SSE responses with an error event and [DONE].
+        await node.drain()
 
-    app[streams.OPEN_SUBSCRIPTIONS] = subscriptions = streams.OpenSubscriptions()
-    app[LIFECYCLE].end_streams.append(subscriptions.end_all)
-    app.on_shutdown.append(_drain_invocations)
-
-    async def _bind_broker(app: web.Application) -> AsyncIterator[None]:
-        # Handlers reach the broker through runtime.create_stream_producer() & co. (runtime/streams/api.py).
-        broker = app[BROKER]
-        bind_broker(broker, asyncio.get_running_loop())
-        yield
-        unbind_broker(broker)
-        await broker.close()
-
-    app.cleanup_ctx.append(_bind_broker)
-    streams_cfg = config.streams
-    app[OUTPUTS] = outputs = DurableOutputs(
-        lambda: app[BROKER], seconds=streams_cfg.invocationRetentionSeconds,
-        max_bytes=streams_cfg.invocationRetentionBytes, count=streams_cfg.invocationRetentionCount,
-        shared=lambda: bool(config.cluster.redisUrl))
-
-    async def _close_outputs(app: web.Application) -> None:
-        await outputs.close()  # after the drain: detached invocations were aborted, their pumps end
-
-    app.on_shutdown.append(_close_outputs)
-    if config.cluster.redisUrl:  # cluster mode: registry, queue and streams shared through Redis
-        from .cluster import attach_cluster
-        attach_cluster(app)
-    # [jobs] job store, runner and webhooks; after the cluster node, so recovered jobs start once it runs
-    attach_jobs(app)
+    app.on_shutdown.append(_drain)
     return app
 
 

@@ -44,9 +44,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from runtime.fork_guard import become_subreaper
     from runtime.lifecycle import exit_after_shutdown
     from runtime.logs import configure_logging
+    from runtime.node import build_registry
 
-    from .app import build_app, build_registry, serve
-    from .keys import LIFECYCLE
+    from .app import build_app, serve
+    from .keys import NODE
     from .startup import NO_FUNCTIONS_HINT, load_cli_config
 
     overrides = list(args.set or [])
@@ -87,7 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except FunctionServiceError as exc:  # e.g. the job store is in use by another server
         print(f"fnstream: {exc.message}", file=sys.stderr)
         return 2
-    return exit_after_shutdown(app[LIFECYCLE].abandoned_threads)
+    return exit_after_shutdown(app[NODE].abandoned_threads)
 
 
 def _serve_processes(args: argparse.Namespace, config: Config, overrides: list[str]) -> int:
@@ -114,10 +115,10 @@ def _serve_processes(args: argparse.Namespace, config: Config, overrides: list[s
 def cmd_worker(args: argparse.Namespace) -> int:
     """A handler-only cluster node: functions come from the shared registry, work from the queue."""
     from runtime import eventloop
-    from runtime.cluster.node import serve_worker
     from runtime.fork_guard import become_subreaper
     from runtime.lifecycle import exit_after_shutdown
     from runtime.logs import configure_logging
+    from runtime.node import serve_worker
 
     from .startup import load_cli_config
 

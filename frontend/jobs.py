@@ -1,46 +1,37 @@
-"""Jobs in the HTTP frontend: the job manager's lifetime, the store of admin-deployed functions,
-and the lookup every job route shares (tenant, job of this function).
+"""Jobs in the HTTP frontend: the node's job objects as app keys, the store of admin-deployed
+functions, and the lookup every job route shares (tenant, job of this function).
 
-At start the store is opened, functions deployed through the admin API are deployed again
-(a stored function replaces a `deployDir` manifest of the same name: it is the later change),
-then stored jobs are recovered. The manager is the dispatcher's job queue (`submit_job`) and
-starts jobs through `dispatch`. At shutdown it starts no more jobs before the drain (one of
-the Lifecycle's `stop_intake`), and at cleanup it stops and the store is closed.
+The node (runtime/node.py) builds, starts and stops the store, the manager and the webhook
+sender; it deploys again what the admin API stored before it recovers stored jobs.
 """
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 
 from aiohttp import web
 
-from runtime.config import Config
-from runtime.deployment import Deployment, function_key
-from runtime.errors import ConfigError, FunctionServiceError
+from runtime.deployment import Deployment
 from runtime.invocation_ids import INVOCATION_ID_HEADER
 from runtime.jobs.idempotency import IdempotentSubmits
 from runtime.jobs.model import Job
 from runtime.jobs.runner import JobManager
-from runtime.jobs.store import JobStore, MemoryJobStore, SqliteJobStore
+from runtime.jobs.store import JobStore
 from runtime.jobs.webhooks import WebhookSender
-from runtime.manifest import FunctionSpec
+from runtime.node import Node
 
 from .auth import principal_of
-from .keys import CONFIG, DISPATCHER, LIFECYCLE, REGISTRY
 
 __all__ = (
     "IDEMPOTENCY",
     "JOBS",
     "JOB_STORE",
     "WEBHOOKS",
-    "attach_jobs",
+    "set_job_keys",
     "find_job",
     "forget_function",
     "job_headers",
     "remember_functions",
 )
-
-log = logging.getLogger("fnstream.frontend")
 
 JOBS = web.AppKey("jobs", JobManager)
 WEBHOOKS = web.AppKey("webhooks", WebhookSender)
@@ -48,72 +39,14 @@ JOB_STORE = web.AppKey("job_store", JobStore)
 IDEMPOTENCY = web.AppKey("idempotency", IdempotentSubmits)
 
 
-def attach_jobs(app: web.Application) -> None:
-    """Run a JobManager (and its store and webhook sender) for the app's lifetime."""
-    config = app[CONFIG]
-    store = _build_store(config)
-    dispatcher = app[DISPATCHER]
-    manager = JobManager(config.jobs, dispatcher, store)
-    webhooks = WebhookSender(config.jobs.webhook)
-    manager.on_final.append(webhooks.job_ended)
-    idempotency = IdempotentSubmits(store.idempotency_keys(), config.jobs.idempotencySeconds)
-    app[IDEMPOTENCY] = idempotency
-    app[JOB_STORE] = store
-    app[JOBS] = manager
-    app[WEBHOOKS] = webhooks
-    dispatcher.jobs = manager  # Dispatcher.submit_job: X-Invoke-Type async, RunPod's /run
-    # Before the drain aborts running jobs: they stay IN_PROGRESS (the restart rules apply).
-    app[LIFECYCLE].stop_intake.append(manager.stop_taking)
-    # Then /runsync, job long-polls and job streams answer with the job as it is: none waits for an
-    # end that a job the drain aborts only gets after a restart (aiohttp would hold it past the grace).
-    app[LIFECYCLE].end_streams.append(manager.release_readers)
-
-    async def _jobs(app: web.Application) -> AsyncIterator[None]:
-        await store.open()
-        await idempotency.open()
-        await _restore_functions(app, store)
-        await manager.start()
-        yield
-        await manager.stop()
-        await webhooks.close()
-
-    app.cleanup_ctx.append(_jobs)
-
-
-def _build_store(config: Config) -> JobStore:
-    """The store `jobs.store` names; `auto` is redis in cluster mode (cluster.redisUrl), else sqlite."""
-    kind = config.jobs.store
-    if kind == "auto":
-        kind = "redis" if config.cluster.redisUrl else "sqlite"
-    if kind == "sqlite":
-        return SqliteJobStore(config.jobs.path)
-    if kind == "memory":
-        return MemoryJobStore()
-    if not config.cluster.redisUrl:
-        raise ConfigError("jobs.store: redis needs cluster mode (cluster.redisUrl)")
-    from runtime.cluster.job_store import connect_store  # cluster mode only: it imports redis
-
-    return connect_store(config.cluster.redisUrl, config.cluster.keyPrefix, config.jobs.retentionSeconds,
-                         config.jobs.takeoverSeconds)
-
-
-async def _restore_functions(app: web.Application, store: JobStore) -> None:
-    registry = app[REGISTRY]
-    for key, data in await store.load_functions():
-        name = data.get("name", "?")
-        try:
-            spec = FunctionSpec.model_validate(data)
-            own_key = function_key(spec.tenant, spec.name)
-            if own_key != key:  # stored before names were per tenant (keyed by the bare name): re-key it
-                await store.save_function(own_key, data)
-                await store.delete_function(key)
-            if own_key in registry:
-                log.warning("function %s: the deployment stored through the admin API replaces the deployDir "
-                            "manifest of the same name", own_key)
-            await registry.adeploy([spec])
-        except (FunctionServiceError, ValueError) as exc:
-            message = exc.message if isinstance(exc, FunctionServiceError) else str(exc)
-            log.error("function %s stored through the admin API could not be deployed again: %s", name, message)
+def set_job_keys(app: web.Application, node: Node) -> None:
+    """The node's job manager, store, webhook sender and idempotent submits, for the job routes."""
+    assert node.jobs is not None and node.store is not None
+    assert node.webhooks is not None and node.idempotency is not None
+    app[JOBS] = node.jobs
+    app[JOB_STORE] = node.store
+    app[WEBHOOKS] = node.webhooks
+    app[IDEMPOTENCY] = node.idempotency
 
 
 async def remember_functions(app: web.Application, deps: Iterable[Deployment]) -> None:

@@ -8,11 +8,14 @@ from runtime.dispatch import Dispatcher
 from runtime.durable import DurableOutputs
 from runtime.executor import Executor
 from runtime.lifecycle import Lifecycle
+from runtime.node import Node
 from runtime.registry import Registry
 from runtime.streams import AbstractBroker
 
-__all__ = ("CONFIG", "REGISTRY", "EXECUTOR", "DISPATCHER", "LIFECYCLE", "TRACE_ID", "PRINCIPAL", "BROKER", "OUTPUTS")
+__all__ = ("CONFIG", "REGISTRY", "EXECUTOR", "DISPATCHER", "LIFECYCLE", "TRACE_ID", "PRINCIPAL", "BROKER", "OUTPUTS",
+           "NODE")
 
+NODE = web.AppKey("node", Node)   # the runtime: every object below is one of its own
 CONFIG = web.AppKey("config", Config)
 REGISTRY = web.AppKey("registry", Registry)
 EXECUTOR = web.AppKey("executor", Executor)

@@ -53,11 +53,7 @@ def install_metrics(app: web.Application) -> None:
         return
     app[METRICS] = InvocationStats()
     app[JOB_METRICS] = job_stats = JobStats()
-
-    async def count_jobs(app: web.Application) -> None:
-        manager = app.get(JOBS)  # attached after the metrics, by frontend/app.py
-        if manager is not None:
-            manager.on_final.append(job_stats.job_ended)
-
-    app.on_startup.append(count_jobs)
+    manager = app.get(JOBS)
+    if manager is not None:
+        manager.on_final.append(job_stats.job_ended)
     app.add_routes(routes)

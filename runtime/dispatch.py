@@ -17,6 +17,7 @@ X-Instance-Session turn, runtime/sessions.py), and `Principal`
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -98,12 +99,14 @@ class Dispatcher:
     """Finds functions and runs invocations, here or on the cluster."""
 
     def __init__(self, registry: Registry, executor: Executor, limits: Limits = Limits(),
-                 cluster: ClusterRoute | None = None) -> None:
+                 cluster: ClusterRoute | None = None, jobs: Callable[[Dispatcher], JobQueue] | None = None) -> None:
+        """`cluster`: the node's cluster membership (cluster mode); `jobs` makes the node's job queue,
+        which runs its jobs through this dispatcher (runtime/node.py builds both)."""
         self.registry = registry
         self.executor = executor
         self.limits = limits
-        self.cluster = cluster  # set when the node joins a cluster
-        self.jobs: JobQueue | None = None  # set when the node runs background jobs
+        self.cluster = cluster
+        self.jobs = None if jobs is None else jobs(self)
 
     def find(self, principal: Principal | None, ref: str) -> FunctionRef:
         """The function `ref` names in the principal's tenant, deployed here or (cluster mode) known

@@ -117,12 +117,12 @@ class Retained:
 class DurableOutputs:
     """The node's kept invocations, by id."""
 
-    def __init__(self, broker: Callable[[], AbstractBroker], *, seconds: float, max_bytes: int, count: int,
-                 shared: Callable[[], bool] = lambda: False) -> None:
-        self._broker = broker  # looked up per use: cluster mode replaces the app's broker at startup
+    def __init__(self, broker: AbstractBroker, *, seconds: float, max_bytes: int, count: int,
+                 shared: bool = False, send_cancel: Callable[[str], Awaitable[None]] | None = None) -> None:
+        self.broker = broker
         self.shared = shared   # whether other frontends publish to the same broker (cluster mode)
         # Cluster mode: tell every frontend to cancel an id (runtime/cluster/invocation_cancels.py).
-        self.send_cancel: Callable[[str], Awaitable[None]] | None = None
+        self.send_cancel = send_cancel
         self.seconds = seconds
         self.max_bytes = max_bytes
         self.count = count
@@ -168,7 +168,7 @@ class DurableOutputs:
         rec.next_id += len(payloads)
         if rec.broken is not None:
             return
-        if self.shared():  # Redis: a publish is ~1 ms; off the answer's path, in order (see _flush)
+        if self.shared:  # Redis: a publish is ~1 ms; off the answer's path, in order (see _flush)
             if rec.queue is None:
                 rec.queue = []
             rec.queue.extend(payloads)
@@ -196,7 +196,7 @@ class DurableOutputs:
         if rec.broken is not None:
             return
         try:
-            broker = self._broker()
+            broker = self.broker
             if not rec.configured:
                 rec.configured = True
                 await broker.configure(rec.key, self._options if rec.plain is None else self._plain_options)
@@ -263,7 +263,7 @@ class DurableOutputs:
                 keys, self._doomed = self._doomed, []
                 for key in keys:
                     try:
-                        await self._broker().delete(key)
+                        await self.broker.delete(key)
                     except FunctionServiceError:
                         pass  # already gone (deleted by its tenant, or the broker's own limits)
         finally:
@@ -322,7 +322,7 @@ class DurableOutputs:
         `[DONE]` element (`done_id` unknown here: None, and `remote`). 404 when there is none."""
         view = Retained(None, tenant, False, inv_id)
         try:
-            stats = await self._broker().stats(view.key)
+            stats = await self.broker.stats(view.key)
         except FunctionServiceError:  # StreamNotFoundError, or a name no invocation has
             raise InvocationNotFoundError("no such invocation is kept here (unknown, ended more than "
                                           "streams.invocationRetentionSeconds ago, or not a streaming one)") from None
@@ -336,7 +336,7 @@ class DurableOutputs:
 
     async def subscribe(self, rec: Retained, from_id: int) -> AbstractSubscription:
         """Its stream from after `from_id` (made here if it has had no event yet)."""
-        broker = self._broker()
+        broker = self.broker
         if not rec.configured:
             rec.configured = True
             await broker.configure(rec.key, self._options if rec.plain is None else self._plain_options)
@@ -373,7 +373,7 @@ class DurableOutputs:
             raise InvocationNotFoundError("no such invocation is kept here")
         last = view.next_id - 1
         if last >= 1:
-            sub = await self._broker().subscribe(view.key, from_id=last - 1)
+            sub = await self.broker.subscribe(view.key, from_id=last - 1)
             try:
                 batch = await sub.next_batch(timeout=1.0)
             finally:

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 
 from .executor import Executor
@@ -54,12 +54,14 @@ class Lifecycle:
     After `close`, `abandoned_threads` is how many handler threads were still running.
     """
 
-    def __init__(self, executor: Executor, registry: Registry, grace: float) -> None:
+    def __init__(self, executor: Executor, registry: Registry, grace: float, *,
+                 stop_intake: Iterable[Callable[[], Awaitable[None]]] = (),
+                 end_streams: Iterable[Callable[[], Awaitable[None]]] = ()) -> None:
         self.executor = executor
         self.registry = registry
         self.grace = grace
-        self.stop_intake: list[Callable[[], Awaitable[None]]] = []
-        self.end_streams: list[Callable[[], Awaitable[None]]] = []
+        self.stop_intake = tuple(stop_intake)
+        self.end_streams = tuple(end_streams)
         self.abandoned_threads = 0
         self._drained: asyncio.Future[int] | None = None
         self._closed = False

@@ -53,7 +53,7 @@ async def events(request: web.Request) -> web.StreamResponse:
         job = await manager.by_invocation(inv_id, principal_of(request)) if manager is not None else None
         if job is not None:  # a job's run (this node's): the job's own events, which are kept with it
             return await job_events(request, job)
-        if not outputs.shared():
+        if not outputs.shared:
             raise
         rec = await outputs.find_shared(stream_tenant(request), inv_id)  # another frontend's (cluster mode)
     from_id = _from_id(request)
@@ -115,7 +115,7 @@ async def cancel(request: web.Request) -> web.Response:
     try:
         outputs.cancel(principal_of(request), inv_id)
     except InvocationNotFoundError:
-        if not outputs.shared():
+        if not outputs.shared:
             raise
         await outputs.cancel_shared(stream_tenant(request), inv_id)  # answered by another frontend
     return web.json_response({"id": inv_id, "status": "cancelled"})

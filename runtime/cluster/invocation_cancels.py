@@ -20,10 +20,9 @@ log = logging.getLogger("fnstream.cluster")
 class InvocationCancels:
     """Send a cancel to every frontend; `listen` runs `cancel_here(id)` for each one received."""
 
-    def __init__(self, redis: Any, keys: Keys, cancel_here: Callable[[str], None]) -> None:
+    def __init__(self, redis: Any, keys: Keys) -> None:
         self.redis = redis
         self.channel = f"{keys.prefix}:invocation-cancel"
-        self._cancel_here = cancel_here
 
     async def send(self, inv_id: str) -> None:
         try:
@@ -31,7 +30,7 @@ class InvocationCancels:
         except REDIS_DOWN as exc:
             raise ClusterUnavailableError(f"cannot send the cancel: Redis is unreachable ({exc})") from None
 
-    async def listen(self) -> None:
+    async def listen(self, cancel_here: Callable[[str], None]) -> None:
         backoff = Backoff()
         while True:
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
@@ -43,7 +42,7 @@ class InvocationCancels:
                     checkpoint()
                     if msg is not None:
                         data = msg["data"]
-                        self._cancel_here(data.decode() if isinstance(data, bytes) else str(data))
+                        cancel_here(data.decode() if isinstance(data, bytes) else str(data))
             except REDIS_DOWN:
                 await backoff.sleep()
             finally:

@@ -24,11 +24,10 @@ from runtime.deployment import (
 )
 from runtime.errors import FunctionNotFoundError
 from runtime.executor import Executor
-from runtime.lifecycle import Lifecycle, wait_for_stop_signal
 from runtime.manifest import FunctionSpec
 from runtime.principal import Principal, may_manage
 from runtime.registry import Registry
-from runtime.streams import BrokerSettings, bind_broker, unbind_broker
+from runtime.streams import BrokerSettings
 from runtime.surface import Mode
 
 from ..tasks import stop_tasks
@@ -38,7 +37,7 @@ from .registry_sync import RegistrySync
 from .settings import REDIS_DOWN, ClusterUnavailableError, Keys, connect, describe_url, node_id
 from .worker import QueueWorker
 
-__all__ = ("ClusterNode", "serve_worker")
+__all__ = ("ClusterNode",)
 
 log = logging.getLogger("fnstream.cluster")
 
@@ -203,29 +202,3 @@ class ClusterNode:
                 "workers": workers, "functions": [label(n) for n in sorted(self.sync.specs) if shown(n)],
                 "unavailable": {label(n): reason for n, (_s, reason) in sorted(self.sync.unavailable.items())
                                 if shown(n)}}
-
-
-async def serve_worker(config: Config) -> int:
-    """`fnstream worker`: run a worker-only node until SIGINT/SIGTERM, then shut down as `serve` does:
-    take no more work, let running invocations finish within `shutdownGraceSeconds`, run preStops.
-    Returns how many handler threads were abandoned (runtime/lifecycle.py exit_after_shutdown)."""
-    grace = config.frontend.args.shutdownGraceSeconds
-    registry = Registry(config.runtime.codeRoots, stop_grace=grace)
-    executor = Executor(config.runtime.threadPoolSize, config.runtime.threadsPerFunction,
-                        config.runtime.cpuBoundThreadsPerFunction,
-                        config.runtime.burningSwitchInterval, threads_per_tenant=config.runtime.threadsPerTenant)
-    node = ClusterNode(config, registry, executor, role="worker")
-    async with Lifecycle(executor, registry, grace) as lifecycle:
-        lifecycle.stop_intake.append(node.stop_taking)
-        await node.start()
-        bind_broker(node.broker, asyncio.get_running_loop())   # handlers' named streams live in Redis
-        print(f"fnstream worker {node.id} on {describe_url(node.url)}", flush=True)
-        try:
-            await wait_for_stop_signal()
-            log.info("worker %s: shutting down (grace %g s)", node.id, grace)
-        finally:
-            await lifecycle.drain()
-            await node.stop()
-            unbind_broker(node.broker)
-            await node.broker.close()
-    return lifecycle.abandoned_threads

@@ -4,10 +4,10 @@ import urllib.request
 
 import pytest
 
-from frontend.app import build_registry
 from frontend.startup import load_cli_config
 from runtime.config import packaged_default_config
 from runtime.errors import ManifestError
+from runtime.node import build_registry
 from tests.support.servers import ROOT, ServerProcess
 
 

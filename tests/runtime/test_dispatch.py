@@ -75,7 +75,10 @@ class _Queue:
 async def test_submit_job_checks_the_tenant_then_hands_the_job_to_the_queue(dispatcher):
     with pytest.raises(ServiceUnavailableError, match="no background jobs"):
         await dispatcher.submit_job(None, "gen-d", {}, JobRequest())
-    dispatcher.jobs = queue = _Queue()
+    queue = _Queue()
+    with_jobs = Dispatcher(dispatcher.registry, dispatcher.executor, jobs=lambda d: queue)
+    assert with_jobs.jobs is queue  # made once, with the dispatcher it runs its jobs through
+    dispatcher = with_jobs
     request = JobRequest(api="runpod", execution_timeout=1.5)
     with pytest.raises(FunctionNotFoundError, match=r"^function 'gen-d' is not deployed$"):
         await dispatcher.submit_job(Principal("default", "user"), "gen-d", {}, request)

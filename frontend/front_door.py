@@ -33,8 +33,9 @@ from multidict import istr
 from runtime.dispatch import InvokeOptions
 from runtime.errors import BadRequestError, FunctionServiceError, NotAcceptableError
 from runtime.logs import set_log_context
+from runtime.plain import PlainCall
 from runtime.principal import Principal
-from runtime.surface import Mode
+from runtime.surface import InvocationSurface, Mode
 
 from .auth import authenticate
 from .body import arrived_body, max_body_bytes, parse_json_body, read_body
@@ -64,13 +65,14 @@ _PLAIN_REF = frozenset("/%#{}")
 class FrontDoor:
     """`handler(request)` of the listener (frontend/server.py): the fast lane, or the app."""
 
-    __slots__ = ("_app_handler", "_body_limit", "_dispatcher", "_enable_event", "_heartbeat", "_hosts", "_outputs",
-                 "_stats", "_tokens")
+    __slots__ = ("_app_handler", "_body_limit", "_dispatcher", "_enable_event", "_executor", "_heartbeat", "_hosts",
+                 "_outputs", "_stats", "_tokens")
 
     def __init__(self, app: web.Application, app_handler: Handler) -> None:
         config = app[CONFIG]
         self._app_handler = app_handler
         self._dispatcher = app[DISPATCHER]
+        self._executor = self._dispatcher.executor
         self._tokens = config.auth.tokens
         self._enable_event = config.frontend.args.enableEvent
         self._heartbeat = config.frontend.args.heartbeatSeconds
@@ -135,7 +137,8 @@ class FrontDoor:
         trace_id, flags = incoming_trace(request.headers)
         request[TRACE_ID] = trace_id
         set_log_context(trace_id)  # as trace_id_of does: this task's log records name the trace
-        spec = inv = None
+        spec = None
+        inv: InvocationSurface | PlainCall | None = None
         try:
             principal = None
             if self._tokens:
@@ -147,6 +150,13 @@ class FrontDoor:
             event = parse_json_body(raw if raw is not None else await read_body(request, self._body_limit))
             del raw  # (not held while a stream stays open)
             spec = function.spec  # from here on the invocation is counted
+            call = dispatcher.plain(principal, function, event, trace_id) if mode == "json" else None
+            if call is not None:  # a plain call (runtime/plain.py): in this task, its result encoded once
+                inv = call
+                answer = json_answer(call, await self._executor.call_plain(call), flags)
+                if self._stats is not None:
+                    self._stats.record(spec, 0, monotonic() - started, None, 0, call.id)
+                return answer
             inv = await dispatcher.dispatch(principal, function, event, InvokeOptions(mode, trace_id, True))
             if inv.streaming:  # the invoke route's answer
                 request[INVOCATION] = inv
@@ -158,7 +168,9 @@ class FrontDoor:
                 if self._stats is not None:
                     self._stats.record(spec, 0, monotonic() - started, None, 0, inv.id)
         except asyncio.CancelledError:  # the client left
-            if inv is not None:
+            if isinstance(inv, PlainCall):
+                inv.cancel(CLIENT_GONE)  # (its handler ran in this task: cancelled with it)
+            elif inv is not None:
                 self._outputs.client_left(inv, CLIENT_GONE)  # cancelled, or (onDisconnect: continue) not
             count_refused(self._stats, request, DISCONNECTED, started, spec, inv)
             raise
@@ -170,7 +182,7 @@ class FrontDoor:
                 response.headers["X-Invocation-Id"] = inv.id
             add_trace_headers(request, response)
         except ConnectionError as exc:  # a stream's write failed: the client left
-            if inv is None:
+            if inv is None or isinstance(inv, PlainCall):
                 raise
             self._outputs.client_left(inv, CLIENT_GONE)
             log.info("client of invocation %s of %s left: %s", inv.id, inv.spec.name, exc)

@@ -25,6 +25,7 @@ from .deployment import Deployment, FunctionRef
 from .errors import FunctionNotFoundError, ServiceUnavailableError
 from .executor import Executor
 from .invocation import Invocation
+from .plain import PlainCall
 from .principal import Principal, check_tenant
 from .registry import Registry
 from .sessions import SessionRequest
@@ -58,6 +59,8 @@ class InvokeOptions(NamedTuple):
     # The invocation's id when it was named before it ran (a job's, answered at submit time).
     invocation_id: str | None = None
 
+
+_PLAIN_KINDS = frozenset(("async", "sync"))  # handlers a plain call runs (not generators)
 
 PLAIN = InvokeOptions()  # a plain JSON call with the function's own settings
 
@@ -147,6 +150,23 @@ class Dispatcher:
             inv.session = function.sessions.open(options.session)  # 429 when the table is full
         self.executor.start(inv, inline=options.inline)
         return inv
+
+    def plain(self, principal: Principal | None, function: FunctionRef, event: Any,
+              trace_id: str) -> PlainCall | None:
+        """A plain JSON call of `function` (runtime/plain.py), to run with `Executor.call_plain`
+        in the caller's task; None when the call must take `dispatch` instead: a function queued
+        for the cluster or run by worker processes, a generator handler, one not yet initialized.
+        The tenant check is dispatch's."""
+        check_tenant(principal, function.spec)
+        if type(function) is not Deployment or function.kind not in _PLAIN_KINDS or not function.ready:
+            return None
+        if function.executor == "process":
+            return None
+        cluster = self.cluster
+        if cluster is not None and cluster.should_enqueue(function):
+            return None
+        limits = self.limits
+        return PlainCall(function, event, trace_id, limits.max_write_size, limits.max_response_size)
 
     async def submit_job(self, principal: Principal | None, function: FunctionRef | str, event: Any,
                          request: JobRequest) -> Job:

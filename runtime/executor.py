@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .codec import encode_result
 from .context import Context
 from .cpu_sampler import CpuSampler
 from .deployment import Deployment
@@ -25,6 +26,7 @@ from .errors import FunctionServiceError, FunctionTimeoutError, ServiceUnavailab
 from .invocation import Invocation, drain_generator
 from .limits import LoopLagMonitor, TenantShares, ThreadGate
 from .logs import set_log_context
+from .plain import PlainCall
 from .process.executor import ProcessExecutor
 from .streams.tenancy import current_tenant
 from .thread_stop import run_stoppable, stop_thread
@@ -46,7 +48,7 @@ class Executor:
                  threads_per_tenant: int | None = None) -> None:
         self._pool = DaemonThreadPool(thread_pool_size, thread_name_prefix="fnstream-handler")
         self.process = ProcessExecutor()  # `executor: process` functions run on worker processes
-        self.active: set[Invocation] = set()
+        self.active: set[Invocation | PlainCall] = set()
         self._watchdog: asyncio.Task[Any] | None = None
         # One function's threads (running or overran) may not take more than this of the pool.
         self.threads_per_function = threads_per_function or max(1, thread_pool_size // 4)
@@ -114,6 +116,76 @@ class Executor:
             # Cancelled before its first step, so `_run`'s own cleanup never ran.
             inv.close_output()
             inv.deployment.release()
+
+    async def call_plain(self, call: PlainCall) -> str:
+        """Run a plain JSON call (runtime/plain.py) in the caller's task: its result as JSON text.
+
+        The bookkeeping of `start` + `_run` for one `async def` or `def` handler already initialized,
+        without a task, channel or deferred run of its own: the slot (429 when full), the deadline
+        (the watchdog cancels this task), the log context and tenant, the handler's failures."""
+        dep = call.deployment
+        dep.acquire()
+        call.task = asyncio.current_task()
+        active = self.active
+        active.add(call)
+        watchdog = self._watchdog
+        if watchdog is None or watchdog.done():
+            self._watch_deadlines()
+        spec = call.spec
+        set_log_context(call.trace_id, spec.name, call.id)
+        tenant_token = current_tenant.set(spec.tenant)  # named streams are the function's tenant's
+        in_pool = False
+        try:
+            ctx = Context(spec, call)
+            if dep.kind == "async":
+                self._loop_started.add(spec.name)
+                result = await dep.code.handler(call.event, ctx)  # type: ignore[union-attr]  # loaded
+            else:
+                in_pool = True
+                result = await self._run_in_pool(call, ctx)
+            return encode_result(result, call.max_response_size)
+        except asyncio.CancelledError as exc:
+            error = self._cancelled(call, exc, inline=True)
+            if error is exc:
+                raise
+            raise error from None
+        except FunctionServiceError:
+            dep.failures += 1
+            raise
+        except BaseException as exc:
+            raise self._failed(call, exc) from None
+        finally:
+            current_tenant.reset(tenant_token)
+            if not in_pool:
+                dep.release()
+            active.discard(call)
+
+    def _cancelled(self, inv: Invocation | PlainCall, exc: asyncio.CancelledError, inline: bool) -> BaseException:
+        """What a handler's run raises for the CancelledError `exc`: a timeout, the abort error, a
+        handler failure (its own code let a CancelledError escape), or `exc` itself (a cancel)."""
+        task = asyncio.current_task()
+        assert task is not None
+        if inv.timed_out is not None:  # the deadline watchdog's doing, not the client's
+            task.uncancel()
+            inv.deployment.failures += 1
+            return FunctionTimeoutError(inv.timed_out)
+        if inline and inv.abort_error is not None:  # fnstream stopped it (shutdown): answer that
+            task.uncancel()
+            return inv.abort_error
+        if inv.cancel_reason is None and task.cancelling() == 0:
+            # Nobody cancelled this task: the handler's own code let a CancelledError escape
+            # (e.g. it awaited a future someone else cancelled). A handler failure, not a cancel.
+            return self._failed(inv, exc)
+        return exc
+
+    @staticmethod
+    def _failed(inv: Invocation | PlainCall, exc: BaseException) -> FunctionServiceError:
+        """A handler's own exception (SystemExit, KeyboardInterrupt, a BaseException of its own
+        included): logged with its traceback, answered as the function's failure."""
+        inv.deployment.failures += 1
+        log.error("function %s invocation %s raised:\n%s", inv.deployment.name, inv.id,
+                  "".join(traceback.format_exception(exc)))
+        return handler_failure(exc)
 
     def _watch_deadlines(self) -> None:
         if self._watchdog is None or self._watchdog.done():
@@ -202,30 +274,16 @@ class Executor:
             in_pool = True
             return await self._run_in_pool(inv, ctx)
         except asyncio.CancelledError as exc:
-            if inv.timed_out is not None:  # the deadline watchdog's doing, not the client's
-                asyncio.current_task().uncancel()  # type: ignore[union-attr]
-                dep.failures += 1
-                raise FunctionTimeoutError(inv.timed_out) from None
-            if inline and inv.abort_error is not None:  # fnstream stopped it (shutdown): answer that
-                asyncio.current_task().uncancel()  # type: ignore[union-attr]
-                raise inv.abort_error from None
-            if inv.cancel_reason is None and asyncio.current_task().cancelling() == 0:  # type: ignore[union-attr]
-                # Nobody cancelled this task: the handler's own code let a CancelledError escape
-                # (e.g. it awaited a future someone else cancelled). A handler failure, not a cancel.
-                dep.failures += 1
-                log.error("function %s invocation %s raised:\n%s", dep.name, inv.id,
-                          "".join(traceback.format_exception(exc)))
-                raise handler_failure(exc) from None
-            raise
+            error = self._cancelled(inv, exc, inline)
+            if error is exc:
+                raise
+            raise error from None
         except FunctionServiceError:
             # Raised by fnstream itself (timeout, init failure, a refused write...): already clear.
             dep.failures += 1
             raise
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, a BaseException of its own: its failure
-            dep.failures += 1
-            log.error("function %s invocation %s raised:\n%s", dep.name, inv.id,
-                      "".join(traceback.format_exception(exc)))
-            raise handler_failure(exc) from None
+            raise self._failed(inv, exc) from None
         finally:
             current_tenant.reset(tenant_token)
             inv.close_output()
@@ -234,7 +292,7 @@ class Executor:
             if inline:
                 self.active.discard(inv)
 
-    async def _run_in_pool(self, inv: Invocation, ctx: Context) -> Any:
+    async def _run_in_pool(self, inv: Invocation | PlainCall, ctx: Context) -> Any:
         """A `def` handler's call on a pool thread, within its function's ThreadGate. Apart from
         _run so that loop-run handlers carry none of this per call; gives the slot back itself."""
         dep = inv.deployment
@@ -273,7 +331,7 @@ class Executor:
             else:
                 dep.release()
 
-    def _stop(self, inv: Invocation, ident: int, thread_future: asyncio.Future[Any]) -> None:
+    def _stop(self, inv: Invocation | PlainCall, ident: int, thread_future: asyncio.Future[Any]) -> None:
         """Stop the thread of a timed-out invocation; again every STOP_RETRY_SECONDS while it runs."""
         if thread_future.done():
             return
@@ -282,7 +340,7 @@ class Executor:
         asyncio.get_running_loop().call_later(STOP_RETRY_SECONDS, self._stop, inv, ident, thread_future)
 
     @staticmethod
-    def _call_in_thread(inv: Invocation, ctx: Context, started: list[int]) -> Any:
+    def _call_in_thread(inv: Invocation | PlainCall, ctx: Context, started: list[int]) -> Any:
         if inv.cancel_reason is not None or time.monotonic() >= inv.deadline:
             # It waited for a free thread past its deadline (or its client left): never start. A
             # timeout, even if the watchdog has not said so yet (never a 200 for a call never made).
@@ -297,7 +355,7 @@ class Executor:
             gate.leave(started[0])
 
 
-def _call_handler(inv: Invocation, ctx: Context) -> Any:
+def _call_handler(inv: Invocation | PlainCall, ctx: Context) -> Any:
     code = inv.deployment.code
     assert code is not None
     result = code.handler(inv.event, ctx)

@@ -18,11 +18,11 @@ from runtime.durable import DurableOutputs, error_text
 from runtime.errors import BadRequestError, FunctionServiceError, NotAcceptableError
 from runtime.manifest import function_urn
 from runtime.sessions import SessionRequest, parse_session_header
-from runtime.surface import InvocationSurface, Mode
+from runtime.surface import InvocationInfo, InvocationSurface, Mode
 
 from ..auth import principal_of
 from ..body import read_json_body
-from ..keys import CONFIG, DISPATCHER, OUTPUTS, TRACE_ID
+from ..keys import CONFIG, DISPATCHER, EXECUTOR, OUTPUTS, TRACE_ID
 from ..metrics_counters import FUNCTION, INVOCATION
 from ..negotiation import parse_accept, quality
 from ..respond import invocation_route
@@ -83,6 +83,11 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     mode = negotiate_mode(headers.get("Accept"), args.enableEvent)
     session = _session_of(request)
     request[FUNCTION] = function.spec  # from here on the invocation is counted
+    if mode == "json" and session is None:
+        call = dispatcher.plain(principal, function, event, request[TRACE_ID])
+        if call is not None:  # a plain call (runtime/plain.py): in this task, its result encoded once
+            request[INVOCATION] = call
+            return json_answer(call, await app[EXECUTOR].call_plain(call))
     options = InvokeOptions(mode=mode, trace_id=request.get(TRACE_ID), inline=True, session=session)
     inv = await dispatcher.dispatch(principal, function, event, options)
     request[INVOCATION] = inv
@@ -110,7 +115,7 @@ async def _json_response(inv: InvocationSurface) -> web.Response:
     return json_answer(inv, await inv.encoded_result())
 
 
-def json_answer(inv: InvocationSurface, result: str | None, trace_flags: str | None = None) -> web.Response:
+def json_answer(inv: InvocationInfo, result: str | None, trace_flags: str | None = None) -> web.Response:
     """The answer of a plain JSON call that returned `result` (its JSON text; a plain JSON call
     always has an answer, `null` for none). With `trace_flags` (frontend/front_door.py: no middleware
     follows it), the answer's trace headers are set here too."""

@@ -176,3 +176,15 @@ def self_framed(event, context):
             time.sleep(event.get("delay_ms", 200) / 1000)
         yield f'data: {{"n": {i}}}\n\n'
     yield "data: [DONE]\n\n"
+
+
+async def plain_writes(event, context):
+    """A plain JSON call's stream: a JSON write is dropped; one that cannot go out still raises."""
+    stream = context.get_stream()
+    await stream.write({"dropped": True})
+    try:
+        await stream.write({1, 2})
+    except Exception as exc:
+        return {"refused": type(exc).__name__, "invoke_id": context.get_invoke_id(),
+                "trace_id": context.get_trace_id(), "remaining_ms": context.getRemainingTimeInMilliSeconds()}
+    return {"refused": None}

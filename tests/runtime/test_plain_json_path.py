@@ -81,3 +81,28 @@ def test_a_cycle_at_the_default_limit_is_refused_as_not_json():
     else:
         raise AssertionError("a cycle was encoded")
     assert encode_json({"a": [1, 2.5, "é"]}) == '{"a":[1,2.5,"é"]}'  # the encoder is whole after a failure
+
+
+async def test_a_plain_call_names_its_ids_and_checks_its_writes_through_both_doors(aiohttp_client, deploy_dir):
+    """A plain call (runtime/plain.py) through the fast lane and through the app's route: the context
+    names the answer's X-Invocation-Id and trace id; a write is dropped, one that is not JSON raises."""
+    from aiohttp.test_utils import TestServer
+
+    from frontend.app import build_app
+    from tests.support.servers import FnstreamTestServer
+
+    config = test_config(deploy_dir(fn("pw", "testfns.plain_writes", timeout=30),
+                                    fn("ctx", "testfns.context_info")), **{"jobs.store": "memory"})
+    for server in (FnstreamTestServer(build_app(config)), TestServer(build_app(config))):
+        client = await aiohttp_client(server)
+        resp = await client.post("/serverless/v1/functions/pw/invocations", json={})
+        assert resp.status == 200
+        body = await resp.json()
+        assert body["refused"] == "StreamWriteError"
+        assert body["invoke_id"] == resp.headers["X-Invocation-Id"] and len(body["invoke_id"]) == 22
+        assert body["trace_id"] == resp.headers["X-Trace-Id"] == resp.headers["X-Request-Id"]
+        assert 0 < body["remaining_ms"] <= 30_000
+        resp = await client.post("/serverless/v1/functions/ctx/invocations", json={})
+        info = await resp.json()
+        assert info["invoke_id"] == resp.headers["X-Invocation-Id"] and info["tenant"] == "default"
+        assert client.server.app[REGISTRY].get("pw").inflight == 0

@@ -12,7 +12,7 @@ from blockbuster import blockbuster_ctx
 from hypothesis import settings
 
 from frontend.app import build_app
-from tests.support.cluster import NO_REDIS, RedisClusterServers, RedisServer, WorkerProcess, require_redis_server
+from tests.support.cluster import NO_REDIS, RedisClusterServers, RedisServer, WorkerNodeProcess, require_redis_server
 from tests.support.servers import ROOT, FnstreamTestServer, ServerProcess, make_config
 
 # Property tests: no example database in the tree, and no per-example deadline (2 shared cores).
@@ -180,10 +180,10 @@ def redis_cluster(tmp_path):
 
 @pytest.fixture
 def start_worker():
-    workers: list[WorkerProcess] = []
+    workers: list[WorkerNodeProcess] = []
 
-    def factory(url: str, *args: str) -> WorkerProcess:
-        w = WorkerProcess(url, *args)
+    def factory(url: str, *args: str) -> WorkerNodeProcess:
+        w = WorkerNodeProcess(url, *args)
         workers.append(w)
         return w
 

@@ -35,7 +35,7 @@ from .queue import RemoteInvocation, WorkQueue
 from .redis_broker import RedisBroker
 from .registry_sync import RegistrySync
 from .settings import REDIS_DOWN, ClusterUnavailableError, Keys, connect, describe_url, node_id
-from .worker import QueueWorker
+from .worker import QueueConsumer
 
 __all__ = ("ClusterNode",)
 
@@ -62,31 +62,31 @@ class ClusterNode:
                                   BrokerSettings.from_config(config.streams))
         self.queue = WorkQueue(self.redis, self.keys, self.id, ttl=cc.outputTtlSeconds,
                                heartbeat=cc.workerHeartbeatSeconds)
-        self.worker: QueueWorker | None = None
+        self.consumer: QueueConsumer | None = None
         self.workers: dict[str, dict[str, Any]] = {}   # live workers (refreshed every heartbeat)
         self.redis_reachable = False
         self._reachable_since = 0.0   # time.monotonic() when the watcher last found Redis back
         self._watcher: asyncio.Task[None] | None = None
         if self.role != "frontend":
-            self.worker = QueueWorker(self.redis, self.keys, registry, executor, self.id,
+            self.consumer = QueueConsumer(self.redis, self.keys, registry, executor, self.id,
                                       concurrency=cc.workerConcurrency, heartbeat=cc.workerHeartbeatSeconds,
                                       claim_idle=cc.claimIdleSeconds, ttl=cc.outputTtlSeconds)
 
     async def start(self) -> None:
         self.sync.start()
         self._watcher = asyncio.create_task(self._watch_workers(), name="cluster-watch-workers")
-        if self.worker is not None:
-            self.worker.start()
+        if self.consumer is not None:
+            self.consumer.start()
         log.info("cluster node %s (role %s) on %s", self.id, self.role, describe_url(self.url))
 
     async def stop_taking(self) -> None:
         """Shutdown, first step: take no more queued work (heartbeats and cancels go on meanwhile)."""
-        if self.worker is not None:
-            await self.worker.stop_taking()
+        if self.consumer is not None:
+            await self.consumer.stop_taking()
 
     async def stop(self) -> None:
-        if self.worker is not None:
-            await self.worker.stop()
+        if self.consumer is not None:
+            await self.consumer.stop()
         await stop_tasks((self._watcher,), "cluster node")
         await self.queue.close()
         await self.sync.stop()

@@ -29,10 +29,10 @@ from ..tasks import checkpoint, stop_tasks
 from .settings import REDIS_DOWN, Backoff, Keys
 from .worker_intake import Intake
 
-__all__ = ("QueueWorker",)
+__all__ = ("QueueConsumer",)
 
 
-class QueueWorker(Intake):
+class QueueConsumer(Intake):
     """Runs queued invocations of the functions in `registry` on `executor` (not a worker process:
     those are runtime/process; this is a cluster node's consumer of the work queue): its intake
     (runtime/cluster/worker_intake.py), the running (worker_run.py), and here its life and liveness."""

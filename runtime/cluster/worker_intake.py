@@ -1,6 +1,6 @@
 """The cluster worker's intake: consumer groups, one reader per Redis Cluster slot, reclaim.
 
-Part of QueueWorker (runtime/cluster/worker.py describes the whole). A worker reads every queue
+Part of QueueConsumer (runtime/cluster/worker.py describes the whole). A worker reads every queue
 it can run with XREADGROUP, only as many entries as it has free slots and the function has room
 for; entries a dead worker held go idle and are taken over with XAUTOCLAIM.
 """

@@ -1,6 +1,6 @@
 """The cluster worker's state, and running what it took: execute, stream the output, answer, ack.
 
-Part of QueueWorker (runtime/cluster/worker.py, which describes the whole): the base of the
+Part of QueueConsumer (runtime/cluster/worker.py, which describes the whole): the base of the
 intake (runtime/cluster/worker_intake.py) and of the worker itself. Round trips are few and
 shared: every command goes through one Batcher; the worker's id rides on the first entry
 written; a batch of stream writes is one output entry (`d` the payloads end to end, `n` their
@@ -107,7 +107,7 @@ class _Slots:
 
 class Runner:
     """A cluster worker's shared state (what it holds, runs, was told to cancel) and the running of
-    the entries it took. Not used alone: QueueWorker is the whole worker."""
+    the entries it took. Not used alone: QueueConsumer is the whole worker."""
 
     def __init__(self, redis: AnyRedis, keys: Keys, registry: Registry, executor: Executor, worker_id: str, *,
                  concurrency: int = 64, heartbeat: float = 1.0, claim_idle: float = 5.0, ttl: float = 60.0) -> None:

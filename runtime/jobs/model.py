@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..deployment import function_key
+
+if TYPE_CHECKING:
+    from ..errors import FunctionServiceError
 
 __all__ = ("FINAL", "YUANRONG_STATUS", "Api", "Job", "JobRequest", "Status", "new_job_id")
 
@@ -164,3 +167,17 @@ class Job:
         for key, value in newer.row().items():
             setattr(self, key, value)
         self.outputs.extend(new_outputs)
+
+    def ended(self, status: Status, result: Any, error: FunctionServiceError | None) -> Job:
+        """A copy of the job as it ends (stored first; its end fields become the job's once stored)."""
+        return replace(self, status=status, completed_at=time.time(), result=result,
+                       error=error.to_dict() if error is not None else None,
+                       status_code=error.status if error is not None else 200)
+
+    def take_end(self, ended: Job) -> None:
+        """The end fields of `ended` (this job's `ended()` copy, once stored)."""
+        for name in _END_FIELDS:
+            setattr(self, name, getattr(ended, name))
+
+
+_END_FIELDS = ("status", "completed_at", "result", "error", "status_code")

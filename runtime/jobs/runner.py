@@ -30,11 +30,7 @@ from ..runpod_compat import set_progress_sink
 from ..tasks import stop_tasks
 from .cache import JobCache
 from .collect import cancelled, collect
-from .errors import (
-    JobQueueFullError,
-    JobStateError,
-    JobStoreError,
-)
+from .errors import JobQueueFullError, JobStateError, JobStoreError
 from .limits import JobBytes, input_size
 from .model import FINAL, Job, JobRequest, Status, new_job_id
 from .reads import JobReads
@@ -385,12 +381,12 @@ class JobManager(JobReads):
         assert status in FINAL
         job.changing = True
         try:
-            ended = _ended(job, status, result, error)
+            ended = job.ended(status, result, error)
             try:
                 await self.writes.save(ended)
             except JobStoreError as exc:
                 self.writes.failed(job, exc)
-                ended = _ended(job, "FAILED", None, JobStoreError(
+                ended = job.ended("FAILED", None, JobStoreError(
                     f"the job ended {status} but its end could not be stored: {exc.message}"))
                 await self.writes.keep_unsaved(job, (ended.error or {}).get("message", ""))  # see _flush_unsaved
                 log.warning("jobs: the end of job %s is not stored yet; it is tried again every %g s",
@@ -403,8 +399,7 @@ class JobManager(JobReads):
             return
         if job.status == "IN_QUEUE":
             self._count_queued(job, -1)
-        for name in _END_FIELDS:
-            setattr(job, name, getattr(ended, name))
+        job.take_end(ended)
         self._notify(job)
         for callback in self.on_final:
             try:
@@ -441,14 +436,4 @@ class JobManager(JobReads):
         if old:
             await self.writes.delete(old)
         return len(old)
-
-
-_END_FIELDS = ("status", "completed_at", "result", "error", "status_code")
-
-
-def _ended(job: Job, status: Status, result: Any, error: FunctionServiceError | None) -> Job:
-    """A copy of the job as it ends (stored first; its end fields are the job's once stored)."""
-    return dataclasses.replace(job, status=status, completed_at=time.time(), result=result,
-                               error=error.to_dict() if error is not None else None,
-                               status_code=error.status if error is not None else 200)
 

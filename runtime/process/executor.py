@@ -20,7 +20,7 @@ from ..deployment import Deployment
 from ..errors import FunctionServiceError, FunctionTimeoutError, InitializerError
 from ..invocation import Invocation
 from .pool import WorkerPool
-from .worker_process import Job, WorkerProcess
+from .worker_process import PooledCall, WorkerProcess
 
 __all__ = ("ProcessExecutor",)
 
@@ -48,7 +48,7 @@ class ProcessExecutor:
         assert pool is not None  # a process deployment has its pool from deploy on
         session = inv.session
         worker: WorkerProcess | None = None
-        job: Job | None = None
+        job: PooledCall | None = None
         in_session = False
         handed_off = False  # a reaper task releases the worker slot and the concurrency slot
         try:
@@ -95,7 +95,7 @@ class ProcessExecutor:
                     pool.release(worker, job)
                 dep.release()
 
-    def _stop_timed_out(self, dep: Deployment, pool: WorkerPool, worker: WorkerProcess, job: Job,
+    def _stop_timed_out(self, dep: Deployment, pool: WorkerPool, worker: WorkerProcess, job: PooledCall,
                         reason: str) -> bool:
         """Stop an invocation past its deadline; True when a reaper now owns its slots."""
         if pool.kind in ("sync", "gen") and not pool.interrupts_threads and pool.only_job(worker, job):
@@ -105,12 +105,12 @@ class ProcessExecutor:
         self._reap_later(dep, pool, worker, job, "of timing out")
         return True
 
-    def _reap_later(self, dep: Deployment, pool: WorkerPool, worker: WorkerProcess, job: Job, why: str) -> None:
+    def _reap_later(self, dep: Deployment, pool: WorkerPool, worker: WorkerProcess, job: PooledCall, why: str) -> None:
         task = asyncio.get_running_loop().create_task(self._reap(dep, pool, worker, job, why))
         self._reapers.add(task)
         task.add_done_callback(self._reapers.discard)
 
-    async def _reap(self, dep: Deployment, pool: WorkerPool, worker: WorkerProcess, job: Job, why: str) -> None:
+    async def _reap(self, dep: Deployment, pool: WorkerPool, worker: WorkerProcess, job: PooledCall, why: str) -> None:
         """Wait for a cancelled handler to stop; kill its worker if it will not."""
         try:
             try:

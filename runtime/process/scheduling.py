@@ -20,7 +20,7 @@ from ..manifest import FunctionSpec
 from ..threadpool import call_threadsafe
 from .errors import WorkerUnavailableError
 from .protocol import Invoke
-from .worker_process import Job, WorkerProcess
+from .worker_process import PooledCall, WorkerProcess
 
 if TYPE_CHECKING:
     from ..sessions import Session
@@ -198,9 +198,9 @@ class SlotScheduler(abc.ABC):
         self._waiters.clear()
 
     def begin(self, worker: WorkerProcess, inv: PooledInvocation, session: Session | None = None,
-              restarted: bool = False) -> tuple[Job, Invoke]:
+              restarted: bool = False) -> tuple[PooledCall, Invoke]:
         """The job of `inv` on the slot it holds on `worker`, and the frame that starts it there."""
-        job = Job(inv)
+        job = PooledCall(inv)
         worker.jobs[inv.id] = job
         worker.invocations += 1
         frame: Invoke = {"t": "invoke", "id": inv.id, "trace_id": inv.trace_id, "event": inv.event,
@@ -210,7 +210,7 @@ class SlotScheduler(abc.ABC):
                          "items": inv.streaming and inv.keep_items}
         return job, frame
 
-    def release(self, worker: WorkerProcess, job: Job | None) -> None:
+    def release(self, worker: WorkerProcess, job: PooledCall | None) -> None:
         """A slot on `worker` is free again: hand it on, or stop the worker if it should go."""
         stop = False
         with self.lock:
@@ -227,7 +227,7 @@ class SlotScheduler(abc.ABC):
         if stop:
             worker.stop()
 
-    def only_job(self, worker: WorkerProcess, job: Job) -> bool:
+    def only_job(self, worker: WorkerProcess, job: PooledCall) -> bool:
         """Whether `job` is the only invocation on `worker` (killing it then harms nobody else)."""
         with self.lock:
             return worker.busy <= 1 and list(worker.jobs.values()) in ([job], [])

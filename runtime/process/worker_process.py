@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ..sessions import Session
     from ..surface import PooledInvocation
 
-__all__ = ("Job", "PoolSide", "State", "WorkerProcess")
+__all__ = ("PooledCall", "PoolSide", "State", "WorkerProcess")
 
 log = logging.getLogger("fnstream.process")
 
@@ -77,7 +77,7 @@ def _resolve(fut: asyncio.Future[tuple[str, Any]], outcome: tuple[str, Any]) -> 
         fut.set_result(outcome)
 
 
-class Job:
+class PooledCall:
     """One invocation running on one worker; `future` gets ("result", value) or ("error", exc)."""
 
     def __init__(self, inv: PooledInvocation) -> None:
@@ -112,7 +112,7 @@ class WorkerProcess:
         self.ready = False
         self.invocations = 0
         self.started = time.time()
-        self.jobs: dict[str, Job] = {}
+        self.jobs: dict[str, PooledCall] = {}
         self.busy = 0                      # slots taken (an acquired slot may not have its job yet)
         self.idle_since = time.monotonic()
         self.sessions: dict[str, Session] = {}  # sessions pinned here (a worker with live ones stays up)
@@ -122,7 +122,7 @@ class WorkerProcess:
         self.returncode: int | None = None
         self.streams = StreamBridge(self.send, pool.spec.tenant)
         self._batch: list[bytes] = []  # frames queued on the loop this turn (send_on_loop)
-        self._inbox: list[tuple[Job, Write | Item | Result | Error]] = []  # invocation frames for the loop
+        self._inbox: list[tuple[PooledCall, Write | Item | Result | Error]] = []  # invocation frames for the loop
         self._inbox_lock = threading.Lock()
         self.conn.send({"t": "hello", "spec": pool.spec.model_dump(mode="json"),
                         "code_roots": [str(p) for p in pool.code_roots], "credits": pool.credits})
@@ -302,16 +302,16 @@ class WorkerProcess:
                 self._finish(job, ("error", job.error or error_from_wire(msg["error"], msg["message"])))
 
     @staticmethod
-    def _finish(job: Job, outcome: tuple[str, Any]) -> None:
+    def _finish(job: PooledCall, outcome: tuple[str, Any]) -> None:
         if job.backlog is not None:
             job.deferred = outcome  # its last writes are still on their way into the channel
             return
         _resolve(job.future, outcome)
 
-    def _credit(self, job: Job, n: int) -> None:
+    def _credit(self, job: PooledCall, n: int) -> None:
         self.send_on_loop({"t": "credit", "id": job.inv.id, "n": n})  # small: always queued
 
-    def _deliver(self, job: Job, payloads: list[str]) -> None:
+    def _deliver(self, job: PooledCall, payloads: list[str]) -> None:
         """On the loop: put a (coalesced) write frame into the invocation's channel, give the
         credits back. What does not fit waits in the job's backlog (credits held back)."""
         if job.backlog is not None:
@@ -332,7 +332,7 @@ class WorkerProcess:
         if payloads:
             self._credit(job, len(payloads))
 
-    async def _drain(self, job: Job) -> None:
+    async def _drain(self, job: PooledCall) -> None:
         """Move the backlog into the channel as the client reads, a credit per write."""
         inv = job.inv
         while job.backlog:
@@ -349,7 +349,7 @@ class WorkerProcess:
         if outcome is not None:
             _resolve(job.future, outcome)
 
-    def _aggregate(self, job: Job, items: list[Any]) -> None:
+    def _aggregate(self, job: PooledCall, items: list[Any]) -> None:
         """Generator items of a plain JSON request: collected (bounded by maxResponseSize)."""
         inv = job.inv
         try:

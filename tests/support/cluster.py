@@ -144,14 +144,14 @@ class RedisClusterServers:
                 proc.wait()
 
 
-class WorkerProcess(FnstreamProcess):
+class WorkerNodeProcess(FnstreamProcess):
     """A real `fnstream worker --cluster URL` subprocess."""
 
     def __init__(self, url: str, *args: str) -> None:
         super().__init__("worker", "--cluster", url, *FAST, *args, env={"FNSTREAM_LOG": "WARNING"})
 
 
-class PreviousWorkerProcess(WorkerProcess):
+class PreviousWorkerNodeProcess(WorkerNodeProcess):
     """A worker as the version before JSON answers streams (tests/support/previous_worker.py)."""
 
     MODULE = "tests.support.previous_worker"
@@ -208,7 +208,7 @@ class Serving:
     """A frontend and a worker on one Redis, a client session, and the function deployed."""
 
     frontend: FnstreamProcess
-    worker: WorkerProcess
+    worker: WorkerNodeProcess
     session: aiohttp.ClientSession
 
 

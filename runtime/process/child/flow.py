@@ -2,7 +2,7 @@
 
 A write waits for a credit the frontend gives back once the write is in the invocation's bounded
 channel, so a slow client slows its own handler and nothing else. Apart from the main loop
-(child/main.py `Worker`, which inherits `FlowControl`) because this is the backpressure contract
+(child/main.py `ChildProgram`, which inherits `FlowControl`) because this is the backpressure contract
 with runtime/process/worker_process.py, and reads best on its own.
 """
 from __future__ import annotations

@@ -57,12 +57,12 @@ from ..streams_bridge import ProxyBroker, stream_error
 from .flow import Cancelled, FlowControl, WorkerInvocation, raise_in_thread, resolve
 from .outbox import FrameLogHandler, Outbox, hard_exit
 
-__all__ = ("Worker", "main")
+__all__ = ("ChildProgram", "main")
 
 log = logging.getLogger("fnstream.worker")
 
 
-class Worker(FlowControl):
+class ChildProgram(FlowControl):
     """The worker's state: the loaded code, its running invocations, the outbox."""
 
     def __init__(self, conn: Connection[ToFrontend, ToWorker], spec: FunctionSpec, code_roots: list[Path],
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         raise ProtocolError(f"the first frame must be 'hello', not {hello['t']!r}")
     spec = FunctionSpec.model_validate(hello["spec"])
     _limit_memory(spec.memory)
-    worker = Worker(conn, spec, [Path(p) for p in hello["code_roots"]], int(hello["credits"]))
+    worker = ChildProgram(conn, spec, [Path(p) for p in hello["code_roots"]], int(hello["credits"]))
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     root.addHandler(FrameLogHandler(worker.post))

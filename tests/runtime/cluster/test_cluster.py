@@ -445,8 +445,8 @@ def test_a_frontend_acking_only_events_paces_the_worker_by_events():
 async def test_output_lost_on_its_way_through_redis_fails_the_invocation(redis_server, make_client, monkeypatch):
     """A data entry that never reaches the frontend (expired, evicted, a failover) is a gap in the
     entries' indexes: the client gets an error event, not an end that looks complete."""
-    from runtime.cluster.worker import QueueWorker
-    original, data_writes = QueueWorker._write, []
+    from runtime.cluster.worker import QueueConsumer
+    original, data_writes = QueueConsumer._write, []
 
     async def lossy(self, inv_id, entries):
         if entries[0].get("t") == "data":
@@ -454,7 +454,7 @@ async def test_output_lost_on_its_way_through_redis_fails_the_invocation(redis_s
             if len(data_writes) == 3:
                 return True                                       # "written", and gone
         return await original(self, inv_id, entries)
-    monkeypatch.setattr(QueueWorker, "_write", lossy)
+    monkeypatch.setattr(QueueConsumer, "_write", lossy)
     _client, _high, _inv, remote = await _queued_many(redis_server, make_client, 100)
     events = [e["data"] async for e in iter_sse(remote)]
     assert events[-1] == "[DONE]"
@@ -467,8 +467,8 @@ async def test_output_lost_on_its_way_through_redis_fails_the_invocation(redis_s
 async def test_a_data_entry_written_twice_is_relayed_once(redis_server, make_client, monkeypatch):
     """A pipeline resent after a dropped connection can write an entry twice: its index says so,
     and the client gets every write once (it was reported as lost output)."""
-    from runtime.cluster.worker import QueueWorker
-    original, data_writes = QueueWorker._write, []
+    from runtime.cluster.worker import QueueConsumer
+    original, data_writes = QueueConsumer._write, []
 
     async def twice(self, inv_id, entries):
         if entries[0].get("t") == "data":
@@ -476,7 +476,7 @@ async def test_a_data_entry_written_twice_is_relayed_once(redis_server, make_cli
             if len(data_writes) == 3:
                 await original(self, inv_id, entries)              # the first send, whose reply was lost
         return await original(self, inv_id, entries)
-    monkeypatch.setattr(QueueWorker, "_write", twice)
+    monkeypatch.setattr(QueueConsumer, "_write", twice)
     _client, _high, _inv, remote = await _queued_many(redis_server, make_client, 100)
     events = [e["data"] async for e in iter_sse(remote)]
     assert [e[:4] for e in events[:-1]] == [f"{i:04d}" for i in range(100)] and events[-1] == "[DONE]"

@@ -18,8 +18,8 @@ from runtime.errors import FunctionServiceError, FunctionTimeoutError
 from runtime.manifest import FunctionSpec
 from tests.support.cluster import (
     RELAY,
-    PreviousWorkerProcess,
-    WorkerProcess,
+    PreviousWorkerNodeProcess,
+    WorkerNodeProcess,
     deploy,
     frontend_args,
     serving,
@@ -66,7 +66,7 @@ async def test_json_answers_come_on_one_stream_read_for_all(redis_server, start_
 
 async def test_a_worker_of_the_version_before_still_answers(redis_server, start_server):
     a = start_server(*frontend_args(redis_server.url))
-    old = PreviousWorkerProcess(redis_server.url)
+    old = PreviousWorkerNodeProcess(redis_server.url)
     try:
         async with aiohttp.ClientSession() as s:
             await deploy(s, a.url, RELAY)
@@ -306,7 +306,7 @@ async def test_a_worker_that_redis_refuses_a_consumer_group_serves_once_it_may(r
     r.acl_setuser("w", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
                   commands=["+@all", "-xgroup|create"])
     a = start_server(*frontend_args(redis_server.url))
-    worker = WorkerProcess(f"redis://w:pw@127.0.0.1:{redis_server.port}/0")
+    worker = WorkerNodeProcess(f"redis://w:pw@127.0.0.1:{redis_server.port}/0")
     try:
         async with aiohttp.ClientSession() as s:
             await deploy(s, a.url, {**RELAY, "timeout": 1})

@@ -63,3 +63,36 @@ async def test_invocation_ids_differ_and_are_not_the_trace_id(client, door):
 async def test_a_refusal_before_any_invocation_names_none(client):
     resp = await client.post(INVOKE("missing"), json={})
     assert resp.status == 404 and "X-Invocation-Id" not in resp.headers
+
+
+def test_ids_are_unique_across_threads_and_a_fork():
+    """Ids are made in batches: each is handed out once, in threads, and a forked child makes its own."""
+    import os
+    import threading
+
+    from runtime.invocation_ids import new_invocation_id
+
+    seen: list[str] = []
+
+    def take() -> None:
+        seen.extend(new_invocation_id() for _ in range(500))
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(seen)) == len(seen) == 2000
+    assert all(ID.fullmatch(i) and len(i) == 22 for i in seen)
+    read, write = os.pipe()
+    pending = new_invocation_id()  # the parent has more of its batch left
+    pid = os.fork()
+    if pid == 0:  # the child: its next id is not one of the parent's batch
+        os.write(write, new_invocation_id().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 100).decode()
+    os.close(read)
+    ours = [new_invocation_id() for _ in range(64)]
+    assert child not in ours and child != pending and ID.fullmatch(child)

@@ -24,6 +24,7 @@ __all__ = ("incoming_trace", "trace_id_of", "answer_trace_headers", "trace_heade
 # Header names looked up on every request, as case-insensitive keys made once.
 _TRACEPARENT = istr("traceparent")
 _X_TRACE_ID = istr("X-Trace-Id")
+_X_REQUEST_ID = istr("X-Request-Id")
 
 
 # The trace flags of the answer's traceparent: the incoming one's, "01" (sampled) for a trace
@@ -53,9 +54,9 @@ def trace_id_of(request: web.BaseRequest) -> str:
 def answer_trace_headers(trace_id: str, flags: str) -> dict[str, str]:
     """`X-Trace-Id`, `X-Request-Id` and (flags given: a W3C trace) a `traceparent` naming this
     server's span of the trace."""
-    headers = {"X-Trace-Id": trace_id, "X-Request-Id": trace_id}
+    headers: dict[str, str] = {_X_TRACE_ID: trace_id, _X_REQUEST_ID: trace_id}
     if flags:
-        headers["traceparent"] = f"00-{trace_id}-{new_span_id()}-{flags}"
+        headers[_TRACEPARENT] = f"00-{trace_id}-{new_span_id()}-{flags}"
     return headers
 
 

@@ -28,6 +28,7 @@ class InvocationStopped(BaseException):
 
 _lock = threading.Lock()
 _running: dict[int, object] = {}  # thread ident -> the invocation (any identity token) it runs
+_stopped: set[int] = set()  # threads an exception was raised in, not yet withdrawn (under _lock)
 _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
 _set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
 _set_async_exc.restype = ctypes.c_int
@@ -52,7 +53,9 @@ def _leave(ident: int, token: object) -> None:
     with _lock:
         if _running.get(ident) is token:
             del _running[ident]
-        _set_async_exc(ident, ctypes.py_object())  # NULL: withdraw an exception not yet raised
+        if ident in _stopped:  # (most calls were never stopped: no ctypes call for them)
+            _stopped.discard(ident)
+            _set_async_exc(ident, ctypes.py_object())  # NULL: withdraw an exception not yet raised
 
 
 def stop_thread(ident: int, token: object) -> bool:
@@ -60,4 +63,5 @@ def stop_thread(ident: int, token: object) -> bool:
     with _lock:
         if _running.get(ident) is not token:
             return False
+        _stopped.add(ident)
         return bool(_set_async_exc(ident, ctypes.py_object(InvocationStopped)) == 1)

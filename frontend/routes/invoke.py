@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 
 from aiohttp import web
+from multidict import istr
 
 from runtime.dispatch import InvokeOptions
 from runtime.durable import DurableOutputs, error_text
@@ -119,17 +120,20 @@ def json_answer(inv: InvocationInfo, result: str | None, trace_flags: str | None
     """The answer of a plain JSON call that returned `result` (its JSON text; a plain JSON call
     always has an answer, `null` for none). With `trace_flags` (frontend/front_door.py: no middleware
     follows it), the answer's trace headers are set here too."""
-    headers = {"X-Trace-Id": inv.trace_id} if trace_flags is None else answer_trace_headers(inv.trace_id, trace_flags)
-    headers["Content-Type"] = _JSON_TYPE
-    headers["X-Invocation-Id"] = inv.id
-    headers["X-Inner-Code"] = "0"
-    headers["X-Billing-Duration"] = str(int((time.monotonic() - inv.started) * 1000))
+    headers = {_TRACE: inv.trace_id} if trace_flags is None else answer_trace_headers(inv.trace_id, trace_flags)
+    headers[_CONTENT_TYPE] = _JSON_TYPE
+    headers[_INVOCATION_ID] = inv.id
+    headers[_INNER_CODE] = "0"
+    headers[_BILLING] = str(int((time.monotonic() - inv.started) * 1000))
     # Bytes and a ready Content-Type: what `text=..., content_type=...` would give, without
     # aiohttp parsing the content type back to find the charset on every answer.
     return web.Response(body=(result or "null").encode(), headers=headers)
 
 
 _JSON_TYPE = "application/json; charset=utf-8"
+# The answer's header names as case-insensitive keys made once (the answer's CIMultiDict takes them as they are).
+_TRACE, _CONTENT_TYPE, _INVOCATION_ID, _INNER_CODE, _BILLING = (
+    istr(name) for name in ("X-Trace-Id", "Content-Type", "X-Invocation-Id", "X-Inner-Code", "X-Billing-Duration"))
 
 
 async def stream_response(request: web.BaseRequest, inv: InvocationSurface, heartbeat: float,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ConcurrencyLimitError, DeployError, FunctionNotFoundError, InitializerError
+from .executors import ExecutorKind, kind_named, kind_of
 from .loader import LoadedCode
 from .manifest import FunctionSpec
 from .pre_stop import run_pre_stop
@@ -31,7 +32,7 @@ __all__ = ("Deployment", "RemoteFunction", "FunctionRef", "Kind", "ExecutorName"
 log = logging.getLogger("fnstream.runtime")
 
 Kind = Literal["async", "sync", "gen", "asyncgen"]
-ExecutorName = Literal["async", "thread", "process"]
+ExecutorName = str  # a name of runtime/executors.py KINDS
 _URN_RE = re.compile(r"^sn:cn:yrk:(?P<tenant>[^:]+):function:0@(?P<namespace>[^@]+)@(?P<name>[^:]+)"
                      r":(?P<version>[^:]+)$")
 
@@ -98,6 +99,11 @@ class RemoteFunction:
 
     spec: FunctionSpec
     unavailable: str  # why this node cannot load it
+    in_process = False  # queued for the cluster's worker nodes (runtime/cluster/kind.py)
+
+    @property
+    def runs(self) -> ExecutorKind:
+        return kind_named("remote")
 
     @property
     def name(self) -> str:
@@ -123,6 +129,9 @@ class Deployment:
         self.code = code
         self.kind: Kind = handler_kind(code.handler) if code is not None else "sync"
         self.executor: ExecutorName = "process" if code is None else executor_for(spec, self.kind)
+        # Where its invocations run (runtime/executors.py): the manifest's kind, `java` for a Java function.
+        self.runs: ExecutorKind = kind_of(spec) or kind_named(self.executor)
+        self.in_process = self.runs.in_process  # read per call: the Executor runs it (loop or thread)
         self.pool: WorkerPool | None = None  # executor: process - started by Registry.deploy
         self.sessions = SessionTable()  # X-Instance-Session sessions of this deployment
         self.thread_gate: ThreadGate | None = None  # `def` handlers: set by the Executor on first call

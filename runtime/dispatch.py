@@ -160,7 +160,7 @@ class Dispatcher:
         check_tenant(principal, function.spec)
         if type(function) is not Deployment or function.kind not in _PLAIN_KINDS or not function.ready:
             return None
-        if function.executor == "process":
+        if not function.in_process:  # its kind's runner (worker processes) runs it
             return None
         cluster = self.cluster
         if cluster is not None and cluster.should_enqueue(function):

@@ -3,7 +3,8 @@
 Generators of either kind are iterated and each item becomes one stream write. The function's
 timeout is enforced here (openYuanrong's Python executor never does): async handlers are
 cancelled; a `def` handler's output is closed (its later writes raise) and its thread is stopped
-(runtime/thread_stop.py), retried while it keeps running.
+(runtime/thread_stop.py), retried while it keeps running. Every other kind (process, java) goes to
+its kind's Runner (runtime/executors.py).
 """
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ from .context import Context
 from .cpu_sampler import CpuSampler
 from .deployment import Deployment
 from .errors import FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError, handler_failure
+from .executors import ExecutorKind, Runner
 from .invocation import Invocation, drain_generator
 from .limits import LoopLagMonitor, TenantShares, ThreadGate
 from .logs import set_log_context
 from .plain import PlainCall
-from .process.executor import ProcessExecutor
 from .streams.tenancy import current_tenant
 from .thread_stop import run_stoppable, stop_thread
 from .threadpool import DaemonThreadPool
@@ -47,7 +48,8 @@ class Executor:
                  cpu_bound_threads: int = 2, burning_switch_interval: float = 0.0002, *,
                  threads_per_tenant: int | None = None) -> None:
         self._pool = DaemonThreadPool(thread_pool_size, thread_name_prefix="fnstream-handler")
-        self.process = ProcessExecutor()  # `executor: process` functions run on worker processes
+        # What runs the kinds it does not run itself (runtime/executors.py), one per factory, made on first use.
+        self._runners: dict[Callable[[], Runner], Runner] = {}
         self.active: set[Invocation | PlainCall] = set()
         self._watchdog: asyncio.Task[Any] | None = None
         # One function's threads (running or overran) may not take more than this of the pool.
@@ -66,7 +68,7 @@ class Executor:
         """Loop-run functions active now or started since the last call (for the loop-lag monitor)."""
         seen, self._loop_started = self._loop_started, set()
         return [*seen, *(inv.spec.name for inv in self.active
-                         if inv.deployment.kind in ("async", "asyncgen") and inv.deployment.executor != "process")]
+                         if inv.deployment.runs.on_loop)]
 
     def _gate(self, dep: Deployment) -> ThreadGate:
         if dep.thread_gate is None:
@@ -75,6 +77,19 @@ class Executor:
             self._gates.append(dep.thread_gate)
             self.cpu_sampler.watch(dep.thread_gate, asyncio.get_running_loop())
         return dep.thread_gate
+
+    def runner(self, kind: ExecutorKind) -> Runner:
+        """The runner of a kind the Executor does not run itself (process, java)."""
+        assert kind.runner is not None, kind.name
+        runner = self._runners.get(kind.runner)
+        if runner is None:
+            runner = self._runners[kind.runner] = kind.runner()
+        return runner
+
+    async def aclose_runners(self) -> None:
+        """Shutdown: each runner ends what it still owns (a process runner reaps cancelled handlers)."""
+        for runner in self._runners.values():
+            await runner.aclose()
 
     def abandoned_threads(self) -> int:
         """Handler threads still running (at shutdown: those the process will abandon)."""
@@ -94,12 +109,12 @@ class Executor:
         runs in the thread pool; the caller's task awaits its thread.
         """
         dep = inv.deployment
-        if inline and inv.session is None and inv.mode == "json" and dep.executor != "process":
+        if inline and inv.session is None and inv.mode == "json" and dep.in_process:
             dep.acquire()
             inv.defer(self._run_inline)
             return None
-        if dep.executor == "process":
-            task = self.process.start(inv)
+        if not dep.in_process:
+            task = self.runner(dep.runs).start(inv)
             task.add_done_callback(lambda _t: self.active.discard(inv))
         else:
             dep.acquire()
@@ -202,7 +217,7 @@ class Executor:
             await asyncio.sleep(DEADLINE_TICK)
             now = time.monotonic()
             for inv in [i for i in self.active if i.deadline <= now]:
-                if inv.deployment.executor != "process":
+                if not inv.deployment.runs.own_deadline:
                     inv.time_out(f"function {inv.spec.name!r} timed out after {inv.spec.timeout:g} s")
 
     async def _run_in_session(self, inv: Invocation) -> Any:

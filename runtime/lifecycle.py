@@ -107,7 +107,7 @@ class Lifecycle:
         finally:
             await self.executor.loop_monitor.stop()
             # Worker processes: cancelled handlers are reaped, then every pool runs preStop and exits.
-            await self.executor.process.aclose()
+            await self.executor.aclose_runners()
             await self.registry.stop_workers(self.grace)
             self.executor.shutdown()
             self.abandoned_threads = self.executor.abandoned_threads()

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ManifestError
+from .executors import SELECTABLE
 from .safe_yaml import load_untrusted
 
 __all__ = ("FunctionSpec", "parse_manifest", "load_manifest_file", "load_deploy_dir", "function_urn")
@@ -58,8 +59,9 @@ class FunctionSpec(BaseModel):
     models: list[str] = Field(default_factory=list, description="model ids served (OpenAI routes)")
     modelAliases: dict[str, str] = Field(default_factory=dict, description="{alias: served model}: other model "
                                          "names the OpenAI routes accept for this function (e.g. gpt-4o-mini)")
-    executor: Literal["async", "thread", "process"] | None = Field(
-        None, description="where handlers run; default: async for async handlers, thread for plain def")
+    executor: str | None = Field(
+        None, description="where handlers run; default: async for async handlers, thread for plain def",
+        json_schema_extra={"enum": [*SELECTABLE, None]})
     instances: int | None = Field(None, ge=1, le=256,
                                   description="executor: process: a fixed number of workers (minInstances = "
                                               "maxInstances = instances); not together with those two")
@@ -91,6 +93,14 @@ class FunctionSpec(BaseModel):
                                  "use 'process' or leave it out")
             data = {**data, "executor": "process"}
         return data
+
+    @field_validator("executor")
+    @classmethod
+    def _executor_kind(cls, value: str | None) -> str | None:
+        """One of the kinds a manifest may name (runtime/executors.py SELECTABLE)."""
+        if value is not None and value not in SELECTABLE:
+            raise ValueError(f"Input should be {', '.join(repr(k) for k in SELECTABLE[:-1])} or {SELECTABLE[-1]!r}")
+        return value
 
     @field_validator("handler", "initializer", "preStop")
     @classmethod

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from .deployment import function_key
 from .errors import FunctionServiceError
+from .executors import kind_of
 from .manifest import FunctionSpec
 
 __all__ = ("Quotas", "QuotaError")
@@ -26,8 +27,9 @@ class QuotaError(FunctionServiceError):
 
 
 def _kept(spec: FunctionSpec) -> int:
-    """Workers a process function keeps running (its minInstances; `instances` fixes it)."""
-    if spec.executor != "process":
+    """Workers a pooled function (process, Java) keeps running (its minInstances; `instances` fixes it)."""
+    kind = kind_of(spec)
+    if kind is None or not kind.pooled:
         return 0
     if spec.instances is not None:
         return spec.instances

@@ -19,18 +19,15 @@ from pathlib import Path
 
 from .deployment import DEFAULT_TENANT, Deployment, check_ref, function_key, parse_function_ref
 from .errors import DeployError, FunctionNotFoundError, FunctionServiceError
-from .java.pool import JavaWorkerPool
+from .executors import kind_of
 from .loader import check_code_location, load_code
 from .manifest import FunctionSpec
 from .process.budget import WorkerBudget
-from .process.pool import WorkerPool
 from .quotas import Quotas
 
 __all__ = ("Registry",)
 
 log = logging.getLogger("fnstream.runtime")
-#: the worker pool of an `executor: process` function, by whether it is a Java function
-POOLS: dict[bool, type[WorkerPool]] = {False: WorkerPool, True: JavaWorkerPool}
 
 
 class Registry:
@@ -95,17 +92,19 @@ class Registry:
             self._check_absent(specs)
         self._check_quotas(specs)
         # In-process code first (a kind/executor clash raises here), before any worker is started.
-        loaded = [Deployment(spec, load_code(spec, self.code_roots)) if spec.executor != "process" else None
-                  for spec in specs]
-        for spec in specs:
-            if spec.executor == "process":
+        kinds = [kind_of(spec) for spec in specs]  # None: in process, async or thread by the handler's kind
+        loaded = [Deployment(spec, load_code(spec, self.code_roots)) if kind is None or kind.in_process else None
+                  for spec, kind in zip(specs, kinds, strict=True)]
+        for spec, kind in zip(specs, kinds, strict=True):
+            if kind is not None and kind.pooled:
                 check_code_location(spec, self.code_roots)
         staged: builtins.list[Deployment] = []
         try:
             for spec, dep in zip(specs, loaded, strict=True):
-                if dep is None:
+                if dep is None:  # a pooled kind: its pool's first worker imports the code
                     dep = Deployment(spec, None)
-                    dep.pool = POOLS[spec.is_java](spec, self.code_roots, budget=self.workers)
+                    assert dep.runs.pool is not None
+                    dep.pool = dep.runs.pool(spec, self.code_roots, budget=self.workers)
                     dep.pool.start()
                 staged.append(dep)
         except BaseException:
@@ -151,7 +150,7 @@ class Registry:
                 self._retire(old)
             log.info("deployed %s (%s, %s handler, %s executor, revision %d)",
                      dep.name, dep.spec.urn, dep.kind, dep.executor, dep.revision)
-            if dep.executor != "process" and "memory" in dep.spec.model_fields_set:
+            if dep.in_process and "memory" in dep.spec.model_fields_set:
                 log.warning("function %s: 'memory: %d' is not enforced for the %s executor (only "
                             "'executor: process' limits memory); the handler shares the server's memory",
                             dep.name, dep.spec.memory, dep.executor)

@@ -87,7 +87,7 @@ async def collect(manager: JobHost, job: Job, function: FunctionRef, inv: Invoca
         if result is None and isinstance(function, Deployment) and function.kind in ("gen", "asyncgen"):
             # RunPod's return_aggregate_stream; the sync JSON answer. A worker process (or a cluster
             # worker) sends its generator items as stream writes (text), so there every output item is one.
-            in_process = isinstance(inv, Invocation) and function.executor != "process"
+            in_process = isinstance(inv, Invocation) and function.in_process
             result = generator_items if in_process else list(job.outputs)
             job.aggregated = True
             if job.api == "runpod" and function.runpod_aggregates is False:

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from frontend.keys import EXECUTOR
+from runtime.executors import kind_named
 from tests.support.servers import PROCESS_FUNCTIONS as PROC
 from tests.support.waiting import eventually
 
@@ -109,7 +110,7 @@ async def test_async_timeout_cancels_only_that_invocation(pclient):
 
 
 async def test_a_def_handler_that_will_not_stop_takes_its_worker_and_says_so(pclient):
-    pclient.app[EXECUTOR].process.cancel_grace = 0.3
+    pclient.app[EXECUTOR].runner(kind_named("process")).cancel_grace = 0.3
     await deploy(pclient, "i-stub", "stubborn_or_sleep", instances=1, instanceConcurrency=2)
     (pid,) = await wait_idle(pclient, "i-stub", 1)
     neighbour = asyncio.ensure_future(call(pclient, "i-stub", {"seconds": 30}))

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from frontend.keys import EXECUTOR
+from runtime.executors import kind_named
 from tests.support.servers import FUNCTIONS, PROCESS_FUNCTIONS
 from tests.support.waiting import eventually
 
@@ -232,7 +233,7 @@ async def test_client_disconnect_interrupts_the_handler(pclient, tmp_path):
 
 
 async def test_handler_ignoring_cancel_is_killed_after_grace(pclient):
-    pclient.app[EXECUTOR].process.cancel_grace = 0.3
+    pclient.app[EXECUTOR].runner(kind_named("process")).cancel_grace = 0.3
     await deploy(pclient, "p-stubborn", "stubborn", concurrency=1)
     await wait_ready(pclient, "p-stubborn")
     resp = await invoke(pclient, "p-stubborn", {}, SSE)

@@ -15,31 +15,30 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from runtime.deployment import Deployment, parse_function_ref
+from runtime.deployment import Deployment
 from runtime.errors import BadRequestError
-from runtime.manifest import FunctionSpec, parse_manifest
-from runtime.principal import check_manage, may_manage
+from runtime.manifest import FunctionSpec
+from runtime.principal import may_manage
 
 from ..auth import principal_of
 from ..body import parse_json_body, read_body
-from ..jobs import forget_function, remember_functions
+from ..jobs import forget_function
 from ..keys import REGISTRY
 from ..tenancy import TENANT_HEADER, function_tenant, owned_specs
 from ..yr_meta import function_info, is_yr_name
+from .deploying import deploy, managed, parse
+from .yr_functions import delete as yr_delete
+from .yr_functions import get as yr_get
+from .yr_functions import is_registration, register_body
+from .yr_functions import update as yr_update
 
 __all__ = ("routes",)
 
 routes = web.RouteTableDef()
-
-
-def _parse(text: str, code_roots: list[Path]) -> list[FunctionSpec]:
-    """Parse a posted manifest against the first code root, else the working directory (a system call)."""
-    return parse_manifest(text, "request body", code_roots[0] if code_roots else Path.cwd())
 
 
 async def _specs_from_body(request: web.Request, raw: bytes | None = None) -> list[FunctionSpec]:
@@ -51,34 +50,8 @@ async def _specs_from_body(request: web.Request, raw: bytes | None = None) -> li
     except UnicodeDecodeError:
         raise BadRequestError("manifest body is not UTF-8") from None
     # Off the loop: YAML parsing, the working directory and resolving code paths touch the file system.
-    specs = await asyncio.to_thread(_parse, text, list(request.app[REGISTRY].code_roots))
+    specs = await asyncio.to_thread(parse, text, list(request.app[REGISTRY].code_roots))
     return owned_specs(request, specs)  # the token's tenant unless it names another (admin only)
-
-
-def _managed(request: web.Request, name: str, tenant: str | None = None) -> Deployment:
-    """The deployment `name` (a name or URN) names in the request's tenant (`function_tenant`, or
-    `tenant`): 404 for another tenant's, as for a name nobody deployed. A URN's tenant counts when
-    the token may manage it (an `admin`'s console names other tenants' functions by URN)."""
-    principal = principal_of(request)
-    tenant = tenant or _urn_tenant(request, parse_function_ref(name)["tenant"])
-    dep = request.app[REGISTRY].get(name, tenant or function_tenant(request))
-    check_manage(principal, dep.spec.tenant, f"function {name!r}")
-    return dep
-
-
-def _urn_tenant(request: web.Request, asked: str | None) -> str | None:
-    """The tenant a URN names, when the token may manage it and no `X-Tenant-ID` says otherwise."""
-    if asked is None or TENANT_HEADER in request.headers or not may_manage(principal_of(request), asked):
-        return None
-    return asked
-
-
-async def _deploy(request: web.Request, specs: list[FunctionSpec], *, replace: bool = True) -> list[Deployment]:
-    """Deploy `specs` and store them (they come back after a restart) before any answer goes out:
-    every route that deploys comes through here, so none can leave a deploy unrecorded."""
-    deps = await request.app[REGISTRY].adeploy(specs, replace=replace)
-    await remember_functions(request.app, deps)  # [jobs hook]
-    return deps
 
 
 def _deployed(deps: Iterable[Deployment]) -> dict[str, Any]:
@@ -98,7 +71,6 @@ def _yr_body(raw: bytes) -> Any:
         body = parse_json_body(raw)
     except BadRequestError:
         return None  # the manifest parser says what is wrong
-    from .yr_functions import is_registration  # late, as below: yr_functions builds on this module
     return body if is_registration(body) else None
 
 
@@ -107,10 +79,9 @@ async def create_functions(request: web.Request) -> web.Response:
     raw = await read_body(request)
     registration = _yr_body(raw)
     if registration is not None:  # yrcli deploy: answered as openYuanrong's meta-service answers
-        from .yr_functions import register_body
         return await register_body(request, registration)
     specs = await _specs_from_body(request, raw)
-    deps = await _deploy(request, specs, replace=False)
+    deps = await deploy(request, specs, replace=False)
     return web.json_response(_deployed(deps), status=201)
 
 
@@ -118,7 +89,7 @@ async def create_functions(request: web.Request) -> web.Response:
 async def deploy_functions(request: web.Request) -> web.Response:
     """Deploy or redeploy every function of the manifest: all of them or none (`fnstream deploy`)."""
     specs = await _specs_from_body(request)  # each in its tenant: another tenant's of that name is its own
-    deps = await _deploy(request, specs)
+    deps = await deploy(request, specs)
     return web.json_response(_deployed(deps), status=200)
 
 
@@ -136,15 +107,13 @@ async def list_functions(request: web.Request) -> web.Response:
 @routes.get("/admin/v1/functions/{name}")
 async def get_function(request: web.Request) -> web.StreamResponse:
     if _yr_name(request):
-        from .yr_functions import get as yr_get
         return await yr_get(request)
-    return web.json_response({"function": _managed(request, request.match_info["name"]).describe()})
+    return web.json_response({"function": managed(request, request.match_info["name"]).describe()})
 
 
 @routes.put("/admin/v1/functions/{name}")
 async def redeploy_function(request: web.Request) -> web.StreamResponse:
     if _yr_name(request):
-        from .yr_functions import update as yr_update
         return await yr_update(request)
     name = request.match_info["name"]
     specs = await _specs_from_body(request)
@@ -152,19 +121,18 @@ async def redeploy_function(request: web.Request) -> web.StreamResponse:
         raise BadRequestError(f"PUT /admin/v1/functions/{name} takes exactly one function named {name!r}")
     spec = specs[0]
     # 404 when the tenant has nothing of that name to redeploy (another tenant's of that name included).
-    dep = _managed(request, name, spec.tenant if "tenant" in spec.model_fields_set else None)
+    dep = managed(request, name, spec.tenant if "tenant" in spec.model_fields_set else None)
     if dep.spec.tenant != spec.tenant:  # auth off, no tenant given: the one found keeps its tenant
         spec = spec.model_copy(update={"tenant": dep.spec.tenant})
-    deps = await _deploy(request, [spec])
+    deps = await deploy(request, [spec])
     return web.json_response(_deployed(deps), status=200)
 
 
 @routes.delete("/admin/v1/functions/{name}")
 async def delete_function(request: web.Request) -> web.StreamResponse:
     if _yr_name(request):
-        from .yr_functions import delete as yr_delete
         return await yr_delete(request)
     name = request.match_info["name"]
-    dep = request.app[REGISTRY].delete(_managed(request, name).key)
+    dep = request.app[REGISTRY].delete(managed(request, name).key)
     await forget_function(request.app, dep.key)  # [jobs hook]
     return web.json_response({"code": 0, "message": "deleted", "function": dep.spec.public()})

@@ -1,7 +1,7 @@
 """openYuanrong's function-registration API: `POST /serverless/v1/functions` and GET / PUT /
 DELETE `/serverless/v1/functions/{name}` with its JSON (`0@{service}@{func}`, `concurrentNum`
 as a string, ...), answered as openYuanrong does: `{"code": 0, "message": "SUCCESS", "function":
-{id, functionVersionUrn, revisionId, ...}}`. Deploys go through the admin API's `_deploy`
+{id, functionVersionUrn, revisionId, ...}}`. Deploys go through the admin API's `deploy`
 (stored before answered); a function registered so is invoked by its URN. `GET
 /serverless/v1/functions` lists the caller's tenant's functions only, in openYuanrong's
 `{"code", "message", "result": {"functions", "total"}}` with its `name` / `versionNumber` /
@@ -34,7 +34,7 @@ from ..jobs import forget_function
 from ..keys import REGISTRY
 from ..tenancy import function_tenant, owned_specs
 from ..yr_meta import function_info, is_yr_name, manifest_entry, split_name, yr_name
-from .admin import _deploy, _managed, _parse, _urn_tenant
+from .deploying import deploy, managed, parse, urn_tenant
 
 __all__ = ("routes",)
 
@@ -94,7 +94,7 @@ async def _registration(request: web.Request) -> Any:
 
 async def _specs(request: web.Request, body: Any, name: str | None = None) -> list[FunctionSpec]:
     entry = manifest_entry(body, name)
-    specs = await asyncio.to_thread(_parse, json.dumps(entry), list(request.app[REGISTRY].code_roots))
+    specs = await asyncio.to_thread(parse, json.dumps(entry), list(request.app[REGISTRY].code_roots))
     return owned_specs(request, specs)
 
 
@@ -113,7 +113,7 @@ def _named(request: web.Request) -> Deployment:
         parts: dict[str, str | None] = {"name": func, "namespace": service, "tenant": None, "version": None}
     else:
         parts = parse_function_ref(ref)
-    dep = _managed(request, str(parts["name"]), _urn_tenant(request, parts["tenant"]))
+    dep = managed(request, str(parts["name"]), urn_tenant(request, parts["tenant"]))
     for key in ("namespace", "tenant"):
         if parts[key] is not None and parts[key] != getattr(dep.spec, key):
             raise FunctionNotFoundError(f"function {ref!r} is not registered")
@@ -135,7 +135,7 @@ async def register_body(request: web.Request, body: Any) -> web.Response:
     with _codes_of(request):
         specs = await _specs(request, body)
         try:
-            (dep,) = await _deploy(request, specs, replace=False)
+            (dep,) = await deploy(request, specs, replace=False)
         except DeployError as exc:
             if exc.status == 409:
                 raise _YrError("the function name already exists. rename your function",
@@ -191,7 +191,7 @@ async def update(request: web.Request) -> web.Response:
     if revision not in (None, "") and str(revision) != str(current.revision):
         raise _YrError("revisionID is not the same", code=REVISION_ID, status=409)
     specs = await _specs(request, body, f"0@{current.spec.namespace}@{current.name}")
-    (dep,) = await _deploy(request, specs)
+    (dep,) = await deploy(request, specs)
     return web.json_response({"code": 0, "message": "", "result": function_info(dep)})
 
 

@@ -9,6 +9,7 @@ import aiohttp
 
 from frontend.client import iter_sse
 from tests.support.cluster import CLUSTER_FUNCTIONS, deploy, frontend_args, workers_serving
+from tests.support.waiting import eventually
 
 STAMPED = {"name": "stamped", "handler": "stamped.handler", "codePath": str(CLUSTER_FUNCTIONS), "timeout": 60,
            "onDisconnect": "continue"}
@@ -88,11 +89,17 @@ async def test_a_cancel_through_another_frontend_ends_the_answer(redis_server, s
             if len(events) == 2:
                 cancelled = await s.post(b.url + f"/serverless/v1/invocations/{inv_id}/cancel")
                 assert cancelled.status == 200, await cancelled.text()
-        again = await s.post(b.url + f"/serverless/v1/invocations/{inv_id}/cancel")
+
+        async def cancel_again() -> int:
+            async with s.post(b.url + f"/serverless/v1/invocations/{inv_id}/cancel") as r:
+                return r.status
+
+        # the end reaches B's view through Redis after A's answer ends: over (409) once it has
+        again = await eventually(cancel_again, "B to see the invocation over", accept=lambda st: st != 200)
         unknown = await s.post(b.url + "/serverless/v1/invocations/" + "q" * 22 + "/cancel")
     assert events[-1]["data"] == "[DONE]" and len(events) < 100  # ended by the cancel, long before its 1000
     assert json.loads(events[-2]["data"])["code"] == 200410
-    assert again.status == 409 and unknown.status == 404
+    assert again == 409 and unknown.status == 404
 
 
 async def test_an_openai_stream_replays_in_its_framing_through_another_frontend(redis_server, start_server,

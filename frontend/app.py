@@ -25,7 +25,7 @@ from .errors import error_middleware
 from .hosts import HOST_POLICY, HostPolicy, host_middleware
 from .jobs import set_job_keys
 from .keys import BROKER, CONFIG, DISPATCHER, EXECUTOR, LIFECYCLE, NODE, OUTPUTS, REGISTRY, TRACE_ID
-from .metrics import install_metrics
+from .metrics import install_metrics, job_metrics
 from .routes import (
     admin,
     console,
@@ -77,7 +77,9 @@ def build_app(config: Config, registry: Registry | None = None) -> web.Applicati
     app = web.Application(middlewares=middlewares, client_max_size=body_limit)
     # Open named-stream subscribers get `event: end` (reason shutdown) as the Lifecycle says.
     app[streams.OPEN_SUBSCRIPTIONS] = subscriptions = streams.OpenSubscriptions()
-    app[NODE] = node = Node(config, registry=registry, end_streams=(subscriptions.end_all,))
+    job_stats = job_metrics(config)  # finished jobs counted by a hook the node's job manager is built with
+    app[NODE] = node = Node(config, registry=registry, end_streams=(subscriptions.end_all,),
+                            job_hooks=() if job_stats is None else (job_stats.job_ended,))
     app[CONFIG] = config
     app[HOST_POLICY] = hosts
     app[REGISTRY] = node.registry
@@ -104,7 +106,7 @@ def build_app(config: Config, registry: Registry | None = None) -> web.Applicati
         install_cluster(app, node.cluster)
     app.add_routes(openapi.routes)  # described by the rows of api_table
     install_cors(app)
-    install_metrics(app)
+    install_metrics(app, job_stats)
 
     async def _run_node(app: web.Application) -> AsyncIterator[None]:
         # Starts the broker, the cluster node and the jobs; leaving it stops them, closes the

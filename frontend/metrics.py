@@ -13,14 +13,15 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 
+from runtime.config import Config
+
 from .auth import principal_of
-from .jobs import JOBS
 from .keys import BROKER, CONFIG
 from .metrics_cluster import cluster_state
 from .metrics_collector import Snapshot
 from .metrics_counters import JOB_METRICS, METRICS, InvocationStats, JobStats
 
-__all__ = ("install_metrics", "routes")
+__all__ = ("install_metrics", "job_metrics", "routes")
 
 routes = web.RouteTableDef()
 
@@ -47,13 +48,17 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=encoder(registry), headers={"Content-Type": content_type})
 
 
-def install_metrics(app: web.Application) -> None:
-    """Count invocations (and finished jobs) and serve /metrics, unless `metrics.enabled: false`."""
-    if not app[CONFIG].metrics.enabled:
+def job_metrics(config: Config) -> JobStats | None:
+    """The finished-job counters (None with `metrics.enabled: false`): made before the node, whose
+    job manager is given their `job_ended` as a hook (runtime/node.py `job_hooks`)."""
+    return JobStats() if config.metrics.enabled else None
+
+
+def install_metrics(app: web.Application, job_stats: JobStats | None) -> None:
+    """Count invocations (and finished jobs, in `job_stats`) and serve /metrics, unless
+    `metrics.enabled: false` (then `job_stats` is None)."""
+    if job_stats is None:
         return
     app[METRICS] = InvocationStats()
-    app[JOB_METRICS] = job_stats = JobStats()
-    manager = app.get(JOBS)
-    if manager is not None:
-        manager.on_final.append(job_stats.job_ended)
+    app[JOB_METRICS] = job_stats
     app.add_routes(routes)

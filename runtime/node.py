@@ -30,6 +30,7 @@ from .errors import ConfigError, FunctionServiceError
 from .executor import Executor
 from .java.build import java_unavailable
 from .jobs.idempotency import IdempotentSubmits
+from .jobs.model import Job
 from .jobs.runner import JobManager
 from .jobs.store import JobStore, MemoryJobStore, SqliteJobStore
 from .jobs.webhooks import WebhookSender
@@ -108,12 +109,15 @@ class Node:
 
     `registry` (optional) is one already built, e.g. by `fnstream serve` to report a bad manifest
     before anything starts. `end_streams` are what end the readers that are not invocations
-    (the frontend's named-stream subscribers; `Lifecycle.end_streams`).
+    (the frontend's named-stream subscribers; `Lifecycle.end_streams`). `job_hooks` are told of
+    each job's end after the webhook sender (`JobManager.on_final`: the frontend's job metrics).
     """
 
     def __init__(self, config: Config, *, worker_only: bool = False, registry: Registry | None = None,
-                 end_streams: Iterable[Callable[[], Awaitable[None]]] = ()) -> None:
+                 end_streams: Iterable[Callable[[], Awaitable[None]]] = (),
+                 job_hooks: Iterable[Callable[[Job], None]] = ()) -> None:
         self.config = config
+        self._job_hooks = tuple(job_hooks)
         rt = config.runtime
         grace = config.frontend.args.shutdownGraceSeconds
         self.registry = registry if registry is not None else build_registry(config, deploy=not worker_only)
@@ -164,8 +168,8 @@ class Node:
 
     def _job_manager(self, dispatcher: Dispatcher) -> JobManager:
         assert self.store is not None and self.webhooks is not None
-        self.jobs = JobManager(self.config.jobs, dispatcher, self.store)
-        self.jobs.on_final.append(self.webhooks.job_ended)
+        self.jobs = JobManager(self.config.jobs, dispatcher, self.store,
+                               on_final=(self.webhooks.job_ended, *self._job_hooks))
         return self.jobs
 
     @property

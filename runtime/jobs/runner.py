@@ -17,7 +17,7 @@ import collections
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..config import JobsConfig
@@ -54,9 +54,14 @@ FLUSH_EVERY = 1.0     # seconds between attempts to store final states the store
 
 
 class JobManager(JobReads):
-    """Every job of this server: submit, look up, follow, cancel, retry, purge, expire."""
+    """Every job of this server: submit, look up, follow, cancel, retry, purge, expire.
 
-    def __init__(self, config: JobsConfig, dispatcher: Dispatcher, store: JobStore) -> None:
+    `on_final`: the hooks told of each job's end once it is stored (webhooks, metrics), in order;
+    given at construction (runtime/node.py), never added later.
+    """
+
+    def __init__(self, config: JobsConfig, dispatcher: Dispatcher, store: JobStore, *,
+                 on_final: Iterable[Callable[[Job], None]] = ()) -> None:
         self.config = config
         self.dispatcher = dispatcher
         self.store = store
@@ -70,7 +75,7 @@ class JobManager(JobReads):
         self._changed: dict[str, asyncio.Event] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[Any] | None = None
-        self.on_final: list[Callable[[Job], None]] = []
+        self.on_final: tuple[Callable[[Job], None], ...] = tuple(on_final)
         self.queued = 0
         self.queued_by_tenant: collections.Counter[str] = collections.Counter()  # jobs.maxQueuedPerTenant
         self.stopping = False

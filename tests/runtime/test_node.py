@@ -22,6 +22,15 @@ def test_a_serving_node_is_wired_at_construction():
     assert node.registry.quotas.max_worker_processes == 3
 
 
+def test_job_end_hooks_are_given_at_construction():
+    """The job manager's end hooks come with it, in order (webhooks first); none is added later."""
+    ended = []
+    node = Node(test_config(**QUOTAS), job_hooks=(ended.append,))
+    assert node.jobs is not None and node.webhooks is not None
+    assert node.jobs.on_final == (node.webhooks.job_ended, ended.append)
+    assert not hasattr(node.jobs.on_final, "append")
+
+
 def test_a_worker_node_has_the_nodes_quotas_and_no_jobs():
     """`fnstream worker`'s registry had no quotas and no worker-process budget (issue 24)."""
     node = Node(test_config(**QUOTAS, **{"cluster.redisUrl": "redis://127.0.0.1:9/0"}), worker_only=True)

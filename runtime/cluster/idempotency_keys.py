@@ -46,7 +46,9 @@ class RedisKeys(KeyStore):
     def __init__(self, redis: Any, prefix: str) -> None:
         self.redis = redis
         self.prefix = prefix
-        self._claims: dict[str, str] = {}  # digest -> the value of this node's pending claim
+        # (digest, fingerprint) -> the value of this node's pending claim for that request: a bind or
+        # release names its own claim, never a later one this node made for another request body.
+        self._claims: dict[tuple[str, str], str] = {}
 
     def _key(self, digest: str) -> str:
         return f"{self.prefix}:idem:{digest}"
@@ -62,14 +64,14 @@ class RedisKeys(KeyStore):
         value = _dumps({"fp": fingerprint, "job": None, "claim": uuid.uuid4().hex})
         current = await self._eval(_CLAIM, self._key(digest), value, max(1, int(hold * 1000)))
         if current is None:
-            self._claims[digest] = value
+            self._claims[digest, fingerprint] = value
             return None
         record = json.loads(current)
         return KeyRecord(str(record["fp"]), record["job"])
 
     async def bind(self, tenant: str, key: str, fingerprint: str, job_id: str, seconds: float) -> bool:
         digest = key_digest(tenant, key)
-        value = self._claims.pop(digest, None)
+        value = self._claims.pop((digest, fingerprint), None)
         if value is None:
             return False
         bound = _dumps({"fp": fingerprint, "job": job_id})
@@ -77,6 +79,6 @@ class RedisKeys(KeyStore):
 
     async def release(self, tenant: str, key: str, fingerprint: str) -> None:
         digest = key_digest(tenant, key)
-        value = self._claims.pop(digest, None)
+        value = self._claims.pop((digest, fingerprint), None)
         if value is not None:
             await self._eval(_RELEASE, self._key(digest), value)

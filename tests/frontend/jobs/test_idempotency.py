@@ -1,12 +1,12 @@
 """`Idempotency-Key` on job submits, over real sockets: a repeated submit gets the first job
 (same id, same answer shape, one execution), another body is 422 in the route's error shape,
-keys are per tenant, they survive a kill -9, concurrent submits with one key make one job, and
-expired keys are purged."""
+keys are per tenant, they survive a kill -9, and concurrent submits with one key make one job.
+The key stores themselves (claims, binds, expiry and purge, refusals) are the contract suite
+tests/runtime/jobs/test_key_store_contract.py."""
 from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 
 import aiohttp
 import pytest
@@ -14,10 +14,9 @@ import yaml
 
 from frontend.jobs import IDEMPOTENCY
 from frontend.keys import REGISTRY
-from runtime.jobs import idempotency, key_store
+from runtime.jobs import idempotency
 from runtime.jobs.idempotency import IdempotentSubmits
-from runtime.jobs.key_store import MemoryKeys, SqliteKeys
-from runtime.jobs.store import SqliteJobStore
+from runtime.jobs.key_store import MemoryKeys
 from runtime.manifest import FunctionSpec
 from tests.frontend.jobs.conftest import JOB_FUNCTIONS
 from tests.support.servers import FUNCTIONS, HANDLERS
@@ -154,36 +153,6 @@ async def test_an_expired_key_names_no_job(make_client, job_config):
             break
         await asyncio.sleep(0.02)
     assert (await resp.json())["id"] != first["id"]
-
-
-async def test_expired_keys_are_purged(tmp_path, monkeypatch):
-    monkeypatch.setattr(key_store, "PURGE_EVERY", 0.0)
-    store = SqliteJobStore(tmp_path / "jobs.sqlite3")
-    await store.open()
-    keys = store.idempotency_keys()
-    assert isinstance(keys, SqliteKeys)
-    await keys.open()
-    try:
-        for n in range(50):
-            assert await keys.claim("t", f"k{n}", "fp", 60) is None
-            assert await keys.bind("t", f"k{n}", "fp", f"job-{n}", 0.001)
-        await asyncio.sleep(0.01)
-        assert await keys.claim("t", "fresh", "fp", 60) is None  # purges the expired ones on its way
-    finally:
-        await store.close()
-    with sqlite3.connect(tmp_path / "jobs.sqlite3") as db:
-        assert db.execute("SELECT count(*) FROM idempotency").fetchone() == (1,)
-
-
-async def test_memory_keys_are_purged(monkeypatch):
-    monkeypatch.setattr(key_store, "PURGE_EVERY", 0.0)
-    keys = MemoryKeys()
-    for n in range(50):
-        await keys.claim("t", f"k{n}", "fp", 60)
-        await keys.bind("t", f"k{n}", "fp", "job", 0.001)
-    await asyncio.sleep(0.01)
-    await keys.claim("t", "fresh", "fp", 60)
-    assert len(keys._keys) == 1
 
 
 async def test_a_key_held_elsewhere_is_409_after_the_wait(monkeypatch):

@@ -1,0 +1,146 @@
+"""The job stores' backends for the contract suites: each test of a contract runs once per kind.
+
+A `Backend` opens stores of its kind on one place (a dict, a file, a redis-server of the test's
+own), as a second writer would (another SqliteKeys on the same file and thread, another Redis
+client as another node), makes the place refuse writes the way it really does (an SQLite
+trigger that aborts, Redis at `maxmemory` with `noeviction`), and reopens a durable one.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.cluster.idempotency_keys import RedisKeys
+from runtime.cluster.job_store import RedisJobStore
+from runtime.cluster.settings import connect
+from runtime.jobs.key_store import KeyStore, MemoryKeys, SqliteKeys
+from runtime.jobs.store import JobStore, MemoryJobStore, SqliteJobStore
+
+KINDS = ["memory", "sqlite", "redis"]
+_prefixes = itertools.count()
+
+
+class Backend:
+    """One kind of store on one place; everything it opened is closed at the test's end."""
+
+    def __init__(self, kind: str, path: Path, redis_url: str | None, redis_server: Any) -> None:
+        self.kind = kind
+        self.durable = kind != "memory"
+        self.path = path / "jobs.sqlite3"
+        self.redis_url = redis_url
+        self.redis_server = redis_server
+        self.prefix = f"contract{next(_prefixes)}"
+        self.stores: list[JobStore] = []
+        self.clients: list[Any] = []  # the Redis clients of key stores
+        self._memory_keys = MemoryKeys()  # memory: one process, one dict of keys
+        self._sqlite: SqliteJobStore | None = None
+
+    # -- job stores --------------------------------------------------------------------------
+    async def job_store(self, *, lease: float = 15.0, retention: float = 3600) -> JobStore:
+        """A new, opened store on this backend's place (Redis: as another node would open it)."""
+        store: JobStore
+        if self.kind == "memory":
+            store = MemoryJobStore()
+        elif self.kind == "sqlite":
+            store = SqliteJobStore(self.path)
+        else:
+            assert self.redis_url is not None
+            store = RedisJobStore(connect(self.redis_url), self.prefix, retention, lease)
+        await store.open()
+        if isinstance(store, RedisJobStore):
+            await store.renew_lease()  # its writer waits for the first lease
+        self.stores.append(store)
+        return store
+
+    async def close(self, store: JobStore) -> None:
+        if store in self.stores:
+            self.stores.remove(store)
+            await store.close()
+
+    # -- key stores --------------------------------------------------------------------------
+    async def key_store(self) -> KeyStore:
+        """A KeyStore on this backend's place; a second call is a second writer of the same keys."""
+        keys: KeyStore
+        if self.kind == "memory":
+            keys = self._memory_keys
+        elif self.kind == "sqlite":
+            if self._sqlite is None:
+                self._sqlite = SqliteJobStore(self.path)
+                await self._sqlite.open()
+                self.stores.append(self._sqlite)
+            keys = SqliteKeys(self._sqlite)
+        else:
+            assert self.redis_url is not None
+            client = connect(self.redis_url)
+            self.clients.append(client)
+            keys = RedisKeys(client, self.prefix)
+        await keys.open()
+        return keys
+
+    async def reopen_keys(self) -> KeyStore:
+        """Close the keys' store and open it again (a restart): SQLite only; Redis is shared anyway."""
+        if self._sqlite is not None:
+            await self.close(self._sqlite)
+            self._sqlite = None
+        return await self.key_store()
+
+    async def stored_keys(self) -> int:
+        """How many keys the place holds (expired ones not yet purged included)."""
+        if self.kind == "memory":
+            return len(self._memory_keys._keys)
+        if self.kind == "sqlite":
+            assert self._sqlite is not None
+            return await self._sqlite._run(lambda db: db.execute("SELECT count(*) FROM idempotency").fetchone()[0])
+        return len(self.redis_server.client().keys(f"{self.prefix}:idem:*"))
+
+    # -- refusals ----------------------------------------------------------------------------
+    async def refuse_writes(self) -> None:
+        """From now on the place refuses every write, as a full disk or a full Redis does."""
+        if self.kind == "memory":
+            pytest.skip("the memory store holds nothing that can refuse a write")
+        if self.kind == "sqlite":
+            store = next(s for s in self.stores if isinstance(s, SqliteJobStore))
+
+            def triggers(db: Any) -> None:
+                tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+                for table in tables:
+                    for op in ("INSERT", "UPDATE", "DELETE"):
+                        db.execute(f"CREATE TRIGGER refuse_{op.lower()}_{table} BEFORE {op} ON {table} "
+                                   "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
+
+            await store._run(triggers)
+        else:
+            client = self.redis_server.client()
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("maxmemory", "1")
+
+    async def take_writes(self) -> None:
+        """The place takes writes again."""
+        if self.kind == "sqlite":
+            store = next(s for s in self.stores if isinstance(s, SqliteJobStore))
+
+            def drop(db: Any) -> None:
+                names = [n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")]
+                for name in names:
+                    db.execute(f"DROP TRIGGER {name}")
+
+            await store._run(drop)
+        elif self.kind == "redis":
+            self.redis_server.client().config_set("maxmemory", "0")
+
+
+@pytest.fixture(params=KINDS)
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    server = request.getfixturevalue("redis_server") if request.param == "redis" else None
+    place = Backend(request.param, tmp_path, None if server is None else server.url, server)
+    yield place
+    if server is not None:
+        server.client().config_set("maxmemory", "0")
+    for store in reversed(place.stores):
+        await store.close()
+    for client in place.clients:
+        await client.aclose()

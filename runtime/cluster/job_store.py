@@ -5,7 +5,10 @@ Keys share the job's hash tag, so they live on one Redis Cluster slot: `{prefix}
 job's keys expire after `jobs.retentionSeconds`. The node that accepted a job runs it and writes
 it through; any other node reads it from here (`fetch`), so `/status`, `/stream` and `/events`
 answer on every frontend. Cancels travel on the `{prefix}:jobs:cancel` channel to the node
-running the job. Writes go out in call order on one background task, each sent again while Redis
+running the job. A retry through any node takes the FAILED/TIMED_OUT job over in one script
+(job_scripts.RETRY: checked, owner moved, output cleared, `taken:{node}:{id}` published to the
+former owner, which forgets its copy); deletes are owner-checked, so the former owner's expiry
+never deletes a job another node took. Writes go out in call order on one background task, each sent again while Redis
 is unreachable (up to the node's lease).
 
 A node that dies leaves its unfinished jobs behind: each node (listed in `{prefix}:jobs:nodes`)
@@ -35,6 +38,7 @@ from ..jobs.key_store import KeyStore
 from ..jobs.model import Job
 from ..jobs.store import SharedStore
 from ..tasks import checkpoint, stop_tasks
+from .job_scripts import ADD, ADVANCE, DELETE, RETRY, SAVE, TAKE, TAKEN
 from .settings import through_outage
 
 __all__ = ("RedisJobStore", "connect_store")
@@ -44,59 +48,6 @@ log = logging.getLogger("fnstream.jobs")
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-# RunPod's /stream cursor, advanced atomically: the items past it, and the cursor moved past them.
-_ADVANCE = """
-local n = redis.call('LLEN', KEYS[1])
-local c = tonumber(redis.call('GET', KEYS[2]) or '0')
-if n > c then
-  redis.call('SET', KEYS[2], n, 'EX', ARGV[1])
-  return redis.call('LRANGE', KEYS[1], c, n - 1)
-end
-return {}
-"""
-
-# A job's state, written by its owner only. KEYS: state, owner, out; ARGV: node, data, ttl (0 while
-# unfinished). 0 when another node owns the job now.
-_SAVE = """
-local owner = redis.call('GET', KEYS[2])
-if owner and owner ~= ARGV[1] then return 0 end
-local ttl = tonumber(ARGV[3])
-if ttl > 0 then
-  redis.call('SET', KEYS[1], ARGV[2], 'EX', ttl)
-  redis.call('EXPIRE', KEYS[3], ttl)
-  redis.call('SET', KEYS[2], ARGV[1], 'EX', ttl)
-else
-  redis.call('SET', KEYS[1], ARGV[2])
-  redis.call('SET', KEYS[2], ARGV[1])
-end
-return 1
-"""
-
-# Output items, appended by the job's owner only. KEYS: owner, out; ARGV: node, the 1-based index
-# of the first item, items... Those already in the list (a write sent again after a lost reply)
-# are not appended twice.
-_ADD = """
-local owner = redis.call('GET', KEYS[1])
-if owner and owner ~= ARGV[1] then return 0 end
-local there = redis.call('LLEN', KEYS[2]) - (tonumber(ARGV[2]) - 1)
-for i = 3 + math.max(0, there), #ARGV, 1000 do  -- in chunks: Lua's stack takes a few thousand values
-  redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
-end
-return 1
-"""
-
-# Take one job of a dead node. KEYS: owner, state; ARGV: dead node, this node. The job's state when
-# it was still the dead node's (now this node's), else nil: another node took it, or it is gone.
-_TAKE = """
-local owner = redis.call('GET', KEYS[1])
-if owner and owner ~= ARGV[1] then return false end
-local state = redis.call('GET', KEYS[2])
-if not state then return false end
-redis.call('SET', KEYS[1], ARGV[2])
-return state
-"""
 
 
 class RedisJobStore(SharedStore):
@@ -172,7 +123,7 @@ class RedisJobStore(SharedStore):
         while True:
             op, future = await self._writes.get()
             try:
-                # A Redis restart of a few seconds is waited out (every op is idempotent: _ADD skips
+                # A Redis restart of a few seconds is waited out (every op is idempotent: ADD skips
                 # what is there), for as long as this node's lease: past it, its jobs are another's.
                 await through_outage(op, time.monotonic() + self.lease, cap=1.0)
                 if not future.done():
@@ -196,9 +147,16 @@ class RedisJobStore(SharedStore):
                 await pubsub.subscribe(self.cancel_channel)
                 async for message in pubsub.listen():
                     checkpoint()
-                    if message.get("type") == "message" and self.on_cancel is not None:
-                        data = message["data"]
-                        self.on_cancel(data.decode() if isinstance(data, bytes) else str(data))
+                    if message.get("type") != "message":
+                        continue
+                    data = message["data"]
+                    text = data.decode() if isinstance(data, bytes) else str(data)
+                    if text.startswith(TAKEN):  # `taken:{node}:{id}`: a retry through another node took it
+                        node, _, job_id = text.removeprefix(TAKEN).partition(":")
+                        if node == self.node and self.on_refused is not None:
+                            self.on_refused(job_id)
+                    elif self.on_cancel is not None:
+                        self.on_cancel(text)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -214,7 +172,7 @@ class RedisJobStore(SharedStore):
         indexes, created = self._indexes(job.tenant, job.function), job.created_at
 
         async def op() -> None:
-            if not await self.redis.eval(_SAVE, 3, self._state(job_id), self._owner(job_id), self._out(job_id),
+            if not await self.redis.eval(SAVE, 3, self._state(job_id), self._owner(job_id), self._out(job_id),
                                          self.node, data, ttl):
                 self._refused(job_id)
                 return
@@ -233,7 +191,7 @@ class RedisJobStore(SharedStore):
         values = [_dumps(i) for i in items]
 
         async def op() -> None:
-            if not await self.redis.eval(_ADD, 2, self._owner(job_id), self._out(job_id), self.node, first_seq,
+            if not await self.redis.eval(ADD, 2, self._owner(job_id), self._out(job_id), self.node, first_seq,
                                          *values):
                 self._refused(job_id)
 
@@ -248,12 +206,12 @@ class RedisJobStore(SharedStore):
         return self._queue(op)
 
     def delete(self, job_ids: list[str]) -> asyncio.Future[None]:
-        keys = [k for i in job_ids for k in (self._state(i), self._out(i), self._cursor(i), self._owner(i))]
+        keys = [(self._state(i), self._out(i), self._cursor(i), self._owner(i)) for i in job_ids]
         owned = self._owned(self.node)
 
         async def op() -> None:
-            for key in keys:  # one key per command: the keys of different jobs live on different slots
-                await self.redis.delete(key)
+            for of_job in keys:  # one script per job: the keys of different jobs live on different slots
+                await self.redis.eval(DELETE, 4, *of_job, self.node)  # not a job another node took (a retry)
             await self.redis.srem(owned, *job_ids)
 
         return self._queue(op)
@@ -276,12 +234,30 @@ class RedisJobStore(SharedStore):
 
         return RedisKeys(self.redis, self.prefix)  # shared: one job per key across the cluster
 
+    async def retake(self, job: Job, again: Job) -> bool:
+        """A retry of the FAILED/TIMED_OUT `job` (held here, or read from the store) as `again`: one
+        script checks it still is as read (status and retried count), makes it this node's, clears its
+        output and tells its former owner (job_scripts.RETRY). False when it was not as read."""
+        data, job_id, owned = _dumps(again.row()), job.id, self._owned(self.node)
+        taken: list[bool] = []
+
+        async def op() -> None:
+            await self.redis.sadd(owned, job_id)  # ours before it is: a refused one there is skipped by takers
+            taken[:] = [bool(await self.redis.eval(
+                RETRY, 4, self._state(job_id), self._owner(job_id), self._out(job_id), self._cursor(job_id),
+                self.node, job.retried, data, again.invocation_id, self.cancel_channel, job_id))]
+            if taken == [False] and job.remote:
+                await self.redis.srem(owned, job_id)
+
+        await self._queue(op)
+        return taken == [True]
+
     async def request_cancel(self, job_id: str) -> None:
         await self.redis.publish(self.cancel_channel, job_id)
 
     async def advance_cursor(self, job_id: str) -> list[Any]:
         ttl = self.retention + 86400  # outlives the job: its own keys expire after the retention
-        items = await self.redis.eval(_ADVANCE, 2, self._out(job_id), self._cursor(job_id), ttl)
+        items = await self.redis.eval(ADVANCE, 2, self._out(job_id), self._cursor(job_id), ttl)
         return [json.loads(i) for i in items]
 
 
@@ -355,7 +331,7 @@ class RedisJobStore(SharedStore):
             owned = self._owned(node)
             ids = [i.decode() if isinstance(i, bytes) else str(i) for i in await self.redis.smembers(owned)]
             for job_id in ids:
-                data = await self.redis.eval(_TAKE, 2, self._owner(job_id), self._state(job_id), node, self.node)
+                data = await self.redis.eval(TAKE, 2, self._owner(job_id), self._state(job_id), node, self.node)
                 if data is not None:
                     job = Job.from_row(json.loads(data), [json.loads(i) for i in
                                                           await self.redis.lrange(self._out(job_id), 0, -1)])

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable
@@ -35,6 +34,7 @@ from .limits import JobBytes, input_size
 from .model import FINAL, Job, JobRequest, Status, new_job_id
 from .reads import JobReads
 from .recovery import recover, take_over
+from .retry import retry
 from .store import JobStore, SharedStore
 from .writes import StoreWrites
 
@@ -223,13 +223,17 @@ class JobManager(JobReads):
             self.spawn(self._cancel_local(job), f"jobs-cancel-{job_id}")
 
     def _taken_from_us(self, job_id: str) -> None:
-        """Another node took this job (this one stalled past its lease, shared store): stop running it
-        here, so its handler does not go on beside the taker's, and forget it; the taker's state is
+        """Another node took this job (this one stalled past its lease, or a retry through another node
+        took a job that ended here; shared store): stop running it here, so its handler does not go
+        on beside the taker's, and forget it; the taker's state is
         read from the store from now on. Nothing of it is finished or announced (webhook) here."""
         job = self.jobs.get(job_id)
         if job is None:
             return
         self._drop_queued(job)
+        self.writes.forget(job_id)
+        if self.cache is not None:
+            self.cache.forget(job_id)
         job.remote = True  # who follows or waits on it here reads the store from now on
         self._notify(job)
         inv = self._running.get(job_id)
@@ -253,34 +257,8 @@ class JobManager(JobReads):
         return job
 
     async def retry(self, job: Job) -> Job:
-        """Run a FAILED or TIMED_OUT job again (its output starts afresh); 409 otherwise, 507 when
-        the store refuses the new state (the job stays as it was)."""
-        if job.status not in ("FAILED", "TIMED_OUT") or job.changing:
-            raise JobStateError(f"job {job.id!r} is {job.status}; only a FAILED or TIMED_OUT job can be retried")
-        if job.remote:
-            raise JobStateError(f"job {job.id!r} ran on another node; retry it through that node")
-        self._check_queue_room(job.tenant)
-        again = dataclasses.replace(job, status="IN_QUEUE", started_at=None, completed_at=None, result=None,
-                                    error=None, status_code=None, aggregated=False, outputs=[], output_bytes=0,
-                                    stream_cursor=0, retried=job.retried + 1, created_at=time.time(),
-                                    invocation_id=new_invocation_id())
-        job.changing = True
-        try:
-            await self.writes.clear_outputs(job)
-            await self.writes.save(again, retry=False)
-        finally:
-            job.changing = False
-        self.writes.forget(job.id)
-        if self.cache is not None:
-            self.cache.forget(job.id)
-        self.jobs[job.id] = job  # `job` was read back from the store if only a stub was held
-        for name in ("status", "started_at", "completed_at", "result", "error", "status_code", "aggregated",
-                     "outputs", "output_bytes", "stream_cursor", "retried", "created_at", "invocation_id"):
-            setattr(job, name, getattr(again, name))
-        self.bytes.outputs(job)
-        self._notify(job)
-        self._enqueue(job)
-        return job
+        """Run a FAILED or TIMED_OUT job (of any node in cluster mode) again: runtime/jobs/retry.py."""
+        return await retry(self, job)
 
     async def purge(self, function: str, tenant: str = DEFAULT_TENANT) -> int:
         """Cancel the tenant's queued jobs of `function` (in cluster mode other nodes' too); how many."""

@@ -135,6 +135,12 @@ class SharedStore(JobStore):
     async def request_cancel(self, job_id: str) -> None:
         raise NotImplementedError
 
+    async def retake(self, job: Job, again: Job) -> bool:
+        """Retry `job` (FAILED or TIMED_OUT, of any node) as `again`, atomically: False when the stored
+        job is no longer as `job` was read (retried meanwhile); `again` is this node's from then on, and
+        the node that held the job before forgets it (`on_refused`). JobStoreError when refused."""
+        raise NotImplementedError
+
     async def advance_cursor(self, job_id: str) -> list[Any]:
         """RunPod's /stream cursor, shared by every node: the items not returned before."""
         raise NotImplementedError

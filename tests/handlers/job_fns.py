@@ -124,3 +124,16 @@ def log_ids(job):
     """The invocation id its log lines carry (runtime/logs.py's context), as its output."""
     from runtime.logs import log_context
     return {"invocation_id": log_context()[2]}
+
+
+def fails_once(job):
+    """Counts its runs in the file `input.path` (shared by every node of a test cluster): the first
+    one fails, later ones return how many runs there were."""
+    path = job["input"]["path"]
+    with open(path, "a") as f:
+        f.write("run\n")
+    with open(path) as f:
+        runs = len(f.readlines())
+    if runs == 1:
+        raise ValueError("the first run fails")
+    return {"runs": runs}

@@ -329,7 +329,7 @@ class Executor:
                 timed_out = inv.timed_out is not None
                 if started[0]:
                     overran[0] = True
-                    gate.mark_overran(inv.id, dep.spec.timeout)
+                    gate.mark_overran(inv.id, _why_ended(inv), stopping=timed_out)
                     if timed_out:
                         self._stop(inv, started[0], thread_future)
 
@@ -368,6 +368,15 @@ class Executor:
             return run_stoppable(inv, _call_handler, inv, ctx)
         finally:
             gate.leave(started[0])
+
+
+def _why_ended(inv: Invocation | PlainCall) -> str:
+    """Why a call ended while its thread still runs, for the log: what really happened."""
+    if inv.timed_out is not None:
+        return f"timed out after {inv.spec.timeout:g}s"
+    if inv.abort_error is not None:
+        return f"was aborted: {inv.abort_error.message}"
+    return f"was cancelled: {inv.cancel_reason or 'its caller went away'}"
 
 
 def _call_handler(inv: Invocation | PlainCall, ctx: Context) -> Any:

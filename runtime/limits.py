@@ -239,13 +239,16 @@ class ThreadGate:
         for _ in range(count):
             self._waiters.wake_one()
 
-    def mark_overran(self, invocation_id: str, timeout: float) -> None:
+    def mark_overran(self, invocation_id: str, why: str, *, stopping: bool) -> None:
+        """A call ended (`why`: timed out, aborted by the shutdown, its client left) while its
+        thread runs on; `stopping`: the thread is being stopped (a timeout), else it is left to end."""
         self.overran += 1
         self.overran_total += 1
-        log.warning("function %s: invocation %s timed out after %gs; stopping its thread (%d of %d threads "
-                    "of this function held by overrunning calls; a thread blocked in a C call stops only when "
-                    "it returns: use 'executor: process' for code that must be stoppable)", self.name,
-                    invocation_id, timeout, self.overran, self.limit)
+        fate = "stopping its thread" if stopping else "its thread runs on until it returns (its writes now raise)"
+        log.warning("function %s: invocation %s %s; %s (%d of %d threads of this function held by overrunning "
+                    "calls; a thread blocked in a C call stops only when it returns: use 'executor: process' "
+                    "for code that must be stoppable)", self.name, invocation_id, why, fate, self.overran,
+                    self.limit)
 
     def describe(self) -> dict[str, int]:
         return {"limit": self.limit, "busy": self.busy, "overran": self.overran,

@@ -174,3 +174,21 @@ async def test_invocation_cancelled_before_its_first_step_frees_its_slot(make_cl
     await asyncio.sleep(0)
     assert task.cancelled() and dep.inflight == 0
     assert await inv.channel.get_batch() == []  # the reader is not left waiting forever
+
+
+async def test_a_thread_call_aborted_by_shutdown_is_logged_as_such(make_client, deploy_dir, caplog):
+    """A `def` call the drain aborts: the log says the shutdown aborted it (not that it "timed out
+    after" its timeout, which it never reached); the client's answer is the shutdown's 200503."""
+    from frontend.keys import EXECUTOR
+
+    client = await make_client(test_config(deploy_dir(fn("forever", "testfns.sync_forever", timeout=600))))
+    resp = await client.post("/serverless/v1/functions/forever/invocations", headers=SSE, json={"marker": "s"})
+    assert len(await read_events(resp, limit=1)) == 1
+    caplog.set_level("INFO", logger="fnstream.runtime")
+    assert await client.server.app[EXECUTOR].drain(0) == 1
+    events = [e for _, e in await read_events(resp)]
+    assert json.loads(events[-2]["data"])["code"] == 200503 and events[-1]["data"] == "[DONE]"
+    assert await wait_for(lambda: ("stopped", "s") in state_of(client, "forever")["log"])
+    [line] = [r.getMessage() for r in caplog.records if "forever" in r.getMessage() and "thread" in r.getMessage()
+              and "abandoned" not in r.getMessage()]
+    assert "aborted: the server is shutting down" in line and "timed out" not in line, line

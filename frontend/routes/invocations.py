@@ -57,9 +57,15 @@ async def events(request: web.Request) -> web.StreamResponse:
             raise
         rec = await outputs.find_shared(stream_tenant(request), inv_id)  # another frontend's (cluster mode)
     from_id = _from_id(request)
-    if from_id >= rec.next_id:  # nothing that far yet: the 400 the stream itself would give, said plainly
-        raise BadRequestError(f"invocation {inv_id!r} has had {rec.next_id - 1} events; "
-                              f"Last-Event-ID {from_id} is beyond them")
+    had = from_id  # the events the client has: never sent again
+    if from_id >= rec.next_id:
+        if not rec.remote:  # nothing that far yet: the 400 the stream itself would give, said plainly
+            raise BadRequestError(f"invocation {inv_id!r} has had {rec.next_id - 1} events; "
+                                  f"Last-Event-ID {from_id} is beyond them")
+        # Another frontend's answer: it publishes off the answer's path, so its client may hold
+        # ids not yet in the shared stream. Read on from its last element (an ended one's `[DONE]`
+        # ends this answer at once), past what the client has.
+        from_id = max(rec.next_id - 2, 0)
     heartbeat = request.app[CONFIG].frontend.args.heartbeatSeconds
     out = EventStream(request, headers={"X-Invocation-Id": inv_id})
     if rec.done_id is not None and from_id >= rec.done_id:  # (the end has no id of its own: only a guess asks)
@@ -96,6 +102,8 @@ async def events(request: web.Request) -> web.StreamResponse:
                         chunks.append(DONE_EVENT)
                         await out.write(b"".join(chunks))
                         return await out.finish()
+                    if el.id <= had:
+                        continue
                     chunks.append(encode_event(el.data.decode("utf-8", "surrogatepass"),
                                                el.id if rec.plain is None else None))  # (OpenAI's: no ids)
                 await out.write(b"".join(chunks))

@@ -260,3 +260,33 @@ async def test_with_continue_a_thread_handler_is_not_held_by_the_drop(make_clien
     events = [ev async for ev in iter_sse(again)]
     assert [e["id"] for e in events] == [str(i) for i in range(2, 32)] + [None]
     assert events[-2]["data"] == '"done"' and events[-1]["data"] == "[DONE]"
+
+
+async def test_another_frontends_answer_resumes_after_an_id_not_yet_published(client):
+    """Cluster mode: the answering frontend publishes its events off the answer's path, so its
+    client may hold an id the shared stream has not got yet. A resume after that id through
+    another frontend reads on (only the later events, then the end) rather than refusing it."""
+    from frontend.keys import BROKER, OUTPUTS
+    from runtime.durable import STREAM_PREFIX
+    from runtime.streams.tenancy import qualify
+    from tests.support.waiting import eventually
+
+    outputs, broker = client.server.app[OUTPUTS], client.server.app[BROKER]
+    outputs.shared = True  # as in cluster mode: another frontend's answers are in the same broker
+    inv_id = "r" * 22
+    key = qualify("default", STREAM_PREFIX + inv_id)
+    await broker.configure(key, outputs._options)
+    await broker.publish(key, [b'{"i":1}'])  # the answer sent 1 and 2; only 1 is published yet
+    answer = asyncio.ensure_future(client.get(EVENTS(inv_id), headers={"Last-Event-ID": "2"}))
+
+    async def reading() -> bool:
+        return answer.done() or (await broker.stats(key)).consumers == 1
+
+    await eventually(reading, "the resume reading the stream (or answered)")
+    await broker.publish(key, [b'{"i":2}', b'{"i":3}', b'"result"', b"[DONE]"])
+    resp = await answer
+    assert resp.status == 200, await resp.text()
+    events = [(e.get("id"), e["data"]) async for e in iter_sse(resp)]
+    assert events == [("3", '{"i":3}'), ("4", '"result"'), (None, "[DONE]")]
+    late = await client.get(EVENTS(inv_id), headers={"Last-Event-ID": "9"})  # past its end: the end, not a wait
+    assert _without_pings(await late.read()) == b"data: [DONE]\n\n"

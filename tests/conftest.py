@@ -95,6 +95,7 @@ def blockbuster(request: pytest.FixtureRequest) -> Iterator[None]:
             function.can_block_in("tests/support/servers.py", "make_config")
             function.can_block_in("frontend/app.py", "build_app")
             function.can_block_in("runtime/registry.py", "__init__")  # built once, at start-up
+            function.can_block_in("runtime/node.py", "__init__")  # the composition root (build_app's), too
             # redis-py reads its own package metadata (os.stat) for each new connection.
             function.can_block_in("redis/utils.py", "get_lib_version")
             # Known and accepted: cancel/stop control frames (a few bytes) go to a process worker

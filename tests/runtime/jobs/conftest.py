@@ -19,6 +19,7 @@ from runtime.cluster.job_store import RedisJobStore
 from runtime.cluster.settings import connect
 from runtime.jobs.key_store import KeyStore, MemoryKeys, SqliteKeys
 from runtime.jobs.store import JobStore, MemoryJobStore, SqliteJobStore
+from tests.support.servers import test_config
 
 KINDS = ["memory", "sqlite", "redis"]
 _prefixes = itertools.count()
@@ -61,6 +62,17 @@ class Backend:
             self.stores.remove(store)
             await store.close()
 
+    def node_config(self, deploy: Path, **overrides: Any) -> Any:
+        """A serving node's config whose `jobs.store` is this kind on this place (Redis: cluster
+        mode, as the Redis store is only ever used; every node of the test shares the key prefix)."""
+        sections: dict[str, Any] = {"jobs.store": self.kind, "frontend.args.shutdownGraceSeconds": 0.5}
+        if self.kind == "sqlite":
+            sections["jobs.path"] = str(self.path)
+        if self.kind == "redis":
+            sections.update({"cluster.redisUrl": self.redis_url, "cluster.keyPrefix": self.prefix,
+                             "cluster.workerHeartbeatSeconds": 0.2, "jobs.takeoverSeconds": 0.5})
+        return test_config(deploy, **{**sections, **overrides})
+
     # -- key stores --------------------------------------------------------------------------
     async def key_store(self) -> KeyStore:
         """A KeyStore on this backend's place; a second call is a second writer of the same keys."""
@@ -98,12 +110,18 @@ class Backend:
         return len(self.redis_server.client().keys(f"{self.prefix}:idem:*"))
 
     # -- refusals ----------------------------------------------------------------------------
-    async def refuse_writes(self) -> None:
-        """From now on the place refuses every write, as a full disk or a full Redis does."""
+    def _sqlite_store(self, store: JobStore | None) -> SqliteJobStore:
+        found = store if store is not None else next(s for s in self.stores if isinstance(s, SqliteJobStore))
+        assert isinstance(found, SqliteJobStore)
+        return found
+
+    async def refuse_writes(self, store: JobStore | None = None) -> None:
+        """From now on the place refuses every write, as a full disk or a full Redis does (SQLite:
+        on the file of `store`, else of the store this backend opened)."""
         if self.kind == "memory":
             pytest.skip("the memory store holds nothing that can refuse a write")
         if self.kind == "sqlite":
-            store = next(s for s in self.stores if isinstance(s, SqliteJobStore))
+            sqlite = self._sqlite_store(store)
 
             def triggers(db: Any) -> None:
                 tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
@@ -112,23 +130,23 @@ class Backend:
                         db.execute(f"CREATE TRIGGER refuse_{op.lower()}_{table} BEFORE {op} ON {table} "
                                    "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
 
-            await store._run(triggers)
+            await sqlite._run(triggers)
         else:
             client = self.redis_server.client()
             client.config_set("maxmemory-policy", "noeviction")
             client.config_set("maxmemory", "1")
 
-    async def take_writes(self) -> None:
+    async def take_writes(self, store: JobStore | None = None) -> None:
         """The place takes writes again."""
         if self.kind == "sqlite":
-            store = next(s for s in self.stores if isinstance(s, SqliteJobStore))
+            sqlite = self._sqlite_store(store)
 
             def drop(db: Any) -> None:
                 names = [n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")]
                 for name in names:
                     db.execute(f"DROP TRIGGER {name}")
 
-            await store._run(drop)
+            await sqlite._run(drop)
         elif self.kind == "redis":
             self.redis_server.client().config_set("maxmemory", "0")
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..tasks import checkpoint
 from .settings import REDIS_DOWN, Backoff, ClusterUnavailableError, Keys
+from .wire import WireError, decode_cancel
 
 __all__ = ("InvocationCancels",)
 
@@ -40,9 +41,14 @@ class InvocationCancels:
                 while True:
                     msg = await pubsub.get_message(timeout=5.0)
                     checkpoint()
-                    if msg is not None:
-                        data = msg["data"]
-                        cancel_here(data.decode() if isinstance(data, bytes) else str(data))
+                    if msg is None:
+                        continue
+                    try:
+                        inv_id = decode_cancel(msg["data"])
+                    except WireError as exc:
+                        log.warning("cluster: refusing a message on %s: %s", self.channel, exc.message)
+                        continue
+                    cancel_here(inv_id)
             except REDIS_DOWN:
                 await backoff.sleep()
             finally:

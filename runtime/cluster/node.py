@@ -7,7 +7,6 @@ where a function can be found (`lookup`) and whether to run it here or queue it 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any
@@ -35,6 +34,7 @@ from .queue import RemoteInvocation, WorkQueue
 from .redis_broker import RedisBroker
 from .registry_sync import RegistrySync
 from .settings import REDIS_DOWN, ClusterUnavailableError, Keys, connect, describe_url, node_id
+from .wire import WireError, decode_heartbeat
 from .worker import QueueConsumer
 
 __all__ = ("ClusterNode",)
@@ -67,6 +67,7 @@ class ClusterNode:
         self.redis_reachable = False
         self._reachable_since = 0.0   # time.monotonic() when the watcher last found Redis back
         self._watcher: asyncio.Task[None] | None = None
+        self._refused: dict[str, str] = {}   # worker id -> why its heartbeat is not read (logged once)
         if self.role != "frontend":
             self.consumer = QueueConsumer(self.redis, self.keys, registry, executor, self.id,
                                       concurrency=cc.workerConcurrency, heartbeat=cc.workerHeartbeatSeconds,
@@ -159,12 +160,18 @@ class ClusterNode:
         interval = self.config.cluster.workerHeartbeatSeconds
         while True:
             try:
-                found = {}
+                found, refused = {}, {}
                 async for key in self.redis.scan_iter(match=self.keys.workers_pattern(), count=100):
                     text = await self.redis.get(key)
+                    worker = key.rsplit(":", 1)[1]
                     if text:
-                        found[key.rsplit(":", 1)[1]] = json.loads(text)
-                self.workers = found
+                        try:
+                            found[worker] = decode_heartbeat(worker, text)
+                        except WireError as exc:   # not a live worker to this node: said once per worker
+                            if self._refused.get(worker) != exc.message:
+                                log.warning("cluster: not counting worker %s as live: %s", worker, exc.message)
+                            refused[worker] = exc.message
+                self.workers, self._refused = found, refused
                 if not self.redis_reachable:
                     self._reachable_since = time.monotonic()
                 self.redis_reachable = True

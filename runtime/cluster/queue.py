@@ -4,7 +4,8 @@ An invocation is one entry on its function's queue stream (`{queue:NAME}`); a wo
 with XREADGROUP and writes entries to the invocation's own output stream (`{inv:ID}:out`):
 `data` (a batch of stream writes: `d` their payloads end to end, `n` their lengths, comma-separated,
 `i` the index of its first write, so a gap is seen),
-then one terminal `result` or `error`; the first entry also names the worker (`w`).
+then one terminal `result` or `error`; the first entry also names the worker (`w`) and its protocol
+version (`p`). Every entry is built and read by runtime/cluster/wire.py.
 `RemoteInvocation` pumps that stream into a bounded OutputChannel and resolves `task` with the
 result, so the HTTP response reads it exactly as it reads a local Invocation.
 Flow control: the pump records how many events and characters it has taken (`{inv:ID}:ack`,
@@ -28,8 +29,6 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from redis.typing import EncodableT
-
 from runtime.channel import OutputChannel
 from runtime.codec import Item
 from runtime.deployment import function_key
@@ -50,21 +49,14 @@ from .settings import (
     WorkerLostError,
     through_outage,
 )
+from .wire import Data, Terminal, WireError, decode_output, encode_call
 
-__all__ = ("RemoteInvocation", "WorkQueue", "error_from_fields")
+__all__ = ("RemoteInvocation", "WorkQueue")
 
 log = logging.getLogger("fnstream.cluster")
 
 # Seconds a cancel marker outlives its invocation's deadline (other nodes' clocks may be behind).
 CANCEL_MARGIN = 5
-
-
-def error_from_fields(fields: dict[str, str]) -> FunctionServiceError:
-    """A worker's `error` entry as the error it names (a malformed one as a plain 500)."""
-    code, status = fields.get("code", ""), fields.get("status", "")
-    return FunctionServiceError(fields.get("message", "invocation failed"),
-                                code=int(code) if code.isdigit() else 200500,
-                                status=int(status) if status.isdigit() and 400 <= int(status) < 600 else 500)
 
 
 class WorkQueue:
@@ -97,16 +89,14 @@ class WorkQueue:
                                max_response_size=max_response_size, trace_id=trace_id, timeout=seconds,
                                buffer_bytes=buffer_bytes, invocation_id=invocation_id)
         key = function_key(spec.tenant, spec.name)  # names are per tenant: so are queues
-        entry: tuple[EncodableT, ...] = (
-            "id", inv.id, "function", key, "event", json.dumps(event), "mode", inv.mode,
-            "trace", inv.trace_id, "deadline", repr(time.time() + seconds), "buffer", buffer_events,
-            "maxWrite", max_write_size, "maxResponse", max_response_size)
-        if buffer_bytes is not None:
-            entry += ("bufferBytes", buffer_bytes)  # the worker's own Invocation is bounded alike
-        if keep_items:
-            entry += ("items", "1")  # the worker says which writes carry a JSON value (`v`, _relay)
-        if reply and inv.mode == "json":
-            entry += ("reply", self.answers.key)
+        answers = self.answers.key if reply and inv.mode == "json" else None
+        # (bufferBytes: the worker's own Invocation is bounded alike; items: the worker says which
+        # writes carry a JSON value, `v`, _relay)
+        entry = encode_call(inv.id, key, json.dumps(event), mode=inv.mode, trace=inv.trace_id,
+                            deadline=time.time() + seconds, buffer=buffer_events, max_write=max_write_size,
+                            max_response=max_response_size, buffer_bytes=buffer_bytes, items=keep_items,
+                            reply=answers)
+        if answers is not None:
             inv.answer = self.answers.wait(inv)  # before the entry exists: its answer may come first
         attempts = 0
 
@@ -221,18 +211,27 @@ class RemoteInvocation:
         return await self.task
 
     def answered(self, fields: dict[str, str]) -> None:
-        """The AnswerReader found its terminal entry: a `result` or an `error`."""
+        """The AnswerReader found its terminal entry: a `result` or an `error` (anything else, or
+        an answer of a worker of another protocol version, fails the call: it is not misread)."""
         self._finished = True
-        self.worker = fields.get("w", self.worker)
+        try:
+            answer = decode_output(fields)
+            if isinstance(answer, Data):
+                raise WireError("a data entry where an answer was expected")
+        except WireError as exc:
+            log.warning("invocation %s of %s: refusing the answer of worker %s: %s", self.id, self.spec.name,
+                        fields.get("w"), exc.message)
+            answer = Terminal(fields.get("w"), None, exc)
+        self.worker = answer.worker or self.worker
         if not self.resent:   # in the pipeline of the reader's XTRIM (this loop turn): no round trip of its own
             self.queue.batch.call("DEL", self.queue.keys.taken(self.id)).add_done_callback(retrieve)
         assert self.answer is not None
         if self.answer.done():
             return
-        if fields.get("t") == "result":
-            self.answer.set_result(fields.get("d") or None)
+        if answer.error is None:
+            self.answer.set_result(answer.text)
         else:
-            self.answer.set_exception(error_from_fields(fields))
+            self.answer.set_exception(answer.error)
 
     def drop_answer(self, reason: str | None = None) -> None:
         """Nobody awaits the answer any more (cancelled, or never queued): stop waiting for it."""
@@ -296,18 +295,17 @@ class RemoteInvocation:
                 events = self.events
                 for entry_id, fields in reply[0][1]:
                     last = entry_id
-                    kind = fields.get("t")
-                    if "w" in fields:
-                        self.worker = fields["w"]
-                    if kind == "data":
-                        await self._relay(fields["n"], fields["d"], self._already_relayed(fields.get("i")),
-                                          fields.get("v"))
-                    elif kind == "result":
+                    entry = self._decode(fields)
+                    if entry.worker is not None:
+                        self.worker = entry.worker
+                    if isinstance(entry, Data):
+                        await self._relay(entry.lengths, entry.payloads, self._already_relayed(entry.index),
+                                          entry.values)
+                    else:
                         self._finished = True
-                        return fields.get("d") or None
-                    elif kind == "error":
-                        self._finished = True
-                        raise error_from_fields(fields)
+                        if entry.error is not None:
+                            raise entry.error
+                        return entry.text
                 if self.events != events:   # flow control: only data moves the worker's window
                     await self._ack(out, last)
         finally:
@@ -316,13 +314,25 @@ class RemoteInvocation:
                 self.queue.drop(keys.output(self.id), keys.ack(self.id), keys.ack_chars(self.id),
                                 *(() if self.resent else (keys.taken(self.id),)))
 
-    async def _relay(self, lengths: str, payloads: str, skip: int = 0, values: str | None = None) -> None:
+    def _decode(self, fields: dict[str, str]) -> Data | Terminal:
+        """An entry of the output stream; one this node does not read (malformed, or of a worker of
+        another protocol version) ends the invocation with that error, and the worker is told to stop."""
+        try:
+            return decode_output(fields)
+        except WireError as exc:
+            log.warning("invocation %s of %s: refusing the output of worker %s: %s", self.id, self.spec.name,
+                        fields.get("w", self.worker), exc.message)
+            self._finished = True
+            self._tell_workers_to_stop("refused its output")
+            raise
+
+    async def _relay(self, lengths: list[int], payloads: str, skip: int = 0, values: str | None = None) -> None:
         """Put a data entry's payloads (`payloads` end to end, `lengths` in characters) in the channel,
         but the first `skip` (already relayed: the entry was written twice). `values` (a `keep_items`
         call's): per payload, `j` if the item the handler yielded was the JSON value of its text, `s`
         if it was the text itself; the channel then gets `Item`s carrying those values."""
         channel, at = self.channel, 0
-        for index, n in enumerate(map(int, lengths.split(","))):
+        for index, n in enumerate(lengths):
             text = payloads[at:at + n]
             at += n
             if skip:
@@ -334,14 +344,13 @@ class RemoteInvocation:
             self.events += 1
             self.chars += n
 
-    def _already_relayed(self, index: str | None) -> int:
+    def _already_relayed(self, first: int | None) -> int:
         """How many of a data entry's writes were relayed already. An entry names its first write's
         index (`i`; a worker of the version before does not): output that went missing in Redis
         (expired, evicted, a failover) fails the invocation instead of ending it as if complete;
         an entry written twice (a pipeline resent after a dropped connection) is relayed once."""
-        if index is None:
+        if first is None:
             return 0
-        first = int(index)
         if first > self.events:
             self._finished = True
             self._tell_workers_to_stop("output lost")

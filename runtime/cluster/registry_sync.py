@@ -11,7 +11,6 @@ as *unavailable* with the reason (its frontend can still enqueue it for workers)
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from runtime.registry import Registry
 
 from ..tasks import checkpoint, stop_tasks
 from .settings import REDIS_DOWN, AnyRedis, Backoff, ClusterUnavailableError, Keys
+from .wire import Record, WireError, decode_record, encode_record
 
 __all__ = ("RegistrySync",)
 
@@ -51,6 +51,7 @@ class RegistrySync:
         self._applied: dict[str, int] = {}         # key -> version of the record applied here
         self._fields: dict[str, str] = {}          # key -> the hash field holding its record, when not the key
         self._pending: dict[str, FunctionSpec | None] = {}
+        self._refused: dict[str, str] = {}         # hash field -> why its record is not read (logged once)
         self._applying = False                     # a delete from Redis is being applied here
         self._applying_specs: set[int] = set()     # ids of the specs from Redis being deployed here
         self._wake = asyncio.Event()
@@ -98,9 +99,8 @@ class RegistrySync:
             if spec is None:
                 pipe.hdel(self.keys.functions, name)
             else:
-                record = {"spec": spec.model_dump(mode="json"), "version": version, "node": self.node,
-                          "codePathRel": rel}
-                pipe.hset(self.keys.functions, name, json.dumps(record))
+                pipe.hset(self.keys.functions, name, encode_record(spec.model_dump(mode="json"), version, self.node,
+                                                                    rel))
             await pipe.execute()
         # Announced once stored; outside the transaction (a cluster pipeline cannot PUBLISH).
         await self.redis.publish(self.keys.registry_channel, str(version))
@@ -113,27 +113,34 @@ class RegistrySync:
         for dep in self.registry.list():
             self.specs[dep.key] = dep.spec
             rec = records.get(dep.key)
-            if rec is not None and rec["spec"] == dep.spec.model_dump(mode="json") and dep.key not in self._fields:
-                self._applied[dep.key] = rec["version"]
+            if dep.key in self._refused:
+                continue   # a record of another protocol version: neither read nor overwritten
+            if rec is not None and rec.spec == dep.spec.model_dump(mode="json") and dep.key not in self._fields:
+                self._applied[dep.key] = rec.version
             elif self.publish:
                 self._pending[dep.key] = dep.spec
         await self.flush()
 
-    async def _records(self) -> dict[str, dict[str, Any]]:
+    async def _records(self) -> dict[str, Record]:
+        """The shared registry's records by key. One this node does not read (malformed, or stored by
+        a node of another protocol version) is left as it is, in `_refused`, and logged once."""
         raw: dict[str, str] = await self.redis.hgetall(self.keys.functions)  # type: ignore[assignment]
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, Record] = {}
+        refused: dict[str, str] = {}
         for field, text in raw.items():
             try:
-                rec = json.loads(text)
-            except ValueError:
-                log.error("registry record %r in Redis is not JSON; ignored", field)
+                rec = decode_record(field, text)
+            except WireError as exc:
+                if self._refused.get(field) != exc.message:
+                    log.error("cluster: %s; ignored", exc.message)
+                refused[field] = exc.message
                 continue
-            spec = rec.get("spec") if isinstance(rec, dict) else None
             key = field
-            if isinstance(spec, dict) and "/" not in field and spec.get("tenant", DEFAULT_TENANT) != DEFAULT_TENANT:
-                key = function_key(str(spec["tenant"]), field)  # an older node's record: by its tenant
+            if "/" not in field and rec.spec.get("tenant", DEFAULT_TENANT) != DEFAULT_TENANT:
+                key = function_key(str(rec.spec["tenant"]), field)  # an older node's record: by its tenant
                 self._fields[key] = field
             out[key] = rec
+        self._refused = refused
         return out
 
     async def sync(self) -> None:
@@ -145,20 +152,20 @@ class RegistrySync:
             await self.push_initial()
         records = await self._records()
         for name, rec in records.items():
-            if name not in self._pending and self._applied.get(name) != rec["version"]:
+            if name not in self._pending and self._applied.get(name) != rec.version:
                 await self._apply(name, rec)
         for name in list(self._applied):
-            if name not in records and name not in self._pending:
+            if name not in records and name not in self._pending and name not in self._refused:
                 self._remove(name)
 
-    async def _apply(self, name: str, rec: dict[str, Any]) -> None:
-        self._applied[name] = rec["version"]
+    async def _apply(self, name: str, rec: Record) -> None:
+        self._applied[name] = rec.version
         try:
-            spec = FunctionSpec.model_validate(rec["spec"])
+            spec = FunctionSpec.model_validate(rec.spec)
         except ValueError as exc:
             self._mark_unavailable(name, None, f"invalid record in Redis: {exc}")
             return
-        local = await asyncio.to_thread(self._local_code_path, spec, rec.get("codePathRel"))  # file checks
+        local = await asyncio.to_thread(self._local_code_path, spec, rec.code_path_rel)  # file checks
         spec = spec.model_copy(update={"codePath": local})
         self.specs[name] = spec
         self._applying_specs.add(id(spec))
@@ -166,7 +173,7 @@ class RegistrySync:
             # The async form: a process function's first worker imports the code off the event loop.
             await self.registry.adeploy([spec])
             self.unavailable.pop(name, None)
-            log.info("cluster: applied %s (version %d from %s)", name, rec["version"], rec.get("node"))
+            log.info("cluster: applied %s (version %d from %s)", name, rec.version, rec.node)
         except FunctionServiceError as exc:
             self._mark_unavailable(name, spec, exc.message)
         finally:

@@ -20,14 +20,15 @@ the terminal entry, XACK and XDEL are issued together, in that order.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import cast
 
 from redis.typing import StreamIdT
 
 from ..tasks import checkpoint, stop_tasks
 from .settings import REDIS_DOWN, Backoff, Keys
+from .wire import WireError, decode_cancel, encode_heartbeat
 from .worker_intake import Intake
+from .worker_run import log
 
 __all__ = ("QueueConsumer",)
 
@@ -75,8 +76,7 @@ class QueueConsumer(Intake):
     async def _announce(self) -> None:
         """Refresh this worker's key: alive, and which functions it takes (none while shutting down)."""
         functions = [d.key for d in self.registry.list()] if self.taking else []
-        info = json.dumps({"running": len(self._running), "completed": self.completed, "functions": functions,
-                           "answers": 1})   # puts JSON answers on the frontend's answers stream (`reply`)
+        info = encode_heartbeat(len(self._running), self.completed, functions)
         await self.redis.set(self.keys.worker(self.id), info, px=int(self.heartbeat * 3000))
 
     async def _beat(self) -> None:
@@ -110,7 +110,12 @@ class QueueConsumer(Intake):
                     checkpoint()
                     if msg is None:
                         continue
-                    inv_id: str = msg["data"]
+                    try:
+                        inv_id = decode_cancel(msg["data"])
+                    except WireError as exc:
+                        log.warning("worker %s: refusing a message on %s: %s", self.id, self.keys.cancel_channel,
+                                    exc.message)
+                        continue
                     inv = self._running.get(inv_id)
                     if inv is None and inv_id in self._held:
                         self._cancelled.add(inv_id)   # taken, not running yet: _execute checks this

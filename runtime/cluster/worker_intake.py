@@ -18,8 +18,10 @@ import redis.asyncio as aioredis
 from runtime.deployment import Deployment
 
 from ..tasks import checkpoint
+from .answers import ANSWER_SCRIPT
 from .settings import REDIS_DOWN, Backoff, Keys, slot_of
-from .worker_run import Runner, log
+from .wire import Call, WireError, decode_call, error_entry, origin
+from .worker_run import _APPEND, Runner, log
 
 __all__ = ("Intake",)
 
@@ -238,27 +240,32 @@ class Intake(Runner):
         per invocation id, _TAKEN). An enqueue sent again through a Redis outage can queue an
         invocation twice: its second entry finds the first taken and is dropped; a reclaimed entry
         whose taker still lives (its heartbeat key is there) is left to it."""
-        runs: list[tuple[str, str, dict[str, str]]] = []
+        runs: list[tuple[str, str, Call]] = []
         for entry_id, fields in entries:
-            inv_id = fields.get("id", entry_id)
+            try:
+                call = decode_call(entry_id, fields)
+            except WireError as exc:   # malformed, or of another protocol version: never run
+                self._refuse(key, entry_id, fields, exc)
+                continue
+            inv_id = call.id
             if inv_id in self._held:   # the same invocation queued twice, both read at once: run it once
                 self._drop_entry(key, entry_id)
                 continue
             self._hold(inv_id, key, entry_id)
-            runs.append((inv_id, entry_id, fields))
+            runs.append((inv_id, entry_id, call))
         started = 0
         try:
-            takers = await asyncio.gather(*(self._claim(i, f"{self.id} {e}", f, "") for i, e, f in runs))
-            for (inv_id, entry_id, fields), taker in zip(runs, takers, strict=True):
+            takers = await asyncio.gather(*(self._claim(i, f"{self.id} {e}", c, "") for i, e, c in runs))
+            for (inv_id, entry_id, call), taker in zip(runs, takers, strict=True):
                 if taker not in (0, 1):
-                    taker = await self._take_over(key, inv_id, entry_id, fields, str(taker))
+                    taker = await self._take_over(key, inv_id, entry_id, call, str(taker))
                 if taker is None:
                     self._unhold(inv_id)
                     self._cancelled.discard(inv_id)
                     started += 1   # (counted as started: its slot is released here)
                     self._slots.release()
                     continue
-                job = asyncio.create_task(self._run_entry(key, entry_id, fields, reclaimed, taker == 0),
+                job = asyncio.create_task(self._run_entry(key, entry_id, call, reclaimed, taker == 0),
                                           name=f"worker-run-{inv_id}")
                 self._jobs.add(job)
                 job.add_done_callback(self._jobs.discard)
@@ -270,8 +277,7 @@ class Intake(Runner):
             raise
         return started
 
-    async def _take_over(self, key: str, inv_id: str, entry_id: str, fields: dict[str, str],
-                         taker: str) -> int | None:
+    async def _take_over(self, key: str, inv_id: str, entry_id: str, call: Call, taker: str) -> int | None:
         """Another worker is the invocation's taker: 1 once this one took it over from a dead one
         (0: it was cancelled meanwhile, the entry is only to be acked), None if it is not this one's."""
         worker, _, taken_entry = taker.partition(" ")
@@ -282,17 +288,35 @@ class Intake(Runner):
             return None
         if await self.redis.exists(self.keys.worker(worker)):
             return None   # alive: it runs it, and its heartbeat claims the entry back
-        took = await self._claim(inv_id, f"{self.id} {entry_id}", fields, taker)
+        took = await self._claim(inv_id, f"{self.id} {entry_id}", call, taker)
         return took if took in (0, 1) else None
 
-    def _claim(self, inv_id: str, mine: str, fields: dict[str, str], instead_of: str) -> asyncio.Future[Any]:
+    def _claim(self, inv_id: str, mine: str, call: Call, instead_of: str) -> asyncio.Future[Any]:
         return self.batch.call("EVAL", _TAKEN, 2, self.keys.taken(inv_id), self.keys.cancelled(inv_id), mine,
-                               self._taken_ttl(fields), instead_of)
+                               self._taken_ttl(call), instead_of)
 
-    def _taken_ttl(self, fields: dict[str, str]) -> int:
+    def _taken_ttl(self, call: Call) -> int:
         """Seconds a `taken` key lives: while its entry (or a second one of it) may still be taken."""
-        left = float(fields.get("deadline", "0") or 0) - time.time()
+        left = call.deadline - time.time()
         return max(int(self.ttl), math.ceil(left) + TAKEN_MARGIN) if math.isfinite(left) else int(self.ttl)
+
+    def _refuse(self, key: str, entry_id: str, fields: dict[str, str], exc: WireError) -> None:
+        """A queue entry this worker will not run: logged, acked and dropped (not left to be reclaimed
+        again and again), and answered with the refusal when it names its invocation, so its caller
+        learns why at once rather than at its deadline (its frontend may not read it: another version)."""
+        inv_id, reply = fields.get("id"), fields.get("reply")
+        log.warning("worker %s: refusing entry %s of %s (invocation %s), not run: %s",
+                    self.id, entry_id, key, inv_id, exc.message)
+        self._drop_entry(key, entry_id)
+        if not inv_id:
+            return
+        answer = {**error_entry(exc), **origin(self.id)}
+        if reply:
+            pairs = [x for item in {"id": inv_id, **answer}.items() for x in item]
+            refused = self.batch.call("EVAL", ANSWER_SCRIPT, 1, reply, max(1, int(self.ttl)), *pairs)
+        else:
+            refused = self.batch.call("EVAL", _APPEND, *self._append_args(inv_id, [answer]))
+        refused.add_done_callback(_ignore_outcome)
 
     def _drop_entry(self, key: str, entry_id: str) -> None:
         """Ack and delete an entry without running it (if Redis is down it stays pending: reclaimed, dropped)."""

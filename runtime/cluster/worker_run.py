@@ -9,11 +9,10 @@ lengths); the terminal entry, XACK and XDEL are issued together, in that order.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
-from typing import Any, get_args
+from typing import Any
 
 from redis.typing import EncodableT
 
@@ -23,11 +22,11 @@ from runtime.errors import ConcurrencyLimitError, FunctionServiceError, Function
 from runtime.executor import Executor
 from runtime.invocation import Invocation
 from runtime.registry import Registry
-from runtime.surface import Mode
 
 from .answers import ANSWER_SCRIPT
 from .batch import Batcher
 from .settings import REDIS_DOWN, AnyRedis, Backoff, Keys, WorkerLostError, through_outage
+from .wire import Call, data_entry, decode_ack, error_entry, origin, result_entry
 
 __all__ = ("Runner",)
 
@@ -71,10 +70,10 @@ class _Window:
         self.written_chars += chars
 
     def acked(self, events: str | bytes | None, chars: str | bytes | None) -> None:
-        self.acked_events = int(events or 0)
-        if chars is None and self.acked_events:
+        self.acked_events, acked_chars = decode_ack(events, chars)
+        if acked_chars is None and self.acked_events:
             self.max_chars = None  # acked events and no characters: an older frontend
-        self.acked_chars = int(chars or 0)
+        self.acked_chars = acked_chars or 0
 
 
 
@@ -196,15 +195,14 @@ class Runner:
             await backoff.sleep()
 
     # -- running -----------------------------------------------------------------------------
-    async def _run_entry(self, key: str, entry_id: str, fields: dict[str, str], reclaimed: bool,
-                         cancelled: bool) -> None:
-        inv_id = fields.get("id", entry_id)
+    async def _run_entry(self, key: str, entry_id: str, call: Call, reclaimed: bool, cancelled: bool) -> None:
+        inv_id = call.id
         terminal: list[dict[str, str]] | None = None
-        left = float(fields.get("deadline", "inf") or "inf") - time.time()
+        left = call.deadline - time.time()
         self._deadlines[inv_id] = time.monotonic() + (left if math.isfinite(left) else self.ttl)
         try:
-            if not cancelled and inv_id not in self._cancelled and await self._should_run(inv_id, fields, reclaimed):
-                terminal = await self._execute(inv_id, fields)
+            if not cancelled and inv_id not in self._cancelled and await self._should_run(call, reclaimed):
+                terminal = await self._execute(call)
         except REDIS_DOWN as exc:
             # Leave the entry pending and stop touching it: once idle it is reclaimed (and re-run if
             # no output went out, else answered with "worker lost").
@@ -222,12 +220,13 @@ class Runner:
             self._running.pop(inv_id, None)
             self._deadlines.pop(inv_id, None)
             self.completed += 1
-        await self._done_with(inv_id, terminal, fields.get("reply"))
+        await self._done_with(inv_id, terminal, call.reply)
 
-    async def _should_run(self, inv_id: str, fields: dict[str, str], reclaimed: bool) -> bool:
+    async def _should_run(self, call: Call, reclaimed: bool) -> bool:
         """False when there is nothing to run, only the entry to ack: (reclaimed) already answered,
         or answered here with "worker lost" since its output had begun. (Cancelled while queued:
         the caller checked the marker.)"""
+        inv_id = call.id
         if reclaimed:
             last: Any = await through_outage(lambda: self.redis.xrevrange(self.keys.output(inv_id), count=1),
                                              self._until(inv_id))
@@ -235,15 +234,12 @@ class Runner:
             if kind in ("result", "error"):
                 return False  # finished, only the ack was lost
             if kind == "data":
-                err = WorkerLostError(f"the worker running {fields.get('function')!r} was lost after its "
+                err = WorkerLostError(f"the worker running {call.function!r} was lost after its "
                                       "output began; the invocation was not retried")
-                await self._write(inv_id, [self._error_fields(err)])
+                await self._write(inv_id, [error_entry(err)])
                 return False
             log.info("worker %s: re-running invocation %s taken over from a lost worker", self.id, inv_id)
         return True
-
-    def _error_fields(self, exc: FunctionServiceError) -> dict[str, str]:
-        return {"t": "error", "code": str(exc.code), "status": str(exc.status), "message": exc.message}
 
     def _append_args(self, inv_id: str, entries: list[dict[str, str]]) -> list[EncodableT]:
         """The _APPEND script's key count, KEYS and ARGV for these entries."""
@@ -263,33 +259,30 @@ class Runner:
         args = self._append_args(inv_id, entries)
         return bool(await through_outage(lambda: self.batch.call("EVAL", _APPEND, *args), self._until(inv_id)))
 
-    async def _execute(self, inv_id: str, fields: dict[str, str]) -> list[dict[str, str]] | None:
+    async def _execute(self, call: Call) -> list[dict[str, str]] | None:
         """Run it, writing its stream as it goes; returns its terminal entry, which _done_with writes
         with the queue ack (None: nothing to write, the client is gone)."""
-        name = fields.get("function", "")  # its `function_key` (tenant and name)
-        first = {"w": self.id}   # which worker runs it: on the first entry written, wherever that is
+        inv_id, name = call.id, call.function  # its `function_key` (tenant and name)
+        first = origin(self.id)   # which worker runs it, and its version: on the first entry written
         try:
             dep = self.registry.by_key(name)
-            if time.time() > float(fields.get("deadline", "inf")):
+            if time.time() > call.deadline:
                 raise FunctionTimeoutError(f"function {name!r} timed out before a worker could take it")
-            mode: Mode = next((m for m in get_args(Mode) if m == fields.get("mode")), "json")
-            inv = Invocation(dep, json.loads(fields.get("event", "{}")), mode=mode,
-                             loop=asyncio.get_running_loop(), buffer_events=int(fields.get("buffer", 100)),
-                             max_write_size=int(fields.get("maxWrite", 4 * 1024 * 1024)),
-                             max_response_size=int(fields.get("maxResponse", 6 * 1024 * 1024)),
-                             trace_id=fields.get("trace"), keep_items=fields.get("items") == "1",
-                             buffer_bytes=int(fields["bufferBytes"]) if "bufferBytes" in fields else None)
+            inv = Invocation(dep, call.event, mode=call.mode, loop=asyncio.get_running_loop(),
+                             buffer_events=call.buffer, max_write_size=call.max_write,
+                             max_response_size=call.max_response, trace_id=call.trace, keep_items=call.items,
+                             buffer_bytes=call.buffer_bytes)
             inv.id = inv_id
-            inv.deadline = min(inv.deadline, time.monotonic() + float(fields.get("deadline", "inf")) - time.time())
+            inv.deadline = min(inv.deadline, time.monotonic() + call.deadline - time.time())
             if not await self._start_when_free(inv, inv_id):
                 return None
         except FunctionServiceError as exc:
-            return [{**self._error_fields(exc), **first}]
+            return [{**error_entry(exc), **first}]
         self._running[inv_id] = inv
         if inv.streaming:
             first = await self._write_output(inv, inv_id, first)
         try:
-            terminal = {"t": "result", "d": await inv.encoded_result() or ""}
+            terminal = result_entry(await inv.encoded_result())
         except asyncio.CancelledError:
             if inv.cancel_reason is None:
                 raise
@@ -298,7 +291,7 @@ class Runner:
                 task.uncancel()   # a JSON call ran in this task: the cancel was its, not ours
             return None  # the client is gone: nobody reads the output
         except FunctionServiceError as exc:
-            terminal = self._error_fields(exc)
+            terminal = error_entry(exc)
         return [{**terminal, **first}]
 
     async def _write_output(self, inv: Invocation, inv_id: str, first: dict[str, str]) -> dict[str, str]:
@@ -338,10 +331,10 @@ class Runner:
                     pause = min(0.05, pause * 1.5)  # a client that stalls costs Redis less and less
             # One entry for the batch, its payloads in one field: a command argument costs the client
             # far more than its bytes do, so a batch of any size is four of them.
-            entry = {"t": "data", **first, "i": str(window.written_events),  # its first event's index
-                     "n": ",".join(map(str, lengths)), "d": "".join(batch)}
+            values = None
             if inv.keep_items:  # which writes' values are their JSON (RemoteInvocation._relay)
-                entry["v"] = "".join("j" if isinstance(p, Item) and p.value is not p else "s" for p in batch)
+                values = "".join("j" if isinstance(p, Item) and p.value is not p else "s" for p in batch)
+            entry = data_entry(first, window.written_events, lengths, batch, values)
             first = {}
             if not await self._write(inv_id, [entry]):
                 inv.cancel("cancelled")  # the frontend gave up: stop now, even if its message is late

@@ -125,11 +125,13 @@ def build_app(config: Config, registry: Registry | None = None) -> web.Applicati
     return app
 
 
-async def serve(app: web.Application, host: str, port: int, *, shutdown_timeout: float = 10.0) -> None:
-    """Run until SIGINT/SIGTERM, then stop accepting and give open requests time to finish."""
+async def serve(app: web.Application, host: str, port: int) -> None:
+    """Run until SIGINT/SIGTERM, then stop accepting and give open requests the grace to finish
+    (shutdownGraceSeconds, and SHUTDOWN_MARGIN for what is still open after it: FnstreamRunner)."""
     config = app[CONFIG]
     raise_fd_limit(config.frontend.limits.maxConnections)
-    runner = FnstreamRunner(app, config.frontend.limits, shutdown_timeout=shutdown_timeout, **SERVER_KWARGS)
+    runner = FnstreamRunner(app, config.frontend.limits, grace=config.frontend.args.shutdownGraceSeconds,
+                            **SERVER_KWARGS)
     await runner.setup()
     try:  # a listener that cannot start still stops what setup started (a cluster node's tasks)
         await start_site(runner, config, host, port)

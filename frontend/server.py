@@ -390,14 +390,29 @@ class _LimitedServer(web.Server):
         return _LimitedHandler(self, loop=self._loop, limits=self._limits, budget=self._budget, **self._kwargs)
 
 
+SHUTDOWN_MARGIN = 1.0  # s past the grace for open responses to end (an aborted stream's error and [DONE])
+
+
 class FnstreamRunner(web.AppRunner):
     """`web.AppRunner` whose connections carry `frontend.limits`, and whose requests come in by the
-    front door (frontend/front_door.py: plain invokes, JSON or SSE, straight to the dispatcher)."""
+    front door (frontend/front_door.py: plain invokes, JSON or SSE, straight to the dispatcher).
 
-    def __init__(self, app: web.Application, limits: FrontendLimits, **kwargs: Any) -> None:
+    With `grace` (`fnstream serve`: shutdownGraceSeconds), what aiohttp gives the responses still
+    open after the app's shutdown (the node's drain) is what is left of the grace plus
+    SHUTDOWN_MARGIN, not a fixed time: then it cancels them (their handlers end at once)."""
+
+    def __init__(self, app: web.Application, limits: FrontendLimits, *, grace: float | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self._limits = limits
+        self._grace = grace
         self._server_kwargs = {k: v for k, v in kwargs.items() if k not in ("shutdown_timeout", "handle_signals")}
+
+    async def shutdown(self) -> None:
+        started = time.monotonic()
+        await super().shutdown()  # the app's on_shutdown: the drain, within the grace
+        if self._grace is not None:  # BaseRunner.cleanup passes it to the server next
+            self._shutdown_timeout = max(0.0, self._grace - (time.monotonic() - started)) + SHUTDOWN_MARGIN
 
     async def _make_server(self) -> web.Server:
         base = await super()._make_server()  # runs the app's startup and freezes it

@@ -55,3 +55,13 @@ async def test_a_started_site_still_shows_its_listening_sockets() -> None:
         assert sockets and all(s.fileno() >= 0 for s in sockets), "TCPSite._server.sockets is gone"
     finally:
         await runner.cleanup()
+
+
+def test_the_runner_still_waits_for_open_responses_with_its_shutdown_timeout() -> None:
+    """FnstreamRunner.shutdown sets `_shutdown_timeout` (what is left of the grace) for the wait
+    that follows it in BaseRunner.cleanup."""
+    import inspect
+
+    source = inspect.getsource(web.BaseRunner.cleanup)
+    assert "await self.shutdown()" in source and "self._server.shutdown(self._shutdown_timeout)" in source
+    assert source.index("await self.shutdown()") < source.index("self._server.shutdown(self._shutdown_timeout)")

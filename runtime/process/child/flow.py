@@ -81,7 +81,11 @@ class WorkerInvocation:
 
     def give_credits(self, n: int) -> None:
         self.credits += n
-        for _ in range(min(n, len(self.unacked))):
+        if n >= len(self.unacked):  # the frontend took every write in flight (the usual case)
+            self.unacked.clear()
+            self.unacked_bytes = 0
+            return
+        for _ in range(n):
             self.unacked_bytes -= self.unacked.popleft()
 
 
@@ -153,12 +157,15 @@ class FlowControl(abc.ABC):
             inv.pending = self.loop.create_task(self._output_when_credited(inv, frame, size))
             return inv.pending
         with self._cond:
-            while True:
+            # take_credit inlined: a handler thread's every write passes here
+            while (inv.cancel_reason is not None or inv.credits <= 0
+                   or (inv.unacked_bytes and inv.unacked_bytes + size > WINDOW_BYTES)):
                 self._check_open(inv)
-                if inv.take_credit(size):
-                    break
                 if not self._cond.wait(timeout=max(inv.remaining(), 0.001)) and inv.remaining() <= 0:
                     raise StreamClosedError("stream write timed out: the client is not reading")
+            inv.credits -= 1
+            inv.unacked.append(size)
+            inv.unacked_bytes += size
         self.post(frame)
         return WRITTEN
 
@@ -206,10 +213,7 @@ class FlowControl(abc.ABC):
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
+    return asyncio._get_running_loop() is loop  # no RuntimeError raised (and caught) per write of a thread
 
 
 def resolve(fut: asyncio.Future[Any], value: Any) -> None:

@@ -5,12 +5,13 @@ was busy goes out in one system call, and the stream writes of one invocation in
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -28,57 +29,81 @@ FLUSH_BEFORE_EXIT = 2.0   # seconds a worker leaving on its own waits for its la
 
 
 class Outbox:
-    """Frames for the frontend, sent in order from one writer thread (`write_loop`)."""
+    """Frames for the frontend, sent in order from one writer thread (`write_loop`).
+
+    Posting is two C calls (a deque append, a token for the writer's wake-up), so a handler's write
+    costs no Python-level queue; the writer takes everything queued under `_sending`, which it holds
+    until those frames are on the socket — so whoever holds it with nothing queued knows every frame
+    posted before is out (`post_outcome`, `flush`).
+    """
 
     def __init__(self, conn: Connection[ToFrontend, ToWorker]) -> None:
         self.conn = conn
-        self._outbox: queue.Queue[ToFrontend] = queue.Queue(maxsize=OUTBOX_FRAMES)
+        self._frames: deque[ToFrontend] = deque()
+        self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()  # one per frame posted: wakes the writer
+        self._sending = threading.Lock()
 
     def post(self, frame: ToFrontend) -> None:
-        self._outbox.put(frame)
+        frames = self._frames
+        if len(frames) >= OUTBOX_FRAMES:  # only a flood of logs gets here: writes are bounded by credits
+            self._wait_for_room()
+        frames.append(frame)
+        self._tokens.put(None)
+
+    def _wait_for_room(self) -> None:
+        while len(self._frames) >= OUTBOX_FRAMES:
+            time.sleep(0.001)
 
     def post_outcome(self, frame: Result | Error) -> None:
         """A result goes straight out when nothing is queued before it (no hop to the writer thread).
 
         Safe here: the handler has returned, so no cancel can be raised in this thread any more,
-        and with an empty outbox every earlier write of the invocation is already on the socket.
+        and with nothing queued and `_sending` held every earlier frame is already on the socket.
         """
-        if not self._outbox.unfinished_tasks:
+        if not self._frames and self._sending.acquire(blocking=False):
             try:
-                if self.conn.try_send(frame):
+                if not self._frames and self.conn.try_send(frame):
                     return
             except (ConnectionClosed, ProtocolError, TypeError, ValueError):
                 pass  # the writer thread reports or exits
+            finally:
+                self._sending.release()
         self.post(frame)
 
     def flush(self, timeout: float = FLUSH_BEFORE_EXIT) -> None:
         """Wait (bounded) until every frame posted so far is on the socket."""
         deadline = time.monotonic() + timeout
-        while self._outbox.unfinished_tasks and time.monotonic() < deadline:
+        while (self._frames or self._sending.locked()) and time.monotonic() < deadline:
             time.sleep(0.005)
 
     def write_loop(self) -> None:
+        frames = self._frames
+        wait, take_token = self._tokens.get, self._tokens.get_nowait
         while True:
-            frames = [self._outbox.get()]
-            size = 0
-            while len(frames) < BATCH_FRAMES and size < BATCH_BYTES:
+            wait()
+            with self._sending:
+                if not frames:
+                    continue  # the token of a frame an earlier batch took
+                batch = [frames.popleft()]
+                size = 0
+                while frames and len(batch) < BATCH_FRAMES and size < BATCH_BYTES:
+                    frame = frames.popleft()
+                    batch.append(frame)
+                    if frame["t"] == "write":
+                        size += len(frame["p"][0])
+                out = coalesce(batch)
                 try:
-                    frame = self._outbox.get_nowait()
-                except queue.Empty:
-                    break
-                frames.append(frame)
-                if frame["t"] == "write":
-                    size += sum(len(p) for p in frame["p"])
+                    self.conn.send_many(out)
+                except ConnectionClosed:
+                    hard_exit(0)  # the frontend is gone
+                except (ProtocolError, TypeError, ValueError) as exc:
+                    self._send_one_by_one(out, exc)
+            # The tokens of the frames this batch took, so the writer does not wake once per frame.
             try:
-                self.conn.send_many(coalesce(frames))
-            except ConnectionClosed:
-                hard_exit(0)  # the frontend is gone
-            except (ProtocolError, TypeError, ValueError) as exc:
-                self._send_one_by_one(frames, exc)
-            finally:
-                for _ in frames:
-                    with contextlib.suppress(ValueError):  # a put cut short by a cancel in a handler thread
-                        self._outbox.task_done()
+                for _ in range(len(batch) - 1):
+                    take_token()
+            except queue.Empty:
+                pass  # a poster between its append and its token: the token wakes us once, in vain
 
     def _send_one_by_one(self, frames: list[ToFrontend], exc: Exception) -> None:
         """A frame could not be encoded: send the others, report the bad one."""

@@ -94,6 +94,33 @@ class OutputChannel(Generic[T]):
             self._append(item, size)
             return True
 
+    def try_put_many(self, items: list[T]) -> int:
+        """`try_put` of each item in turn, under one lock and one wake-up of the reader: how many
+        went in (the rest did not fit). Raises StreamClosedError when closed."""
+        with self._lock:
+            self._check_writable()
+            queued = self._items
+            room = self.capacity - len(queued)
+            if room <= 0:
+                return 0
+            fitting = items if len(items) <= room else items[:room]
+            if self.max_bytes is None:
+                queued.extend(fitting)
+                count = len(fitting)
+            else:
+                limit, total, count = self.max_bytes, self._bytes, 0
+                for item in fitting:
+                    size = self._size(item)
+                    if queued and total + size > limit:
+                        break
+                    queued.append(item)
+                    total += size
+                    count += 1
+                self._bytes = total
+            if count:
+                self._wake_reader()
+            return count
+
     def put_blocking(self, item: T, timeout: float | None = None) -> None:
         """Put from a thread, waiting while the channel is full (backpressure)."""
         size = self._size(item)

@@ -318,19 +318,16 @@ class WorkerProcess:
             job.backlog.extend(payloads)
             return
         inv = job.inv
-        for i, payload in enumerate(payloads):
-            try:
-                fits = inv.channel.try_put(payload)
-            except StreamClosedError as exc:
-                self.cancel(inv.id, exc.message)  # the client left or the deadline passed
-                return
-            if not fits:
-                job.backlog = deque(payloads[i:])
-                job.loop.create_task(self._drain(job), name=f"backlog-{inv.id}")
-                payloads = payloads[:i]
-                break
-        if payloads:
-            self._credit(job, len(payloads))
+        try:
+            count = inv.channel.try_put_many(payloads)
+        except StreamClosedError as exc:
+            self.cancel(inv.id, exc.message)  # the client left or the deadline passed
+            return
+        if count < len(payloads):
+            job.backlog = deque(payloads[count:])
+            job.loop.create_task(self._drain(job), name=f"backlog-{inv.id}")
+        if count:
+            self._credit(job, count)
 
     async def _drain(self, job: PooledCall) -> None:
         """Move the backlog into the channel as the client reads, a credit per write."""

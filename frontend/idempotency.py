@@ -9,6 +9,7 @@ from aiohttp import web
 
 from runtime.deployment import FunctionRef
 from runtime.jobs.idempotency import fingerprint, parse_key
+from runtime.jobs.key_store import KeyBind
 from runtime.jobs.model import Job
 
 from .jobs import IDEMPOTENCY
@@ -19,13 +20,14 @@ REPLAYED = {"Idempotent-Replayed": "true"}  # the answer names the job an earlie
 
 
 async def submit_once(request: web.Request, function: FunctionRef, parts: tuple[Any, ...],
-                      create: Callable[[], Awaitable[Job]]) -> tuple[str, Job | None]:
-    """`create()` the job, or with an `Idempotency-Key` the job the key already names (then None
-    as the job: the route answers as it did the first time). `parts` (route, body ...) are what
-    a second request with the key must repeat; computed now, before `create` may touch them."""
+                      create: Callable[[KeyBind | None], Awaitable[Job]]) -> tuple[str, Job | None]:
+    """`create(None)` the job, or with an `Idempotency-Key` `create(key)` (the job's save binds
+    the key), unless the key already names a job: then None as the job (the route answers as it
+    did the first time). `parts` (route, body ...) are what a second request with the key must
+    repeat; computed now, before `create` may touch them."""
     key = parse_key(request.headers.get("Idempotency-Key"))
     if key is None:
-        job = await create()
+        job = await create(None)
         return job.id, job
     print_ = fingerprint(function.spec.urn, *parts)  # tenant, namespace, name and version
     return await request.app[IDEMPOTENCY].submit(function.spec.tenant, key, print_, create)

@@ -151,7 +151,8 @@ class Node:
                                           send_cancel=None if self.cancels is None else self.cancels.send)
             self.store = build_job_store(config)
             self.webhooks = WebhookSender(config.jobs.webhook)
-            self.idempotency = IdempotentSubmits(self.store.idempotency_keys(), config.jobs.idempotencySeconds)
+            self.idempotency = IdempotentSubmits(self.store.idempotency_keys(config.jobs.idempotencySeconds),
+                                                 config.jobs.idempotencySeconds)
         # Functions are found and run here or (cluster mode) queued for the cluster's workers;
         # background jobs (Dispatcher.submit_job) go to the job manager, which runs them through dispatch.
         self.dispatcher = Dispatcher(self.registry, self.executor, Limits.from_config(config), cluster=self.cluster,

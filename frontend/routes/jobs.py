@@ -16,6 +16,7 @@ from aiohttp import web
 
 from runtime.deployment import FunctionRef
 from runtime.errors import BadRequestError
+from runtime.jobs.key_store import KeyBind
 from runtime.jobs.model import Job, JobRequest
 from runtime.principal import Principal
 
@@ -91,8 +92,9 @@ async def submit_async(request: web.Request, principal: Principal | None, functi
         webhook = request.app[WEBHOOKS].check_url(webhook)
     dispatcher = request.app[DISPATCHER]
 
-    async def create() -> Job:
-        return await dispatcher.submit_job(principal, function, event, JobRequest(api="yuanrong", webhook=webhook))
+    async def create(key: KeyBind | None) -> Job:
+        return await dispatcher.submit_job(principal, function, event,
+                                           JobRequest(api="yuanrong", webhook=webhook, key=key))
 
     job_id, job = await submit_once(request, function, ("yuanrong-async", event, webhook), create)
     replayed = job is None

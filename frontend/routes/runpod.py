@@ -9,12 +9,14 @@ Errors are RunPod's `{"error": message}` (OpenAI's shape under `/openai/v1/`).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from aiohttp import web
 
 from runtime.deployment import Deployment, FunctionRef
 from runtime.jobs.errors import JobBadRequestError
+from runtime.jobs.key_store import KeyBind
 from runtime.jobs.model import Job, JobRequest
 
 from ..auth import principal_of
@@ -66,8 +68,8 @@ async def _submit(request: web.Request, *, sync: bool = False) -> tuple[Job, boo
                              ttl=_milliseconds(policy, "ttl"), sync=sync)
     dispatcher, principal = request.app[DISPATCHER], principal_of(request)
 
-    async def create() -> Job:
-        return await dispatcher.submit_job(principal, function, event, job_request)
+    async def create(key: KeyBind | None) -> Job:
+        return await dispatcher.submit_job(principal, function, event, dataclasses.replace(job_request, key=key))
 
     job_id, job = await submit_once(request, function, ("runsync" if sync else "run", body), create)
     if job is None:  # the earlier request's job (for its X-Invocation-Id; /runsync waits for it)

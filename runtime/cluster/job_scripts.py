@@ -3,7 +3,7 @@ one job only (its hash tag, so one Redis Cluster slot), atomically. A job's owne
 only the node it names writes the job's state and output."""
 from __future__ import annotations
 
-__all__ = ("ADD", "ADVANCE", "DELETE", "RETRY", "SAVE", "TAKE", "TAKEN")
+__all__ = ("ADD", "ADVANCE", "CREATE", "DELETE", "RETRY", "SAVE", "TAKE", "TAKEN", "VOID")
 
 TAKEN = "taken:"  # on the cancel channel: `taken:{node}:{job id}`, another node took that node's job (a retry)
 
@@ -88,5 +88,18 @@ DELETE = """
 local owner = redis.call('GET', KEYS[4])
 if owner and owner ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+return 1
+"""
+
+# A job's first save when an Idempotency-Key names it (runtime/cluster/idempotency_keys.py): SAVE,
+# unless the id was fenced (its key's claim was released or taken over): then -1 and nothing is
+# stored. KEYS: state, owner, out, fence; ARGV: as SAVE.
+CREATE = "if redis.call('EXISTS', KEYS[4]) == 1 then return -1 end\n" + SAVE
+
+# Fence a job id that a key's claim named but whose job is not stored: its save is refused from
+# now on (CREATE). KEYS: state, fence; ARGV: seconds. 0 when the job is stored (nothing fenced).
+VOID = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('SET', KEYS[2], '1', 'EX', ARGV[1])
 return 1
 """

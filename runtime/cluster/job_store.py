@@ -34,11 +34,12 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from ..jobs.errors import JobStoreError
-from ..jobs.key_store import KeyStore
+from ..jobs.key_store import KeyBind, KeyClaimLostError, KeyStore
 from ..jobs.model import Job
 from ..jobs.store import SharedStore
 from ..tasks import checkpoint, stop_tasks
-from .job_scripts import ADD, ADVANCE, DELETE, RETRY, SAVE, TAKE, TAKEN
+from .idempotency_keys import RedisKeys
+from .job_scripts import ADD, ADVANCE, CREATE, DELETE, RETRY, SAVE, TAKE, TAKEN
 from .settings import through_outage
 
 __all__ = ("RedisJobStore", "connect_store")
@@ -77,6 +78,9 @@ class RedisJobStore(SharedStore):
 
     def _cursor(self, job_id: str) -> str:
         return f"{self.prefix}:{{job:{job_id}}}:cursor"
+
+    def _fence(self, job_id: str) -> str:
+        return f"{self.prefix}:{{job:{job_id}}}:void"  # idempotency_keys.py: an id whose save is refused
 
     def _owner(self, job_id: str) -> str:
         return f"{self.prefix}:{{job:{job_id}}}:owner"
@@ -129,6 +133,10 @@ class RedisJobStore(SharedStore):
                 if not future.done():
                     future.set_result(None)
                 checkpoint()
+            except KeyClaimLostError as exc:  # CREATE refused a fenced id: nothing stored (409, retry)
+                if not future.done():
+                    future.set_exception(exc)
+                    future.add_done_callback(lambda f: f.cancelled() or f.exception())
             except Exception as exc:
                 log.warning("jobs: a Redis write failed: %s", exc)
                 if not future.done():  # the runner awaits it: retries, or fails the job (runtime/jobs/writes.py)
@@ -164,16 +172,22 @@ class RedisJobStore(SharedStore):
                 await asyncio.sleep(0.5)
 
     # -- JobStore ----------------------------------------------------------------------------
-    def save(self, job: Job) -> asyncio.Future[None]:
+    def save(self, job: Job, bind: KeyBind | None = None) -> asyncio.Future[None]:
         data = _dumps(job.row())
         job_id, owned = job.id, self._owned(self.node)
         ttl = self.retention if job.final else 0
 
         indexes, created = self._indexes(job.tenant, job.function), job.created_at
+        keys = self.idempotency_keys() if bind is not None else None
 
         async def op() -> None:
-            if not await self.redis.eval(SAVE, 3, self._state(job_id), self._owner(job_id), self._out(job_id),
-                                         self.node, data, ttl):
+            if bind is not None:  # its key's claim names this id: stored unless the id was fenced
+                if await self.redis.eval(CREATE, 4, self._state(job_id), self._owner(job_id), self._out(job_id),
+                                         self._fence(job_id), self.node, data, ttl) == -1:
+                    raise KeyClaimLostError("this Idempotency-Key's claim ran out before its job was stored; "
+                                            "retry")
+            elif not await self.redis.eval(SAVE, 3, self._state(job_id), self._owner(job_id), self._out(job_id),
+                                           self.node, data, ttl):
                 self._refused(job_id)
                 return
             async with self.redis.pipeline(transaction=False) as pipe:   # idempotent, one round trip
@@ -184,6 +198,9 @@ class RedisJobStore(SharedStore):
                 for index in indexes:
                     pipe.zadd(index, {job_id: created})
                 await pipe.execute()
+            if bind is not None:
+                assert isinstance(keys, RedisKeys)
+                await keys.bound(bind)  # the claim already names the stored job: a crash here loses nothing
 
         return self._queue(op)
 
@@ -229,10 +246,8 @@ class RedisJobStore(SharedStore):
         job = Job.from_row(row, [json.loads(i) for i in items])
         return job
 
-    def idempotency_keys(self) -> KeyStore:
-        from .idempotency_keys import RedisKeys
-
-        return RedisKeys(self.redis, self.prefix)  # shared: one job per key across the cluster
+    def _make_keys(self, seconds: float) -> KeyStore:
+        return RedisKeys(self.redis, self.prefix, seconds)  # shared: one job per key across the cluster
 
     async def retake(self, job: Job, again: Job) -> bool:
         """A retry of the FAILED/TIMED_OUT `job` (held here, or read from the store) as `again`: one

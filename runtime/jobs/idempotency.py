@@ -5,8 +5,10 @@ Per tenant, within `jobs.idempotencySeconds`: the same key with the same request
 fingerprint: route, function and body) answers the first job's id; the same key with another
 request is 422. One submit per key at a time: on this node a lock, across nodes the store's
 claim (runtime/jobs/key_store.py); a request that finds the key claimed by a submit still being
-stored waits for it up to `WAIT` seconds, then gets 409 (retry). A submit that fails frees the
-key, so its retry may succeed.
+stored waits for it up to `WAIT` seconds, then gets 409 (retry). The key is bound to the job by
+the job's own save, in its transaction (`KeyBind`): a crash or a refused write never leaves a
+stored job without its key, or a key naming a job that was never stored. A submit that fails
+frees the key, so its retry may succeed.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import BadRequestError, FunctionServiceError
-from .key_store import KeyStore
+from .key_store import KeyBind, KeyStore
 from .model import Job
 
 __all__ = ("IdempotentSubmits", "IdempotencyConflictError", "IdempotencyMismatchError", "fingerprint",
@@ -77,7 +79,7 @@ class IdempotentSubmits:
         await self.keys.open()
 
     async def submit(self, tenant: str, key: str, print_: str,
-                     create: Callable[[], Awaitable[Job]]) -> tuple[str, Job | None]:
+                     create: Callable[[KeyBind], Awaitable[Job]]) -> tuple[str, Job | None]:
         """(job id, the job when this request created it; None when it is the first one's)."""
         slot = (tenant, key)
         lock, users = self._locks.get(slot) or (asyncio.Lock(), 0)
@@ -93,7 +95,7 @@ class IdempotentSubmits:
                 self._locks[slot] = (lock, users - 1)
 
     async def _submit(self, tenant: str, key: str, print_: str,
-                      create: Callable[[], Awaitable[Job]]) -> tuple[str, Job | None]:
+                      create: Callable[[KeyBind], Awaitable[Job]]) -> tuple[str, Job | None]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + WAIT
         while (record := await self.keys.claim(tenant, key, print_, HOLD)) is not None:
@@ -107,25 +109,17 @@ class IdempotentSubmits:
                 raise IdempotencyConflictError("a request with this Idempotency-Key is still being submitted; "
                                                "retry")
             await asyncio.sleep(POLL)
+        bind = KeyBind(tenant, key, print_, self.seconds, self.keys.reserve(tenant, key, print_))
         try:
-            job = await create()
+            job = await create(bind)  # stored with the key bound, in one transaction
         except BaseException:
-            # Not stored: the key is free for the retry. Shielded: a cancelled request still frees it.
+            # Not stored: the key is free for the retry (a release after the job's save is refused
+            # by the store: the key stays bound). Shielded: a cancelled request still frees it.
             release = asyncio.ensure_future(self.keys.release(tenant, key, print_))
             release.add_done_callback(_logged)
             with contextlib.suppress(Exception):  # logged; the submit's own error is the answer
                 await asyncio.shield(release)
             raise
-        bind = asyncio.ensure_future(self.keys.bind(tenant, key, print_, job.id, self.seconds))
-        bind.add_done_callback(_logged)  # a cancelled request still binds the key of the job it stored
-        try:
-            bound = await asyncio.shield(bind)
-        except FunctionServiceError as exc:  # the job is stored and will run: its answer is still due
-            log.error("jobs: job %s was stored but its Idempotency-Key could not be: %s", job.id, exc.message)
-        else:
-            if not bound:
-                log.warning("jobs: job %s took longer than %g s to store; its Idempotency-Key was claimed "
-                            "again meanwhile", job.id, HOLD)
         return job.id, job
 
 

@@ -1,7 +1,9 @@
 """Where `Idempotency-Key`s live: key → (fingerprint of the first request, its job id).
 
 A key is claimed (pending, for `hold` seconds) before its job is stored, then bound to the job
-for `jobs.idempotencySeconds`; a submit that failed releases its claim. Expired keys are purged.
+for `jobs.idempotencySeconds` by the job's own save, in one transaction (`KeyBind`: the job
+store's save binds it, so no crash leaves a job without its key or a key naming no job); a
+submit that failed releases its claim. Expired keys are purged.
 Keys are stored hashed (sha256 of tenant and key): a row is small whatever the client sent.
 The memory store's keys die with the process; SQLite's live in the job store's file (on its
 thread, in its order), so they survive a restart; the Redis ones (runtime/cluster) are shared by
@@ -13,14 +15,17 @@ import asyncio
 import hashlib
 import sqlite3
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from ..errors import FunctionServiceError
 from .errors import JobStoreError
 
-__all__ = ("KeyRecord", "KeyStore", "MemoryKeys", "SqliteKeys", "key_digest")
+__all__ = ("KeyBind", "KeyClaimLostError", "KeyRecord", "KeyStore", "MemoryKeys", "SqliteKeys", "bind_in",
+           "key_digest")
 
 T = TypeVar("T")
 
@@ -48,8 +53,30 @@ class KeyRecord:
     job_id: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class KeyBind:
+    """A claimed key, bound to its job by the job's first save (JobStore.save), in its transaction."""
+
+    tenant: str
+    key: str
+    fingerprint: str
+    seconds: float  # jobs.idempotencySeconds
+    job_id: str     # the id the job is made with (KeyStore.reserve)
+
+
+class KeyClaimLostError(FunctionServiceError):
+    """The key's claim was lost before its job was stored (the hold ran out and another request
+    took the key over): the job is not stored; retry (the key names the other request's job)."""
+
+    code, status = 200409, 409
+
+
 class KeyStore:
     """The interface; each method is atomic against the others for one key."""
+
+    def reserve(self, tenant: str, key: str, fingerprint: str) -> str:
+        """The job id a submit that just claimed the key makes its job with."""
+        return str(uuid.uuid4())
 
     async def open(self) -> None:
         """Forget claims left pending by a process that died (where the store outlives it)."""
@@ -90,6 +117,10 @@ class MemoryKeys(KeyStore):
         return None
 
     async def bind(self, tenant: str, key: str, fingerprint: str, job_id: str, seconds: float) -> bool:
+        return self.bind_now(tenant, key, fingerprint, job_id, seconds)
+
+    def bind_now(self, tenant: str, key: str, fingerprint: str, job_id: str, seconds: float) -> bool:
+        """`bind`, at once (the memory store's save binds with it: no await between)."""
         digest = key_digest(tenant, key)
         found = self._keys.get(digest)
         if found is None or found[0] != fingerprint or found[1] is not None:
@@ -157,14 +188,7 @@ class SqliteKeys(KeyStore):
         return await self._step(claim)
 
     async def bind(self, tenant: str, key: str, fingerprint: str, job_id: str, seconds: float) -> bool:
-        digest, expires = key_digest(tenant, key), time.time() + seconds
-
-        def bind(db: sqlite3.Connection) -> bool:
-            cursor = db.execute("UPDATE idempotency SET job_id = ?, expires = ? WHERE digest = ? AND "
-                                "fingerprint = ? AND job_id IS NULL", (job_id, expires, digest, fingerprint))
-            return cursor.rowcount == 1
-
-        return await self._step(bind)
+        return await self._step(lambda db: _bind(db, tenant, key, fingerprint, job_id, seconds))
 
     async def release(self, tenant: str, key: str, fingerprint: str) -> None:
         digest = key_digest(tenant, key)
@@ -174,3 +198,16 @@ class SqliteKeys(KeyStore):
                        (digest, fingerprint))
 
         await self._step(release)
+
+
+def _bind(db: sqlite3.Connection, tenant: str, key: str, fingerprint: str, job_id: str, seconds: float) -> bool:
+    cursor = db.execute("UPDATE idempotency SET job_id = ?, expires = ? WHERE digest = ? AND fingerprint = ? AND "
+                        "job_id IS NULL", (job_id, time.time() + seconds, key_digest(tenant, key), fingerprint))
+    return cursor.rowcount == 1
+
+
+def bind_in(db: sqlite3.Connection, bind: KeyBind) -> None:
+    """Bind the claimed key in the job's save, its transaction (the SQLite store's `save`): raises,
+    so the job is not stored either, when the claim is not there any more."""
+    if not _bind(db, bind.tenant, bind.key, bind.fingerprint, bind.job_id, bind.seconds):
+        raise KeyClaimLostError("this Idempotency-Key's claim ran out before its job was stored; retry")

@@ -15,6 +15,7 @@ from ..deployment import function_key
 
 if TYPE_CHECKING:
     from ..errors import FunctionServiceError
+    from .key_store import KeyBind
 
 __all__ = ("FINAL", "YUANRONG_STATUS", "Api", "Job", "JobRequest", "Status", "new_job_id")
 
@@ -46,6 +47,7 @@ class JobRequest:
     execution_timeout: float | None = None    # seconds; capped at the function's timeout
     ttl: float | None = None                  # seconds from creation until it must have started
     sync: bool = False                        # RunPod's /runsync: jobs.maxInputBytesSync applies
+    key: KeyBind | None = None                # its Idempotency-Key, bound by the job's first save
 
 
 @dataclass

@@ -153,7 +153,8 @@ class JobManager(JobReads):
         self.bytes.check(function.spec.tenant, size, sync=request.sync)  # 413, 507
         spec = function.spec
         limit = spec.timeout if request.execution_timeout is None else min(request.execution_timeout, spec.timeout)
-        job = Job(id=new_job_id(), function=spec.name, tenant=spec.tenant, event=event, api=request.api,
+        job_id = new_job_id() if request.key is None else request.key.job_id  # a key's claim names its job's id
+        job = Job(id=job_id, function=spec.name, tenant=spec.tenant, event=event, api=request.api,
                   webhook=request.webhook, execution_timeout=limit, ttl=request.ttl, raw=spec.rawStream,
                   invocation_id=new_invocation_id())
         if request.api == "runpod" and isinstance(event, dict):
@@ -161,7 +162,8 @@ class JobManager(JobReads):
         self.bytes.add_input(job, size)
         self._count_queued(job, 1)  # holds its place in jobs.maxQueued while it is stored
         try:
-            await self.writes.save(job, retry=False)  # stored before anything can start it (507 if refused)
+            # stored before anything can start it (507 if refused), with its Idempotency-Key if it has one
+            await self.writes.save(job, retry=False, bind=request.key)
         except BaseException:
             self._count_queued(job, -1)
             self.bytes.forget(job.id)

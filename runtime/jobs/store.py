@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from ..fork_guard import forget, release_in_forked_children
 from .cache import SMALL_RESULT
 from .errors import JobStoreError
-from .key_store import KeyStore, MemoryKeys, SqliteKeys
+from .key_store import KeyBind, KeyClaimLostError, KeyStore, MemoryKeys, SqliteKeys, bind_in
 from .model import Job
 
 __all__ = ("JobStore", "MemoryJobStore", "SharedStore", "SqliteJobStore")
@@ -78,9 +78,19 @@ class JobStore:
         """The stored job with its outputs; None when not stored."""
         return None
 
-    def save(self, job: Job) -> asyncio.Future[None]:
+    def save(self, job: Job, bind: KeyBind | None = None) -> asyncio.Future[None]:
         """Insert or replace the job's fields (not its outputs). Writes are queued at call time,
-        so they reach the store in the order made; await the future for durability."""
+        so they reach the store in the order made; await the future for durability. With `bind`
+        (a new job's first save, with an Idempotency-Key) the claimed key is bound to the job in the
+        same transaction: both are stored or neither (KeyClaimLostError when the claim was lost)."""
+        if bind is not None:
+            keys = self.idempotency_keys()
+            assert isinstance(keys, MemoryKeys)
+            if not keys.bind_now(bind.tenant, bind.key, bind.fingerprint, job.id, bind.seconds):
+                future = asyncio.get_running_loop().create_future()
+                future.set_exception(KeyClaimLostError("this Idempotency-Key's claim ran out before its job was "
+                                                       "stored; retry"))
+                return future
         return _done()
 
     def add_outputs(self, job_id: str, first_seq: int, items: list[Any], output_bytes: int = 0) -> asyncio.Future[None]:
@@ -105,8 +115,16 @@ class JobStore:
     def delete_function(self, key: str) -> asyncio.Future[None]:
         return _done()
 
-    def idempotency_keys(self) -> KeyStore:
-        """Where this store keeps `Idempotency-Key`s (runtime/jobs/key_store.py)."""
+    _keys: KeyStore | None = None
+
+    def idempotency_keys(self, seconds: float = 86400.0) -> KeyStore:
+        """Where this store keeps `Idempotency-Key`s (runtime/jobs/key_store.py), bound for `seconds`
+        (jobs.idempotencySeconds): one KeyStore per store, the one its `save` binds keys in."""
+        if self._keys is None:
+            self._keys = self._make_keys(seconds)
+        return self._keys
+
+    def _make_keys(self, seconds: float) -> KeyStore:
         return MemoryKeys()
 
 
@@ -176,7 +194,7 @@ class SqliteJobStore(JobStore):
 
         return asyncio.get_running_loop().run_in_executor(self._thread, call)
 
-    def idempotency_keys(self) -> KeyStore:
+    def _make_keys(self, seconds: float) -> KeyStore:
         return SqliteKeys(self)  # in this file, on this thread: they survive a restart with the jobs
 
     def _write(self, fn: Callable[[sqlite3.Connection], object]) -> asyncio.Future[None]:
@@ -280,10 +298,15 @@ class SqliteJobStore(JobStore):
         except sqlite3.Error as exc:
             raise JobStoreError(f"the job store {self.path} could not be read: {exc}") from None
 
-    def save(self, job: Job) -> asyncio.Future[None]:
+    def save(self, job: Job, bind: KeyBind | None = None) -> asyncio.Future[None]:
         data = _dumps(job.row())
-        return self._write(lambda db: db.execute("INSERT OR REPLACE INTO jobs (id, data) VALUES (?, ?)",
-                                                 (job.id, data)))
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute("INSERT OR REPLACE INTO jobs (id, data) VALUES (?, ?)", (job.id, data))
+            if bind is not None:  # the job and its key in one transaction: a kill -9 keeps both or neither
+                bind_in(db, bind)
+
+        return self._write(write)
 
     def add_outputs(self, job_id: str, first_seq: int, items: list[Any], output_bytes: int = 0) -> asyncio.Future[None]:
         rows = [(job_id, first_seq + i, _dumps(item)) for i, item in enumerate(items)]

@@ -20,6 +20,7 @@ from typing import Any
 
 from .end_journal import EndJournal
 from .errors import JobStoreError
+from .key_store import KeyBind
 from .model import Job
 from .store import JobStore, SqliteJobStore
 
@@ -79,9 +80,10 @@ class StoreWrites:
                     raise
             await asyncio.sleep(delays[attempt])
 
-    async def save(self, job: Job, *, retry: bool = True) -> None:
-        """Store the job's row (as it is when its turn comes); JobStoreError once retries are spent."""
-        await self._attempt(job.id, lambda: self.store.save(job), retry)
+    async def save(self, job: Job, *, retry: bool = True, bind: KeyBind | None = None) -> None:
+        """Store the job's row (as it is when its turn comes); JobStoreError once retries are spent.
+        `bind`: a new job's Idempotency-Key, bound in the same transaction (JobStore.save)."""
+        await self._attempt(job.id, lambda: self.store.save(job, bind), retry)
         self.unsaved.pop(job.id, None)
         if job.final and self.journal is not None and job.id in self.journal:
             await self.journal.clear(job.id)

@@ -179,3 +179,36 @@ async def test_a_failed_submit_frees_its_key(make_client, job_config):
     assert resp.status == 413
     resp = await client.post("/v2/echo-job/run", json={"input": "small"}, headers=key("retry-me"))
     assert resp.status == 200 and "Idempotent-Replayed" not in resp.headers
+
+
+async def test_a_job_and_its_key_are_stored_together_or_not_at_all(start_server, tmp_path):
+    """The job's row and its key's binding are one SQLite transaction: a store that refuses the
+    bind (here a trigger; a kill -9 between two writes had the same effect) stores no job either.
+    The submit is 507 and frees the key; before, the job was stored and ran while its key stayed
+    claimed by nothing, so the client's retry waited and got 409, then (after a restart) a second job."""
+    import sqlite3
+
+    args = restart_args(tmp_path)
+    server = start_server(*args)
+    db = sqlite3.connect(tmp_path / "jobs.sqlite3")
+    db.execute("CREATE TRIGGER refuse_bind BEFORE UPDATE ON idempotency BEGIN "
+               "SELECT RAISE(ABORT, 'database or disk is full'); END")
+    db.commit()
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{server.url}/v2/echo-job/run", json={"input": {"x": 1}}, headers=key("together")) as r:
+            assert r.status == 507, await r.text()
+        async with s.get(f"{server.url}/serverless/v1/jobs?function=echo-job") as r:
+            assert (await r.json())["jobs"] == []      # no job without its key
+        db.execute("DROP TRIGGER refuse_bind")
+        db.commit()
+        async with s.post(f"{server.url}/v2/echo-job/run", json={"input": {"x": 1}}, headers=key("together")) as r:
+            assert r.status == 200 and "Idempotent-Replayed" not in r.headers
+            job_id = (await r.json())["id"]
+        server.kill()
+        server = start_server(*args)
+        async with s.post(f"{server.url}/v2/echo-job/run", json={"input": {"x": 1}}, headers=key("together")) as r:
+            assert r.status == 200 and r.headers["Idempotent-Replayed"] == "true"
+            assert (await r.json())["id"] == job_id
+        async with s.get(f"{server.url}/serverless/v1/jobs?function=echo-job") as r:
+            assert [j["id"] for j in (await r.json())["jobs"]] == [job_id]
+    db.close()

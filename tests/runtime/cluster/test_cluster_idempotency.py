@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import aiohttp
+import pytest
 import yaml
 
 from tests.support.cluster import FAST
@@ -46,3 +47,52 @@ async def test_one_job_per_key_across_frontends(redis_server, start_server, tmp_
             assert status == 200 and body["id"] == job_id
         keys = redis_server.client().keys("fnstream:idem:*")
         assert len(keys) == 1 and redis_server.client().pttl(keys[0]) > 0  # bounded: it expires
+
+
+async def test_a_job_and_its_key_never_part_when_a_node_dies_mid_submit(redis_server, monkeypatch):
+    """Store level, two nodes on one Redis. The key's claim names its job's id and the job's save
+    (one script on the job's slot) is the commit: a node killed right after that save leaves the
+    key naming the job (the next request binds it), never a job without its key; a node that
+    stalls past its claim's hold finds the key taken over and its late save refused, never a
+    second job beside the taker's."""
+    from runtime.cluster.job_store import connect_store
+    from runtime.jobs.key_store import KeyBind, KeyClaimLostError, KeyRecord, key_digest
+    from runtime.jobs.model import Job
+    from tests.support.waiting import eventually
+
+    a = connect_store(redis_server.url, "atomic", 60, 5)
+    b = connect_store(redis_server.url, "atomic", 60, 5)
+    await a.open()
+    await b.open()
+    keys_a, keys_b = a.idempotency_keys(3600), b.idempotency_keys(3600)
+    try:
+        # killed between the job's save and the key's bind
+        assert await keys_a.claim("t", "k", "fp", 60) is None
+        bind = KeyBind("t", "k", "fp", 3600, keys_a.reserve("t", "k", "fp"))
+
+        async def killed(_bind: KeyBind) -> None:  # the node dies here: the bind never reaches Redis
+            return None
+
+        monkeypatch.setattr(keys_a, "bound", killed)
+        await a.save(Job(id=bind.job_id, function="f", tenant="t", event={}), bind)
+        assert await keys_b.claim("t", "k", "fp", 60) == KeyRecord("fp", bind.job_id)   # not "still pending"
+        assert await keys_b.claim("t", "k", "other", 60) == KeyRecord("fp", bind.job_id)
+        stored = json.loads(redis_server.client().get("atomic:idem:" + key_digest("t", "k")))
+        assert stored["job"] == bind.job_id and redis_server.client().pttl("atomic:idem:" + key_digest("t", "k")) > 0
+
+        # stalled past the claim's hold before its save: B takes the key, A's save is refused
+        assert await keys_a.claim("t", "k2", "fp", 0.2) is None
+        late = KeyBind("t", "k2", "fp", 3600, keys_a.reserve("t", "k2", "fp"))
+        await eventually(lambda: keys_b.claim("t", "k2", "fp", 60), "B to take the key over once A's hold ran out",
+                         accept=lambda record: record is None)
+        taker = KeyBind("t", "k2", "fp", 3600, keys_b.reserve("t", "k2", "fp"))
+        assert taker.job_id != late.job_id
+        with pytest.raises(KeyClaimLostError):
+            await a.save(Job(id=late.job_id, function="f", tenant="t", event={}), late)
+        assert await b.fetch(late.job_id) is None
+        await b.save(Job(id=taker.job_id, function="f", tenant="t", event={}), taker)
+        assert await keys_a.claim("t", "k2", "fp", 60) == KeyRecord("fp", taker.job_id)
+        assert len(redis_server.client().keys("atomic:idem:*")) == 2
+    finally:
+        await a.close()
+        await b.close()

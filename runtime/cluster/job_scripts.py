@@ -63,16 +63,19 @@ return state
 # out, cursor; ARGV: this node, the `retried` count the retry was asked on, the new state (IN_QUEUE,
 # retried + 1), its invocation id, the cancel channel, the job id. 1 when taken (the output and the
 # /stream cursor cleared, the keys kept until it ends again, and the node that owned it told on
-# the channel, so it forgets its copy); 0 when the job is gone, not FAILED/TIMED_OUT, or retried
-# meanwhile (its count moved on). Sent again after a lost reply it answers 1 (the state is ours).
+# the channel, so it forgets its copy); else 2 when another node owns it now (it retried it), 0 when
+# not (the job is gone, or this node's and not FAILED/TIMED_OUT in the store: an end not stored yet).
+# Sent again after a lost reply it answers 1 (the state is ours).
 RETRY = """
 local data = redis.call('GET', KEYS[1])
 if not data then return 0 end
 local row = cjson.decode(data)
 local owner = redis.call('GET', KEYS[2])
 if owner == ARGV[1] and row.invocation_id == ARGV[4] and row.status == 'IN_QUEUE' then return 1 end
-if row.status ~= 'FAILED' and row.status ~= 'TIMED_OUT' then return 0 end
-if tonumber(row.retried or 0) ~= tonumber(ARGV[2]) then return 0 end
+if (row.status ~= 'FAILED' and row.status ~= 'TIMED_OUT') or tonumber(row.retried or 0) ~= tonumber(ARGV[2]) then
+  if owner and owner ~= ARGV[1] then return 2 end
+  return 0
+end
 redis.call('SET', KEYS[1], ARGV[3])
 redis.call('SET', KEYS[2], ARGV[1])
 redis.call('DEL', KEYS[3], KEYS[4])

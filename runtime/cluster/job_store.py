@@ -258,11 +258,14 @@ class RedisJobStore(SharedStore):
 
         async def op() -> None:
             await self.redis.sadd(owned, job_id)  # ours before it is: a refused one there is skipped by takers
-            taken[:] = [bool(await self.redis.eval(
+            answer = await self.redis.eval(
                 RETRY, 4, self._state(job_id), self._owner(job_id), self._out(job_id), self._cursor(job_id),
-                self.node, job.retried, data, again.invocation_id, self.cancel_channel, job_id))]
-            if taken == [False] and job.remote:
+                self.node, job.retried, data, again.invocation_id, self.cancel_channel, job_id)
+            taken[:] = [answer == 1]
+            if answer != 1 and job.remote:
                 await self.redis.srem(owned, job_id)
+            if answer == 2 and self.on_refused is not None:  # another node's retry took it: forget it here
+                self.on_refused(job_id)                     # (its message may still be on the way)
 
         await self._queue(op)
         return taken == [True]

@@ -35,8 +35,6 @@ class RetryHost(JobHost, Protocol):
 
     def _check_queue_room(self, tenant: str) -> None: ...
 
-    def _taken_from_us(self, job_id: str) -> None: ...
-
 
 def _not_retriable(job: Job, status: str) -> JobStateError:
     return JobStateError(f"job {job.id!r} is {status}; only a FAILED or TIMED_OUT job can be retried")
@@ -56,9 +54,7 @@ async def retry(manager: RetryHost, job: Job) -> Job:
     job.changing = True
     try:
         if manager.shared is not None:
-            if not await manager.shared.retake(job, again):
-                if not job.remote:  # ours no more: another node's retry took it (its message may be on the way)
-                    manager._taken_from_us(job.id)
+            if not await manager.shared.retake(job, again):  # (taken by another node's retry: forgotten here)
                 raise _not_retriable(job, "no longer FAILED or TIMED_OUT (it was retried meanwhile)")
         else:
             await manager.writes.clear_outputs(job)

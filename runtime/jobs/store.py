@@ -155,8 +155,9 @@ class SharedStore(JobStore):
 
     async def retake(self, job: Job, again: Job) -> bool:
         """Retry `job` (FAILED or TIMED_OUT, of any node) as `again`, atomically: False when the stored
-        job is no longer as `job` was read (retried meanwhile); `again` is this node's from then on, and
-        the node that held the job before forgets it (`on_refused`). JobStoreError when refused."""
+        job is no longer as `job` was read (retried meanwhile: when by another node, `on_refused` here);
+        `again` is this node's from then on, and the node that held the job before forgets it
+        (`on_refused` there). JobStoreError when the store refuses the write."""
         raise NotImplementedError
 
     async def advance_cursor(self, job_id: str) -> list[Any]:

@@ -113,8 +113,16 @@ async def test_the_former_owner_forgets_a_taken_job_and_never_deletes_it(redis_s
         await a.delete(["j1"])                 # A's expiry of the job it held: refused, it is B's now
         assert (await b.fetch("j1")) is not None
         assert not await a.retake(failed, again(failed, "inv-late"))   # retried already: refused
+        assert told == ["j1", "j1"]            # ... and forgotten here, whether or not the message came
         await b.delete(["j1"])
         assert (await b.fetch("j1")) is None
+
+        # A's own job whose end is not stored yet (Redis has it running): refused, and still A's
+        running = Job(id="j3", function="f", tenant="t", event={}, status="IN_PROGRESS")
+        await a.save(running)
+        ended = Job(id="j3", function="f", tenant="t", event={}, status="FAILED", completed_at=time.time())
+        assert not await a.retake(ended, again(ended, "inv-a"))
+        assert told == ["j1", "j1"] and (await b.fetch("j3")).status == "IN_PROGRESS"
 
         # A's own retry racing B's: exactly one takes it
         failed = Job(id="j2", function="f", tenant="t", event={}, status="TIMED_OUT", completed_at=time.time())

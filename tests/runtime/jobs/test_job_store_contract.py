@@ -186,6 +186,28 @@ async def test_finished_jobs_are_deleted_after_their_retention(start_node):
             await again.lookup(old.id, USER)
 
 
+async def test_the_sweeper_forgets_finished_jobs_once_their_retention_is_over(backend, start_node):
+    """No call to expire(): the node's own sweep (and Redis's key expiry) ends a finished job."""
+    node = await start_node(**{"jobs.retentionSeconds": 1})
+    manager = jobs_of(node)
+    done = await finished(node, await submit(node, "echo"))
+
+    async def gone() -> bool:
+        try:
+            await manager.lookup(done.id, USER)
+        except JobNotFoundError:
+            return True
+        return False
+
+    await eventually(gone, "the finished job to expire")
+    assert done.id not in [j.id for j in await manager.list_all(USER)]
+    await stop(node)
+    if backend.durable:
+        again = jobs_of(await start_node(**{"jobs.retentionSeconds": 1}))
+        with pytest.raises(JobNotFoundError):
+            await again.lookup(done.id, USER)
+
+
 async def test_concurrent_submits_each_make_one_job(start_node):
     node = await start_node()
     manager = jobs_of(node)
@@ -213,10 +235,14 @@ async def test_a_second_node_on_the_store_shares_it_or_is_refused(backend, start
         with pytest.raises(JobNotFoundError):
             await jobs_of(first).lookup(b.id, USER)
         return
+    theirs = await finished(first, await submit(first, "acme-echo", principal=ACME))
     assert (await jobs_of(first).lookup(b.id, USER)).result == b.result
     assert (await jobs_of(second).lookup(a.id, USER)).result == a.result
     for node in (first, second):
         assert {j.id for j in await jobs_of(node).list_all(USER)} == {a.id, b.id}
+        assert [j.id for j in await jobs_of(node).list_all(ACME)] == [theirs.id]  # the tenant's only
+    with pytest.raises(JobNotFoundError):
+        await jobs_of(second).lookup(theirs.id, USER)
 
 
 async def test_a_refused_write_fails_the_submit_and_leaves_no_job(backend, start_node):

@@ -109,7 +109,8 @@ def _serve_processes(args: argparse.Namespace, config: Config, overrides: list[s
     cmd += ["-s", "frontend.reusePort=true"]
     print(f"fnstream supervising {args.processes} frontends on http://{config.frontend.host}:"
           f"{config.frontend.port}", flush=True)
-    return supervise(cmd, args.processes, config.frontend.args.shutdownGraceSeconds + 10)
+    fargs = config.frontend.args  # each frontend's SIGTERM-to-exit, and room to spare
+    return supervise(cmd, args.processes, fargs.shutdownGraceSeconds + fargs.preStopGraceSeconds + 10)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

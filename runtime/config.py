@@ -65,6 +65,13 @@ class FrontendArgs(_Strict):
                                                               "and `[DONE]`; also how long a redeployed function's "
                                                               "old revision may finish its invocations before its "
                                                               "`preStop`")
+    preStopGraceSeconds: float = Field(10, ge=0, description="how long `preStop` hooks may run, on top of "
+                                                             "`shutdownGraceSeconds` (not out of it): at "
+                                                             "shutdown once the invocations are drained, and "
+                                                             "for a redeployed function's old revision once its "
+                                                             "invocations are over; each gets min(its `timeout`, "
+                                                             "180 s, this), a worker process still running after "
+                                                             "it is killed")
 
 
 class FrontendLimits(_Strict):

@@ -192,8 +192,9 @@ class Deployment:
         """Let a pending `stop` run its preStop now (shutdown: the drain already gave the grace)."""
         self._idle.set()
 
-    async def stop(self, grace: float) -> None:
-        """In-process code: wait up to `grace` s for the invocations in flight, then run preStop once.
+    async def stop(self, grace: float, pre_stop_grace: float | None = None) -> None:
+        """In-process code: wait up to `grace` s for the invocations in flight, then run preStop once
+        (within `pre_stop_grace`: runtime/pre_stop.py).
 
         A thread cannot be stopped: one still running after the grace keeps running beside preStop.
         """
@@ -206,7 +207,7 @@ class Deployment:
                 log.warning("function %s: running preStop with %d invocation(s) of revision %d still in flight",
                             self.name, self.inflight, self.revision)
         if self._take_pre_stop():  # not if a concurrent stop() took it during the wait
-            await run_pre_stop(self.spec, self.code.pre_stop, self.revision)
+            await run_pre_stop(self.spec, self.code.pre_stop, self.revision, pre_stop_grace)
 
     def replace_code(self, code: LoadedCode) -> None:
         """A fresh instance of the same code (RunPod's refresh_worker): its initializer runs again."""

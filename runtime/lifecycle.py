@@ -108,7 +108,7 @@ class Lifecycle:
             await self.executor.loop_monitor.stop()
             # Worker processes: cancelled handlers are reaped, then every pool runs preStop and exits.
             await self.executor.aclose_runners()
-            await self.registry.stop_workers(self.grace)
+            await self.registry.stop_workers()
             self.executor.shutdown()
             self.abandoned_threads = self.executor.abandoned_threads()
 

@@ -55,8 +55,9 @@ def build_registry(config: Config, *, deploy: bool = True) -> Registry:
     deployed, all or nothing."""
     quotas = Quotas(config.tenants.maxFunctions, config.tenants.maxInstancesPerFunction,
                     config.runtime.maxWorkerProcesses)
-    registry = Registry(config.runtime.codeRoots, stop_grace=config.frontend.args.shutdownGraceSeconds,
-                        quotas=quotas)
+    args = config.frontend.args
+    registry = Registry(config.runtime.codeRoots, stop_grace=args.shutdownGraceSeconds,
+                        pre_stop_grace=args.preStopGraceSeconds, quotas=quotas)
     if deploy and config.runtime.deployDir is not None:
         specs = load_deploy_dir(config.runtime.deployDir)
         missing = java_unavailable("(any Java function)") if any(s.is_java for s in specs) else None

@@ -2,8 +2,9 @@
 
 Worker processes run their own preStop (runtime/process/child/main.py); this is the same hook for
 deployments whose code lives in the server. It runs once, with an initializer-style Context,
-within min(timeout, 180 s) (openYuanrong's cap on pre_stop), and whatever it raises is logged:
-a broken preStop must never take the server down or hold up a shutdown for ever.
+within min(timeout, 180 s (openYuanrong's cap on pre_stop), the node's preStopGraceSeconds), and
+whatever it raises is logged: a broken preStop must never take the server down or hold up a
+shutdown past its preStop grace.
 """
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ log = logging.getLogger("fnstream.runtime")
 MAX_PRE_STOP_SECONDS = 180.0
 
 
-def pre_stop_timeout(spec: FunctionSpec) -> float:
-    return min(float(spec.timeout), MAX_PRE_STOP_SECONDS)
+def pre_stop_timeout(spec: FunctionSpec, grace: float | None = None) -> float:
+    """A preStop's time: its function's `timeout`, at most 180 s and the node's preStop `grace`."""
+    timeout = min(float(spec.timeout), MAX_PRE_STOP_SECONDS)
+    return timeout if grace is None else min(timeout, grace)
 
 
 def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
@@ -52,12 +55,14 @@ def _in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
     return future
 
 
-async def run_pre_stop(spec: FunctionSpec, pre_stop: Callable[..., Any], revision: int) -> None:
-    """Run the `pre_stop` hook of `spec` (the caller runs it once); log, never raise, what it does wrong."""
+async def run_pre_stop(spec: FunctionSpec, pre_stop: Callable[..., Any], revision: int,
+                       grace: float | None = None) -> None:
+    """Run the `pre_stop` hook of `spec` (the caller runs it once) within pre_stop_timeout(spec,
+    grace); log, never raise, what it does wrong."""
     from .context import Context
 
     ctx = Context(spec)
-    timeout = pre_stop_timeout(spec)
+    timeout = pre_stop_timeout(spec, grace)
     try:
         if inspect.iscoroutinefunction(pre_stop):
             await asyncio.wait_for(pre_stop(ctx), timeout)

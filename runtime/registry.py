@@ -3,8 +3,9 @@
 A Deployment is immutable once registered; a redeploy registers a new one, so invocations in
 flight finish on the code they started with while new invocations get the new code. A deployment
 that is replaced or deleted is stopped: its preStop runs once its invocations have finished (or
-after `stop_grace` seconds). The code of an `executor: process` function is never imported in the
-server: its first worker process imports it, and the deploy fails with that worker's message.
+after `stop_grace` seconds), within `pre_stop_grace` of its own. The code of an `executor: process`
+function is never imported in the server: its first worker process imports it, and the deploy
+fails with that worker's message.
 
 Names belong to their tenant: deployments are keyed by (tenant, name) (`function_key`), so two
 tenants each have their own `fc`, and a lookup for one tenant never finds, nor tells of, another's.
@@ -33,12 +34,13 @@ log = logging.getLogger("fnstream.runtime")
 class Registry:
     """(tenant, name) -> Deployment. Deploys are all-or-nothing across the specs given."""
 
-    def __init__(self, code_roots: Iterable[Path] = (), *, stop_grace: float = 10.0,
+    def __init__(self, code_roots: Iterable[Path] = (), *, stop_grace: float = 10.0, pre_stop_grace: float = 10.0,
                  quotas: Quotas | None = None) -> None:
         self.code_roots = [Path(p).resolve() for p in code_roots]
         self.quotas = quotas or Quotas()  # checked before anything is imported or started, and again at commit
         self.workers = WorkerBudget(self.quotas.max_worker_processes)  # scale-outs stop at the node's limit
         self.stop_grace = stop_grace  # how long a replaced/deleted deployment's invocations may run on
+        self.pre_stop_grace = pre_stop_grace  # how long preStop hooks may run then (and at shutdown)
         self._deployments: dict[str, Deployment] = {}  # function_key(tenant, name) -> deployment
         self._tenants_of: dict[str, set[str]] = {}  # name -> tenants deploying it (auth-off lookups)
         self._revision = 0
@@ -162,7 +164,7 @@ class Registry:
     def _retire(self, dep: Deployment) -> None:
         """Stop a deployment that was replaced or deleted: its preStop runs after its invocations."""
         if dep.pool is not None:
-            dep.pool.stop(self.stop_grace)  # busy workers finish their invocation, then run preStop
+            dep.pool.stop(self.stop_grace, self.pre_stop_grace)  # busy workers finish their invocation, then preStop
             return
         if dep.code is None or dep.code.pre_stop is None:
             return
@@ -171,7 +173,8 @@ class Registry:
         except RuntimeError:  # a synchronous caller with no loop: nothing can be in flight
             asyncio.run(dep.stop(0))
             return
-        task = loop.create_task(dep.stop(self.stop_grace), name=f"prestop-{dep.name}-{dep.revision}")
+        task = loop.create_task(dep.stop(self.stop_grace, self.pre_stop_grace),
+                                name=f"prestop-{dep.name}-{dep.revision}")
         self._stopping[dep] = task
         task.add_done_callback(lambda _t: self._stopping.pop(dep, None))
 
@@ -222,19 +225,20 @@ class Registry:
             cb(key, None)
         return dep
 
-    async def stop_workers(self, grace: float | None = None) -> None:
-        """Shutdown (after `Executor.drain`): run every deployment's preStop and stop every pool.
+    async def stop_workers(self) -> None:
+        """Shutdown (after `Executor.drain`): run every deployment's preStop and stop every pool,
+        within `pre_stop_grace` (the drain gave the invocations their grace already).
 
         In-process preStops of replaced/deleted deployments stop waiting for their invocations:
         the drain already gave those their grace.
         """
-        grace = self.stop_grace if grace is None else grace
         current = list(self._deployments.values())
         for dep in self._stopping:
             dep.stop_waiting()
         pending = list(self._stopping.values())
+        grace = self.pre_stop_grace
         await asyncio.gather(
             *pending,
-            *(dep.pool.aclose(grace) for dep in current if dep.pool is not None),
-            *(dep.stop(0) for dep in current if dep.pool is None),
+            *(dep.pool.aclose(0, grace) for dep in current if dep.pool is not None),
+            *(dep.stop(0, grace) for dep in current if dep.pool is None),
             return_exceptions=True)

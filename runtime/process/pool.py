@@ -44,6 +44,7 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 MAX_START_FAILURES = 3
 # A deploy waits at most this long (or the function's timeout, if shorter) for the code's import.
 MAX_LOAD_SECONDS = 120.0
+EXIT_MARGIN = 1.0  # s for a worker to exit once its preStop's time is up (stop(pre_stop_grace=...))
 
 
 def _describe_exit(returncode: int | None) -> str:
@@ -78,6 +79,7 @@ class WorkerPool(SlotScheduler):
         self.broken: str | None = None
         self.init_error: str | None = None
         self.stopping = False
+        self.pre_stop_grace: float | None = None  # given at stop(): the preStop's bound in each worker
         # Until the first worker has imported the code, nothing is deployed and no worker replaced.
         self.validated = False
         self.kind: str | None = None
@@ -283,20 +285,24 @@ class WorkerPool(SlotScheduler):
                 worker.send({"t": "stop"})
 
     # -- stop ----------------------------------------------------------------------------------
-    def stop(self, grace: float = 10.0) -> threading.Thread:
+    def stop(self, grace: float = 10.0, pre_stop_grace: float | None = None) -> threading.Thread:
         """Stop every worker (preStop runs in each); busy ones finish their invocations first.
 
-        Workers still alive after `grace` seconds are killed. Returns the thread that does that.
+        `pre_stop_grace` bounds each worker's preStop (besides min(timeout, 180 s)). Workers still
+        alive `grace` s (plus `pre_stop_grace` and EXIT_MARGIN, if given) later are killed.
+        Returns the thread that does that.
         """
         with self.lock:
             self.stopping = True
+            self.pre_stop_grace = pre_stop_grace
             workers = list(self.workers)
             idle = [w for w in workers if w.state == "ready" and w.busy == 0]
             self._fail_waiters(WorkerUnavailableError(f"function {self.name!r} is being stopped"))
         self._wake.set()
         for worker in idle:
             worker.stop()
-        reaper = threading.Thread(target=self._reap, args=(workers, grace), name=f"fnstream-stop-{self.name}",
+        limit = grace if pre_stop_grace is None else grace + pre_stop_grace + EXIT_MARGIN
+        reaper = threading.Thread(target=self._reap, args=(workers, limit), name=f"fnstream-stop-{self.name}",
                                   daemon=True)
         reaper.start()
         return reaper
@@ -308,8 +314,8 @@ class WorkerPool(SlotScheduler):
                 worker.kill(f"still running {grace:g} s after the function was stopped")
                 worker.exited.wait()
 
-    async def aclose(self, grace: float = 10.0) -> None:
-        reaper = self.stop(grace)
+    async def aclose(self, grace: float = 10.0, pre_stop_grace: float | None = None) -> None:
+        reaper = self.stop(grace, pre_stop_grace)
         await asyncio.to_thread(reaper.join)
 
     def describe(self) -> dict[str, Any]:

@@ -88,6 +88,7 @@ class Cancel(TypedDict):
 
 class Stop(TypedDict):
     t: Literal["stop"]     # run preStop, answer `stopped`, exit
+    grace: NotRequired[float]  # preStop's time at most (the node's preStopGraceSeconds), besides its own bound
 
 
 class StreamReply(TypedDict, total=False):

@@ -59,6 +59,7 @@ class PoolSide(Protocol):
     credits: int
     slots: int
     lock: threading.Lock
+    pre_stop_grace: float | None
 
     @property
     def name(self) -> str: ...
@@ -223,7 +224,8 @@ class WorkerProcess:
             if self.state in ("dead", "killed", "stopping"):
                 return
             self.state = "stopping"
-        self.send({"t": "stop"})
+            grace = self.pool.pre_stop_grace
+        self.send({"t": "stop"} if grace is None else {"t": "stop", "grace": grace})
 
     # -- reader thread -------------------------------------------------------------------------
     def _read_loop(self) -> None:

@@ -99,7 +99,7 @@ async def test_an_inline_call_timed_out_then_aborted_in_one_tick_answers_the_tim
             await call
         assert registry.get("slow").failures == 1 and registry.get("slow").inflight == 0
     finally:
-        await registry.stop_workers(0)
+        await registry.stop_workers()
         executor.shutdown()
 
 

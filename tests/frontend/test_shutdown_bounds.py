@@ -1,6 +1,7 @@
 """SIGTERM ends within its bounds whatever is open: `shutdownGraceSeconds` for the invocations and
 open responses (then a small margin: aiohttp's own wait is what is left of the grace, not a fixed
-10 s). Real servers, real sockets."""
+10 s), and `preStopGraceSeconds` of its own for the preStop hooks after it. Real servers, real
+sockets."""
 from __future__ import annotations
 
 import asyncio
@@ -70,3 +71,24 @@ async def test_sigterm_with_everything_open_ends_soon_after_the_grace(start_serv
     log = server.stop()
     assert "Traceback" not in log, log
 
+
+async def test_prestop_hooks_get_their_own_grace_after_the_drain(start_server, tmp_path):
+    """A process worker's preStop that needs 2 s finishes although the drain's grace is 0.5 s (it
+    used to be killed at the drain's grace); an in-process preStop that would take 60 s (its
+    function's timeout) is given up after preStopGraceSeconds, and the server exits 0."""
+    marker = tmp_path / "worker-prestop"
+    deploy = _deploy(tmp_path, _proc("tidy", "proc.pid", preStop="proc.unhurried_pre_stop", timeout=60,
+                                     environment={"marker": str(marker), "preStopSeconds": "2"}),
+                     {"name": "slowstop", "handler": "stop_hooks.handler", "preStop": "stop_hooks.slow_pre_stop",
+                      "codePath": str(PROCESS_FUNCTIONS), "timeout": 60,
+                      "environment": {"marker": str(tmp_path / "thread-prestop")}})
+    server = start_server("--deploy-dir", deploy, "-s", f"runtime.codeRoots={ROOTS}",
+                          "-s", "frontend.args.shutdownGraceSeconds=0.5", "-s", "frontend.args.preStopGraceSeconds=6")
+    async with aiohttp.ClientSession() as s, s.post(server.url + INVOKE.format("tidy"), json={}) as r:
+        assert r.status == 200
+    server.proc.terminate()
+    assert await asyncio.to_thread(server.proc.wait, 30) == 0  # (60 s with the function's timeout alone)
+    log = server.stop()
+    assert marker.read_text().startswith("finished"), log
+    assert "function slowstop: preStop did not finish within 6 s" in log, log
+    assert "killing worker" not in log, log

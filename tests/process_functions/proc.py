@@ -125,6 +125,12 @@ def pre_stop(context):
         Path(marker).write_text(f"preStop {os.getpid()}")
 
 
+def unhurried_pre_stop(context):
+    """Takes `preStopSeconds` (a preStop with work to do), then says it finished in `marker`."""
+    time.sleep(float(context.getUserData("preStopSeconds")))
+    Path(context.getUserData("marker")).write_text(f"finished {os.getpid()}")
+
+
 def hanging_pre_stop(context):
     """Never returns by itself: the worker must give up on it after min(timeout, 180 s)."""
     Path(context.getUserData("marker")).write_text(f"hanging {os.getpid()}")

@@ -30,7 +30,7 @@ async def dispatcher(specs):
     await registry.adeploy(specs)
     executor = Executor(4)
     yield Dispatcher(registry, executor)
-    await registry.stop_workers(0)
+    await registry.stop_workers()
     executor.shutdown()
 
 

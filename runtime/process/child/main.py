@@ -170,7 +170,7 @@ class ChildProgram(FlowControl):
             self._cancel(msg["id"], msg["reason"])
         else:
             self._stop_requested = True
-            self.loop.create_task(self._stop())
+            self.loop.create_task(self._stop(msg.get("grace")))
 
     def _cancel(self, inv_id: str, reason: str) -> None:
         with self._cond:
@@ -349,19 +349,19 @@ class ChildProgram(FlowControl):
             self.loop.call_soon_threadsafe(resolve, waiter, msg)
 
     # -- stop ----------------------------------------------------------------------------------
-    async def _stop(self) -> None:
+    async def _stop(self, grace: float | None) -> None:
         """Run preStop, then report; the worker exits after this whether or not preStop finished."""
         pre_stop = self._code.pre_stop if self._code is not None else None
-        error = await asyncio.to_thread(self._run_pre_stop, pre_stop) if pre_stop is not None else None
+        error = await asyncio.to_thread(self._run_pre_stop, pre_stop, grace) if pre_stop is not None else None
         self.post({"t": "stopped", "error": error})
         self._done.set()
 
-    def _run_pre_stop(self, pre_stop: Callable[..., Any]) -> str | None:
-        """preStop within min(timeout, 180 s), as for in-process functions (runtime/pre_stop.py).
+    def _run_pre_stop(self, pre_stop: Callable[..., Any], grace: float | None) -> str | None:
+        """preStop within min(timeout, 180 s, `grace`), as for in-process functions (runtime/pre_stop.py).
 
         It runs in a daemon thread, so one that hangs is left behind when the worker exits.
         """
-        timeout = pre_stop_timeout(self.spec)
+        timeout = pre_stop_timeout(self.spec, grace)
         errors: list[str | None] = []
 
         def run() -> None:

@@ -24,9 +24,10 @@ from runtime.jobs.errors import JobNotFoundError, JobStateError, JobStoreError
 from runtime.jobs.model import Job, JobRequest
 from runtime.jobs.runner import JobManager
 from runtime.jobs.store import SharedStore
+from runtime.manifest import FunctionSpec
 from runtime.node import Node
 from runtime.principal import Principal
-from tests.support.servers import fn
+from tests.support.servers import HANDLERS, fn
 from tests.support.waiting import eventually
 
 FUNCTIONS = [fn("echo", "job_fns.echo"), fn("acme-echo", "job_fns.echo", tenant="acme"),
@@ -336,3 +337,28 @@ async def test_output_writes_keep_order_and_a_resent_one_is_not_doubled(backend)
     await reopened.clear_outputs("j1")
     await reopened.delete(["j1"])
     assert await read_back(reopened, "j1") is None
+
+
+async def test_a_function_deployed_at_run_time_is_deployed_again_by_the_next_node(backend, start_node):
+    """What the admin API deploys (deployed, then remembered as frontend/jobs.py does) comes back
+    after a restart on a durable configuration (SQLite keeps it in the store; in cluster mode the
+    shared registry keeps it, and the Redis job store keeps none), and a deleted one does not."""
+    node = await start_node()
+    specs = [FunctionSpec.model_validate({"name": name, "handler": "job_fns.echo", "codePath": str(HANDLERS),
+                                          "tenant": "acme"}) for name in ("kept", "deleted")]
+    for dep in await node.registry.adeploy(specs):
+        assert node.store is not None
+        await node.store.save_function(dep.key, dep.spec.model_dump(mode="json"))
+    gone = node.registry.delete("acme/deleted")
+    if node.store is not None:
+        await node.store.delete_function(gone.key)
+
+    async def deployed_here(on: Node) -> set[str]:
+        return {d.name for d in on.registry.list() if d.spec.tenant == "acme"}
+
+    assert await deployed_here(node) == {"acme-echo", "kept"}
+    await stop(node)
+    again = await start_node()
+    want = {"acme-echo", "kept"} if backend.durable else {"acme-echo"}
+    assert await eventually(lambda: deployed_here(again), "the functions to be deployed again",
+                            accept=lambda names: names == want) == want

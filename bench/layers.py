@@ -51,16 +51,16 @@ def _patch(layers: set[str]) -> None:
         import frontend.respond
         frontend.respond.invocation_route = lambda route: route  # type: ignore[assignment]
     import frontend.app
-    import frontend.front_door as door
     import frontend.routes.invoke as invoke
     import frontend.server
     import frontend.tracing
     import runtime.executor
+    from frontend.body import parse_json_body, read_body
 
     if "frontdoor" in layers:
-        frontend.server.FrontDoor = lambda app, app_handler: app_handler  # type: ignore[assignment,misc]
+        frontend.server.FrontDoor = lambda app, app_handler, *args: app_handler  # type: ignore[assignment,misc]
     if "counted" in layers:
-        door.METRICS = web.AppKey("no_metrics", object)  # type: ignore[misc]  # the lane finds no stats
+        invoke.METRICS = web.AppKey("no_metrics", object)  # type: ignore[misc]  # the invoke finds no stats
     if "middleware" in layers:
         build = web.Application
 
@@ -75,40 +75,23 @@ def _patch(layers: set[str]) -> None:
     if "logcontext" in layers:
         runtime.executor.set_log_context = frontend.tracing.set_log_context = lambda *a: None  # type: ignore
     if "runtime" in layers:
-        async def call_handler(request: web.Request, ref: str | None = None) -> web.StreamResponse:
-            app = request.app if ref is None else app_of[0]
-            function = app[invoke.DISPATCHER].find(None, ref or invoke._ref_of(request.match_info))
-            event = door.parse_json_body(await door.read_body(request, door.max_body_bytes(app)))
+        async def call_handler(invoker: Any, request: web.BaseRequest, ref: str) -> web.StreamResponse:
+            function = invoker._dispatcher.find(None, ref)
+            event = parse_json_body(await read_body(request, invoker._body_limit))
             result = await function.code.handler(event, None)
             return web.Response(body=json.dumps(result, separators=(",", ":")).encode(),
                                 content_type="application/json")
-        _replace_invoke(invoke, door, call_handler)
+        _replace_invoke(invoke, call_handler)
     if "route" in layers:
-        async def echo(request: web.Request, ref: str | None = None) -> web.StreamResponse:
+        async def echo(invoker: Any, request: web.BaseRequest, ref: str) -> web.StreamResponse:
             body = await request.json()
             return web.Response(text=json.dumps(body, separators=(",", ":")), content_type="application/json")
-        _replace_invoke(invoke, door, echo)
+        _replace_invoke(invoke, echo)
 
 
-app_of: list[Any] = [None]  # the app the fast lane serves (its `runtime` variant finds functions there)
-
-
-def _replace_invoke(invoke: Any, door: Any, handler: Any) -> None:
-    """build_app adds `frontend.app.invoke.routes`: the same paths, served by `handler`; the fast
-    lane's plain JSON calls are `handler(request, ref)`."""
-    from aiohttp import web
-
-    import frontend.app
-    table = [web.route(r.method, r.path, handler) for r in invoke.routes]
-    frontend.app.invoke = type(sys)("invoke_replaced")  # type: ignore[assignment]
-    frontend.app.invoke.routes = table  # type: ignore[attr-defined]
-    init = door.FrontDoor.__init__
-
-    def remember_app(self: Any, app: web.Application, app_handler: Any) -> None:
-        init(self, app, app_handler)
-        app_of[0] = app
-    door.FrontDoor.__init__ = remember_app
-    door.FrontDoor._invoke = lambda self, request, ref, mode: handler(request, ref)
+def _replace_invoke(invoke: Any, handler: Any) -> None:
+    """Both doors call `Invoker.serve` (frontend/routes/invoke.py): it becomes `handler(invoker, request, ref)`."""
+    invoke.Invoker.serve = lambda self, request, ref, *rest: handler(self, request, ref)
 
 
 def _serve(layers: str, argv: list[str]) -> int:

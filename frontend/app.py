@@ -22,6 +22,7 @@ from . import (
 from .auth import auth_middleware
 from .cors import cors_middleware, install_cors
 from .errors import error_middleware
+from .front_door import INVOKE_LANE, InvokeLane
 from .hosts import HOST_POLICY, HostPolicy, host_middleware
 from .jobs import set_job_keys
 from .keys import BROKER, CONFIG, DISPATCHER, EXECUTOR, LIFECYCLE, NODE, OUTPUTS, REGISTRY, TRACE_ID
@@ -107,6 +108,10 @@ def build_app(config: Config, registry: Registry | None = None) -> web.Applicati
     app.add_routes(openapi.routes)  # described by the rows of api_table
     install_cors(app)
     install_metrics(app, job_stats)
+    # The one invoke, for the invoke routes and the listener's fast lane (frontend/front_door.py),
+    # which does the work of the middlewares and hooks the app has now (and steps aside for others).
+    app[invoke.INVOKER] = invoker = invoke.Invoker(app)
+    app[INVOKE_LANE] = InvokeLane.of(app, invoker.serve)
 
     async def _run_node(app: web.Application) -> AsyncIterator[None]:
         # Starts the broker, the cluster node and the jobs; leaving it stops them, closes the

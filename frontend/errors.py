@@ -16,10 +16,10 @@ from runtime.errors import FunctionServiceError
 
 from .keys import TRACE_ID
 from .metrics_counters import INVOCATION
-from .tracing import add_trace_headers, trace_id_of
+from .tracing import TRACE_FLAGS, add_trace_headers, trace_id_of
 
-__all__ = ("error_response", "error_middleware", "http_error_code", "is_openai_path", "is_runpod_path",
-           "openai_error_body")
+__all__ = ("error_response", "traced_error_response", "error_middleware", "http_error_code", "is_openai_path",
+           "is_runpod_path", "openai_error_body")
 
 log = logging.getLogger("fnstream.frontend")
 
@@ -64,6 +64,15 @@ def error_response(request: web.BaseRequest, exc: FunctionServiceError) -> web.R
         if trace_id:
             body["trace_id"] = trace_id
     return web.json_response(body, status=exc.status, headers=headers)
+
+
+def traced_error_response(request: web.BaseRequest, exc: FunctionServiceError, flags: str) -> web.Response:
+    """`error_response` with the trace headers (`flags`: of its traceparent, frontend/tracing.py),
+    as the error middleware answers: for an invoke's refusal, which the fast lane answers too."""
+    request[TRACE_FLAGS] = flags
+    response = error_response(request, exc)
+    add_trace_headers(request, response)
+    return response
 
 
 @web.middleware

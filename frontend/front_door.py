@@ -1,55 +1,54 @@
-"""The listener's request handler: a plain invoke goes straight to the dispatcher; every other
-request goes through the app (its router, middlewares and routes).
+"""The listener's request handler: a plain invoke goes straight to the invoke; every other request
+goes through the app (its router, middlewares and routes).
 
 An invoke is the hot path of a function service, and for it aiohttp's router, the match info, the
 middleware chain (aiohttp's own `current_app` wrapper, then fnstream's error, CORS and auth
 middlewares) cost more than fnstream's whole runtime, and each open stream held their frames. The
-fast lane answers exactly what the app would for the requests it takes
-(`tests/frontend/test_front_door.py` holds the two to the same answers): the same steps in the same
-order, with the same helpers — the trace id (frontend/tracing.py), the token check
-(frontend/auth.py `authenticate`), `Dispatcher.find` (404/403), the body (frontend/body.py),
-`Dispatcher.dispatch`, the invoke route's JSON answer or event stream (frontend/routes/invoke.py),
-JSON errors (frontend/errors.py), and the ending of an invoke route (as frontend/respond.py's:
-cancelled when its client leaves, counted by frontend/metrics_counters.py).
+fast lane does the middlewares' work for the requests it takes — the trace id (frontend/tracing.py),
+the Host guard's check (frontend/hosts.py), the token check (frontend/auth.py `authenticate`, with
+the role `required_role` names) — and calls the app's invoke: `Invoker.serve`
+(frontend/routes/invoke.py), the one the invoke route calls too, which build_app hands this door
+(`InvokeLane`; this module imports no route). `tests/frontend/test_front_door.py` holds the two
+doors to the same answers.
 
 It takes only what it fully understands: `POST /serverless/v1/functions/{ref}/invocations` with no
 percent-escape in the path, a body already whole and not compressed, an Accept that gets JSON or
 SSE, a Host that frontend/hosts.py allows (the app answers the 421), and no `Origin` (CORS),
 `Expect`, `X-Invoke-Type` (jobs) or `X-Instance-Session` header.
 Anything else — the short route, a browser's request, a body still arriving — takes the app path.
+And it steps aside altogether when the app would answer differently: a middleware or an
+`on_response_prepare` hook added after build_app (the lane runs neither), or `fast_lane=False`.
 An app served by a plain `web.AppRunner` has no fast lane and answers the same.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable
-from time import monotonic
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from multidict import istr
 
-from runtime.dispatch import InvokeOptions
 from runtime.errors import BadRequestError, FunctionServiceError, NotAcceptableError
 from runtime.logs import set_log_context
-from runtime.plain import PlainCall
 from runtime.principal import Principal
-from runtime.surface import InvocationSurface, Mode
+from runtime.surface import Mode
 
-from .auth import authenticate
-from .body import arrived_body, max_body_bytes, parse_json_body, read_body
-from .errors import error_response
+from .auth import authenticate, required_role
+from .errors import error_response, traced_error_response
 from .hosts import HOST_POLICY
-from .keys import CONFIG, DISPATCHER, OUTPUTS, TRACE_ID
-from .metrics_counters import CLIENT_GONE, DISCONNECTED, INVOCATION, METRICS, count_answered, count_refused
-from .respond import client_left
-from .routes.invoke import json_answer, negotiate_mode, stream_response
+from .keys import CONFIG, TRACE_ID
+from .negotiation import negotiate_mode
 from .tracing import TRACE_FLAGS, add_trace_headers, incoming_trace
 
-__all__ = ("FrontDoor",)
+__all__ = ("FrontDoor", "InvokeLane", "INVOKE_LANE", "Serve")
 
 log = logging.getLogger("fnstream.frontend")
+
+# The invoke both doors call (frontend/routes/invoke.py `Invoker.serve`):
+# (request, ref, mode, principal, trace id, trace flags) -> its answer.
+Serve = Callable[[web.BaseRequest, str, "Mode | None", "Principal | None", str, str], Awaitable[web.StreamResponse]]
 
 _PREFIX = "/serverless/v1/functions/"
 _SUFFIX = "/invocations"
@@ -62,36 +61,81 @@ _TRANSFER_ENCODING = istr("Transfer-Encoding")
 _PLAIN_REF = frozenset("/%#{}")
 
 
+class InvokeLane(NamedTuple):
+    """What build_app hands the front door (`app[INVOKE_LANE]`): the app's invoke, and the
+    middlewares and response-prepare hooks the app had then, which the lane does the work of
+    (or, like CORS's, which do nothing for the requests it takes)."""
+
+    serve: Serve
+    middlewares: tuple[Any, ...]
+    on_response_prepare: tuple[Any, ...]
+
+    @classmethod
+    def of(cls, app: web.Application, serve: Serve) -> InvokeLane:
+        return cls(serve, tuple(app.middlewares), tuple(app.on_response_prepare))
+
+    def unknown_in(self, app: web.Application) -> str | None:
+        """What `app` has that the lane does not do (added since build_app), or None."""
+        middlewares = [m for m in app.middlewares if m not in self.middlewares]
+        hooks = [h for h in app.on_response_prepare if h not in self.on_response_prepare]
+        if not middlewares and not hooks:
+            return None
+        return ", ".join([*(f"middleware {_name(m)}" for m in middlewares),
+                          *(f"on_response_prepare hook {_name(h)}" for h in hooks)])
+
+
+INVOKE_LANE = web.AppKey("invoke_lane", InvokeLane)
+
+
+def _name(thing: object) -> str:
+    return getattr(thing, "__qualname__", None) or repr(thing)
+
+
 class FrontDoor:
     """`handler(request)` of the listener (frontend/server.py): the fast lane, or the app."""
 
-    __slots__ = ("_app_handler", "_body_limit", "_dispatcher", "_enable_event", "_executor", "_heartbeat", "_hosts",
-                 "_outputs", "_stats", "_tokens")
+    __slots__ = ("_app_handler", "_enable_event", "_hosts", "_serve", "_tokens")
 
-    def __init__(self, app: web.Application, app_handler: Handler) -> None:
+    def __init__(self, app: web.Application, app_handler: Handler, fast_lane: bool = True) -> None:
         config = app[CONFIG]
         self._app_handler = app_handler
-        self._dispatcher = app[DISPATCHER]
-        self._executor = self._dispatcher.executor
+        lane = app.get(INVOKE_LANE) if fast_lane else None
+        unknown = lane.unknown_in(app) if lane is not None else None
+        if unknown is not None:
+            log.info("the front door's fast lane is off: the app has %s (every request takes the app path)", unknown)
+        self._serve = lane.serve if lane is not None and unknown is None else None  # None: no fast lane
         self._tokens = config.auth.tokens
         self._enable_event = config.frontend.args.enableEvent
-        self._heartbeat = config.frontend.args.heartbeatSeconds
-        self._body_limit = max_body_bytes(app)
-        self._stats = app.get(METRICS)  # None with metrics.enabled: false
-        self._outputs = app[OUTPUTS]  # kept SSE output (runtime/durable.py)
         hosts = app[HOST_POLICY]
         self._hosts = None if hosts.any else hosts  # a Host not allowed: the app's host guard answers 421
 
     def __call__(self, request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
-        # Not a coroutine itself: a request for the app goes on with no frame of ours around it
-        # (every open SSE stream would hold one).
+        # Not a coroutine itself: a request for the app goes on with no frame of ours around it,
+        # and one for the lane with only the invoke's (every open SSE stream would hold one more).
         coding = request.headers.get(_TRANSFER_ENCODING)
         if coding is not None and coding.strip().lower() != "chunked":
             return self._refuse_coding(request, coding)
         lane = self._lane(request)
         if lane is None:
             return self._app_handler(request)  # type: ignore[arg-type]  # the app makes web.Requests
-        return self._invoke(request, *lane)
+        # The middlewares' work: the trace id (as trace_id_of does: this task's log records name
+        # it), then the token check (as auth_middleware does).
+        trace_id, flags = incoming_trace(request.headers)
+        request[TRACE_ID] = trace_id
+        set_log_context(trace_id)
+        principal = None
+        if self._tokens:
+            role = required_role(request.raw_path.partition("?")[0])  # (no escapes: the path as it is)
+            if role is not None:
+                try:
+                    token = authenticate(request, self._tokens, role)
+                except FunctionServiceError as exc:
+                    return self._refuse(request, exc, flags)
+                principal = Principal(token.tenant, token.role)
+        return self._serve(request, lane[0], lane[1], principal, trace_id, flags)  # type: ignore[misc]  # (_lane: not None)
+
+    async def _refuse(self, request: web.BaseRequest, exc: FunctionServiceError, flags: str) -> web.StreamResponse:
+        return traced_error_response(request, exc, flags)
 
     async def _refuse_coding(self, request: web.BaseRequest, coding: str) -> web.StreamResponse:
         """400 for a transfer coding other than plain `chunked` (aiohttp read `gzip, chunked` as
@@ -106,7 +150,7 @@ class FrontDoor:
     def _lane(self, request: web.BaseRequest) -> tuple[str, Mode] | None:
         """The function `request` names and how the fast lane answers it ('json' or 'sse'); None
         for a request of the app's."""
-        if request.method != "POST":
+        if request.method != "POST" or self._serve is None:
             return None
         path = request.raw_path
         if not path.startswith(_PREFIX):
@@ -129,63 +173,3 @@ class FrontDoor:
             return ref, negotiate_mode(headers.get(_ACCEPT), self._enable_event)
         except NotAcceptableError:
             return None  # the app answers the 406
-
-    async def _invoke(self, request: web.BaseRequest, ref: str, mode: Mode) -> web.StreamResponse:
-        """The invoke route's call, with the middlewares' work and the route's ending
-        (frontend/respond.py's, written out here: an open stream holds this one frame, not one more)."""
-        started = monotonic()
-        trace_id, flags = incoming_trace(request.headers)
-        request[TRACE_ID] = trace_id
-        set_log_context(trace_id)  # as trace_id_of does: this task's log records name the trace
-        spec = None
-        inv: InvocationSurface | PlainCall | None = None
-        try:
-            principal = None
-            if self._tokens:
-                token = authenticate(request, self._tokens, "user")
-                principal = Principal(token.tenant, token.role)
-            dispatcher = self._dispatcher
-            function = dispatcher.find(principal, ref)
-            raw = arrived_body(request, self._body_limit)
-            event = parse_json_body(raw if raw is not None else await read_body(request, self._body_limit))
-            del raw  # (not held while a stream stays open)
-            spec = function.spec  # from here on the invocation is counted
-            call = dispatcher.plain(principal, function, event, trace_id) if mode == "json" else None
-            if call is not None:  # a plain call (runtime/plain.py): in this task, its result encoded once
-                inv = call
-                answer = json_answer(call, await self._executor.call_plain(call), flags)
-                if self._stats is not None:
-                    self._stats.record(spec, 0, monotonic() - started, None, 0, call.id)
-                return answer
-            inv = await dispatcher.dispatch(principal, function, event, InvokeOptions(mode, trace_id, True))
-            if inv.streaming:  # the invoke route's answer
-                request[INVOCATION] = inv
-                request[TRACE_FLAGS] = flags  # the stream sets its trace headers as it starts
-                response = await stream_response(request, inv, self._heartbeat, self._outputs)
-                count_answered(self._stats, request, response, started)
-            else:
-                response = json_answer(inv, await inv.encoded_result(), flags)
-                if self._stats is not None:
-                    self._stats.record(spec, 0, monotonic() - started, None, 0, inv.id)
-        except asyncio.CancelledError:  # the client left
-            if isinstance(inv, PlainCall):
-                inv.cancel(CLIENT_GONE)  # (its handler ran in this task: cancelled with it)
-            elif inv is not None:
-                self._outputs.client_left(inv, CLIENT_GONE)  # cancelled, or (onDisconnect: continue) not
-            count_refused(self._stats, request, DISCONNECTED, started, spec, inv)
-            raise
-        except FunctionServiceError as exc:
-            count_refused(self._stats, request, exc.code, started, spec, inv)
-            request[TRACE_FLAGS] = flags
-            response = error_response(request, exc)
-            if inv is not None:  # (the app path's error_response finds it in request[INVOCATION])
-                response.headers["X-Invocation-Id"] = inv.id
-            add_trace_headers(request, response)
-        except ConnectionError as exc:  # a stream's write failed: the client left
-            if inv is None or isinstance(inv, PlainCall):
-                raise
-            self._outputs.client_left(inv, CLIENT_GONE)
-            log.info("client of invocation %s of %s left: %s", inv.id, inv.spec.name, exc)
-            response = client_left()
-            count_refused(self._stats, request, DISCONNECTED, started, spec, inv)
-        return response

@@ -1,9 +1,10 @@
 """Invocation and job counters: what the invoke routes add to on the hot path.
 
-Cheap: the invoke routes (their `@invocation_route`, frontend/respond.py, and the front door's
-lane) only add to plain ints and histogram buckets in `InvocationStats` (everything runs on the
-event loop thread, so no locks); finished jobs are counted by the job manager's `on_final` hook.
-Apart from the scrape (metrics_collector.py): this is what runs per request.
+Cheap: the invoke (frontend/routes/invoke.py `Invoker.serve`, behind both doors) and the OpenAI
+routes (`@invocation_route`, frontend/respond.py) only add to plain ints and histogram buckets in
+`InvocationStats` (everything runs on the event loop thread, so no locks); finished jobs are
+counted by the job manager's `on_final` hook. Apart from the scrape (metrics_collector.py): this
+is what runs per request.
 """
 from __future__ import annotations
 

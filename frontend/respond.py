@@ -1,12 +1,13 @@
-"""The ending of every invoke route: its invocation is cancelled when the client leaves, and counted
-(frontend/metrics_counters.py) once the route answered, failed or lost its client.
+"""The ending of a route that runs an invocation (the OpenAI routes'): its invocation is cancelled
+when the client leaves, and counted (frontend/metrics_counters.py) once the route answered, failed
+or lost its client.
 
 A client that disconnects cancels the request's task (aiohttp `handler_cancellation`) or makes a
 socket write fail with ConnectionError; either way the invocation is cancelled so the handler
 stops, and a write failure ends the response quietly rather than as a server error. A decorator,
 not a middleware: only the invoke routes pay for it, and one coroutine frame does both (each frame
-is held by every open stream). The front door's fast lane (frontend/front_door.py) ends its calls the
-same way, written out in its one frame.
+is held by every open stream). The invoke behind both doors (frontend/routes/invoke.py
+`Invoker.serve`) ends its calls the same way, written out in its one frame.
 """
 from __future__ import annotations
 

@@ -395,17 +395,19 @@ SHUTDOWN_MARGIN = 1.0  # s past the grace for open responses to end (an aborted 
 
 class FnstreamRunner(web.AppRunner):
     """`web.AppRunner` whose connections carry `frontend.limits`, and whose requests come in by the
-    front door (frontend/front_door.py: plain invokes, JSON or SSE, straight to the dispatcher).
+    front door (frontend/front_door.py: plain invokes, JSON or SSE, straight to the app's invoke;
+    `fast_lane=False`: every request through the app).
 
     With `grace` (`fnstream serve`: shutdownGraceSeconds), what aiohttp gives the responses still
     open after the app's shutdown (the node's drain) is what is left of the grace plus
     SHUTDOWN_MARGIN, not a fixed time: then it cancels them (their handlers end at once)."""
 
     def __init__(self, app: web.Application, limits: FrontendLimits, *, grace: float | None = None,
-                 **kwargs: Any) -> None:
+                 fast_lane: bool = True, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self._limits = limits
         self._grace = grace
+        self._fast_lane = fast_lane
         self._server_kwargs = {k: v for k, v in kwargs.items() if k not in ("shutdown_timeout", "handle_signals")}
 
     async def shutdown(self) -> None:
@@ -416,8 +418,9 @@ class FnstreamRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         base = await super()._make_server()  # runs the app's startup and freezes it
-        return _LimitedServer(FrontDoor(self.app, base.request_handler), request_factory=base.request_factory,
-                              loop=asyncio.get_running_loop(), limits=self._limits, **self._server_kwargs)
+        door = FrontDoor(self.app, base.request_handler, self._fast_lane)
+        return _LimitedServer(door, request_factory=base.request_factory, loop=asyncio.get_running_loop(),
+                              limits=self._limits, **self._server_kwargs)
 
 
 async def start_site(runner: web.BaseRunner, config: Config, host: str, port: int) -> web.TCPSite:

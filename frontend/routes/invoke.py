@@ -3,98 +3,146 @@
 `POST /serverless/v1/functions/{name-or-URN}/invocations` and the short route
 `POST /invocations/{tenant}/{namespace}/{function[:version]}/`. With `X-Invoke-Type: async`
 (openYuanrong) the invocation runs as a background job instead: 202 `{"requestId"}` (routes/jobs.py).
+
+An invoke has two doors and one body, `Invoker.serve`: the route here (after the app's router and
+middlewares: every browser's request, the short route, a body still arriving) and the listener's
+fast lane (frontend/front_door.py: plain invokes), which build_app hands the same `serve`. It is
+the invoke from the function's lookup to the answer, and its ending: the invocation cancelled when
+its client leaves, counted (frontend/metrics_counters.py) once it answered, failed or lost its
+client, a refusal answered as JSON with the trace headers (frontend/errors.py). One coroutine from
+the door to the answer: each level of await costs every request CPU and every open stream memory.
 """
 from __future__ import annotations
 
-import functools
+import asyncio
 import logging
-import time
 from collections.abc import Mapping
+from time import monotonic
+from typing import cast
 
 from aiohttp import web
 from multidict import istr
 
 from runtime.dispatch import InvokeOptions
 from runtime.durable import DurableOutputs, error_text
-from runtime.errors import BadRequestError, FunctionServiceError, NotAcceptableError
+from runtime.errors import BadRequestError, FunctionServiceError
 from runtime.manifest import function_urn
+from runtime.plain import PlainCall
+from runtime.principal import Principal
 from runtime.sessions import SessionRequest, parse_session_header
 from runtime.surface import InvocationInfo, InvocationSurface, Mode
 
 from ..auth import principal_of
-from ..body import read_json_body
-from ..keys import CONFIG, DISPATCHER, EXECUTOR, OUTPUTS, TRACE_ID
-from ..metrics_counters import FUNCTION, INVOCATION
-from ..negotiation import parse_accept, quality
-from ..respond import invocation_route
+from ..body import arrived_body, max_body_bytes, parse_json_body, read_body
+from ..errors import traced_error_response
+from ..keys import CONFIG, DISPATCHER, OUTPUTS, TRACE_ID
+from ..metrics_counters import CLIENT_GONE, DISCONNECTED, INVOCATION, METRICS, count_answered, count_refused
+from ..negotiation import negotiate_mode
+from ..respond import client_left
 from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
-from ..tracing import answer_trace_headers
+from ..tracing import TRACE_FLAGS, answer_trace_headers
 from .jobs import submit_async
 
-__all__ = ("routes", "negotiate_mode", "json_answer", "stream_response")
+__all__ = ("routes", "Invoker", "INVOKER", "json_answer", "stream_response")
 
 log = logging.getLogger("fnstream.frontend")
 routes = web.RouteTableDef()
+_INVOKE_TYPE, _SESSION, _ACCEPT = (istr(name) for name in ("X-Invoke-Type", "X-Instance-Session", "Accept"))
 
 
-@functools.lru_cache(maxsize=256)  # clients send a handful of distinct Accept headers
-def negotiate_mode(accept: str | None, enable_event: bool) -> Mode:
-    """'sse' or 'json' from the Accept header.
+class Invoker:
+    """The invoke of one app, behind both doors (built by build_app once its metrics are installed)."""
 
-    406 when only SSE is acceptable but disabled, or when JSON is refused outright (q=0) and SSE
-    is not asked for; an Accept that merely lists other types still gets JSON (lenient).
-    """
-    ranges = parse_accept(accept)
-    q_sse = quality(ranges, "text/event-stream", wildcards=False)
-    q_json = quality(ranges, "application/json", unmentioned=-1.0)
-    if q_sse > 0 and q_sse >= q_json:
-        if enable_event:
-            return "sse"
-        if q_json > 0:
-            return "json"
-        raise NotAcceptableError("Server-Sent Events are disabled (set frontend.args.enableEvent: true); "
-                                 "this request accepts only text/event-stream")
-    if q_json == 0:
-        raise NotAcceptableError("this request refuses application/json (q=0) and does not accept "
-                                 "text/event-stream; those are the only answers")
-    return "json"
+    __slots__ = ("_body_limit", "_dispatcher", "_enable_event", "_executor", "_heartbeat", "_outputs", "_stats")
+
+    def __init__(self, app: web.Application) -> None:
+        args = app[CONFIG].frontend.args
+        self._dispatcher = app[DISPATCHER]
+        self._executor = self._dispatcher.executor
+        self._enable_event = args.enableEvent
+        self._heartbeat = args.heartbeatSeconds
+        self._body_limit = max_body_bytes(app)
+        self._stats = app.get(METRICS)  # None with metrics.enabled: false
+        self._outputs = app[OUTPUTS]  # kept SSE output (runtime/durable.py)
+
+    async def serve(self, request: web.BaseRequest, ref: str, mode: Mode | None, principal: Principal | None,
+                    trace_id: str, flags: str) -> web.StreamResponse:
+        """Invoke the function `ref` names for `principal` with the request's body, and answer
+        in `mode` ('json' or 'sse'); its trace is `trace_id` and its answer's traceparent has
+        `flags` (frontend/tracing.py). Mode None: a request of the app path, which may also ask
+        for a job (`X-Invoke-Type: async`) or a session turn (`X-Instance-Session`), and whose
+        Accept is read once its function and body were (404 and 400 before a 406)."""
+        started = monotonic()
+        spec = None
+        inv: InvocationSurface | PlainCall | None = None
+        try:
+            dispatcher = self._dispatcher
+            function = dispatcher.find(principal, ref)  # 404/403 before the body is read
+            raw = arrived_body(request, self._body_limit)
+            event = parse_json_body(raw if raw is not None else await read_body(request, self._body_limit))
+            del raw  # (not held while a stream stays open)
+            session = None
+            if mode is None:  # the app path's: what the fast lane leaves to it
+                headers = request.headers
+                invoke_type = headers.get(_INVOKE_TYPE)
+                if invoke_type and invoke_type.strip().lower() == "async":  # [jobs] openYuanrong async
+                    if _SESSION in headers:  # a job runs later, outside any session: not silently dropped
+                        raise BadRequestError("header X-Instance-Session cannot be used with X-Invoke-Type: "
+                                              "async (a background job runs outside any session)")
+                    return await submit_async(cast(web.Request, request), principal, function, event)
+                mode = negotiate_mode(headers.get(_ACCEPT), self._enable_event)
+                session = _session_of(request)
+            spec = function.spec  # from here on the invocation is counted
+            call = dispatcher.plain(principal, function, event, trace_id) if mode == "json" and session is None \
+                else None
+            if call is not None:  # a plain call (runtime/plain.py): in this task, its result encoded once
+                inv = call
+                answer = json_answer(call, await self._executor.call_plain(call), flags)
+                if self._stats is not None:
+                    self._stats.record(spec, 0, monotonic() - started, None, 0, call.id)
+                return answer
+            inv = await dispatcher.dispatch(principal, function, event, InvokeOptions(mode, trace_id, True, session))
+            if inv.streaming:
+                request[INVOCATION] = inv
+                request[TRACE_FLAGS] = flags  # the stream sets its trace headers as it starts
+                response = await stream_response(request, inv, self._heartbeat, self._outputs)
+                count_answered(self._stats, request, response, started)
+            else:
+                response = json_answer(inv, await inv.encoded_result(), flags)
+                if self._stats is not None:
+                    self._stats.record(spec, 0, monotonic() - started, None, 0, inv.id)
+        except asyncio.CancelledError:  # the client left
+            if isinstance(inv, PlainCall):
+                inv.cancel(CLIENT_GONE)  # (its handler ran in this task: cancelled with it)
+            elif inv is not None:
+                self._outputs.client_left(inv, CLIENT_GONE)  # cancelled, or (onDisconnect: continue) not
+            count_refused(self._stats, request, DISCONNECTED, started, spec, inv)
+            raise
+        except FunctionServiceError as exc:  # StreamClosedError & co. are the function's outcome, not
+            count_refused(self._stats, request, exc.code, started, spec, inv)  # the client leaving
+            response = traced_error_response(request, exc, flags)
+            if inv is not None:
+                response.headers["X-Invocation-Id"] = inv.id
+        except ConnectionError as exc:  # a stream's write failed: the client left
+            if inv is None or isinstance(inv, PlainCall):
+                raise
+            self._outputs.client_left(inv, CLIENT_GONE)
+            log.info("client of invocation %s of %s left: %s", inv.id, inv.spec.name, exc)
+            response = client_left()
+            count_refused(self._stats, request, DISCONNECTED, started, spec, inv)
+        return response
+
+
+INVOKER = web.AppKey("invoker", Invoker)
 
 
 @routes.post("/serverless/v1/functions/{ref}/invocations")
 @routes.post("/invocations/{tenant}/{namespace}/{function}/")
-@invocation_route  # frontend/respond.py: cancelled if the client leaves, counted once it ends
 async def invoke(request: web.Request) -> web.StreamResponse:
-    """Invoke the function the path names with the request's body and answer as its Accept header asks.
-
-    One coroutine from the route to the answer (its ending's wrapper aside): each level of await
-    costs every request CPU and every open stream memory."""
-    app = request.app  # a property chain: looked up once
-    principal = principal_of(request)
-    dispatcher = app[DISPATCHER]
-    function = dispatcher.find(principal, _ref_of(request.match_info))  # 404/403 before the body is read
-    event = await read_json_body(request)
-    headers = request.headers
-    invoke_type = headers.get("X-Invoke-Type")
-    if invoke_type and invoke_type.strip().lower() == "async":  # [jobs] openYuanrong async
-        if "X-Instance-Session" in headers:  # a job runs later, outside any session: not silently dropped
-            raise BadRequestError("header X-Instance-Session cannot be used with X-Invoke-Type: async "
-                                  "(a background job runs outside any session)")
-        return await submit_async(request, principal, function, event)
-    args = app[CONFIG].frontend.args
-    mode = negotiate_mode(headers.get("Accept"), args.enableEvent)
-    session = _session_of(request)
-    request[FUNCTION] = function.spec  # from here on the invocation is counted
-    if mode == "json" and session is None:
-        call = dispatcher.plain(principal, function, event, request[TRACE_ID])
-        if call is not None:  # a plain call (runtime/plain.py): in this task, its result encoded once
-            request[INVOCATION] = call
-            return json_answer(call, await app[EXECUTOR].call_plain(call))
-    options = InvokeOptions(mode=mode, trace_id=request.get(TRACE_ID), inline=True, session=session)
-    inv = await dispatcher.dispatch(principal, function, event, options)
-    request[INVOCATION] = inv
-    if inv.streaming:
-        return await stream_response(request, inv, args.heartbeatSeconds, app[OUTPUTS])
-    return await _json_response(inv)
+    """Invoke the function the path names with the request's body and answer as its Accept header
+    asks: the app path's door to `Invoker.serve` (its trace and principal the middlewares')."""
+    return await request.app[INVOKER].serve(request, _ref_of(request.match_info), None, principal_of(request),
+                                            request[TRACE_ID], request[TRACE_FLAGS])
 
 
 def _ref_of(match: Mapping[str, str]) -> str:
@@ -106,25 +154,20 @@ def _ref_of(match: Mapping[str, str]) -> str:
     return function_urn(match["tenant"], match["namespace"], name, version or "latest")
 
 
-def _session_of(request: web.Request) -> SessionRequest | None:
+def _session_of(request: web.BaseRequest) -> SessionRequest | None:
     """The X-Instance-Session the request names (400 if malformed), or None."""
-    value = request.headers.get("X-Instance-Session")
+    value = request.headers.get(_SESSION)
     return None if value is None else parse_session_header(value)
 
 
-async def _json_response(inv: InvocationSurface) -> web.Response:
-    return json_answer(inv, await inv.encoded_result())
-
-
-def json_answer(inv: InvocationInfo, result: str | None, trace_flags: str | None = None) -> web.Response:
+def json_answer(inv: InvocationInfo, result: str | None, trace_flags: str) -> web.Response:
     """The answer of a plain JSON call that returned `result` (its JSON text; a plain JSON call
-    always has an answer, `null` for none). With `trace_flags` (frontend/front_door.py: no middleware
-    follows it), the answer's trace headers are set here too."""
-    headers = {_TRACE: inv.trace_id} if trace_flags is None else answer_trace_headers(inv.trace_id, trace_flags)
+    always has an answer, `null` for none), with its trace headers (`trace_flags`: frontend/tracing.py)."""
+    headers = answer_trace_headers(inv.trace_id, trace_flags)
     headers[_CONTENT_TYPE] = _JSON_TYPE
     headers[_INVOCATION_ID] = inv.id
     headers[_INNER_CODE] = "0"
-    headers[_BILLING] = str(int((time.monotonic() - inv.started) * 1000))
+    headers[_BILLING] = str(int((monotonic() - inv.started) * 1000))
     # Bytes and a ready Content-Type: what `text=..., content_type=...` would give, without
     # aiohttp parsing the content type back to find the charset on every answer.
     return web.Response(body=(result or "null").encode(), headers=headers)
@@ -132,8 +175,8 @@ def json_answer(inv: InvocationInfo, result: str | None, trace_flags: str | None
 
 _JSON_TYPE = "application/json; charset=utf-8"
 # The answer's header names as case-insensitive keys made once (the answer's CIMultiDict takes them as they are).
-_TRACE, _CONTENT_TYPE, _INVOCATION_ID, _INNER_CODE, _BILLING = (
-    istr(name) for name in ("X-Trace-Id", "Content-Type", "X-Invocation-Id", "X-Inner-Code", "X-Billing-Duration"))
+_CONTENT_TYPE, _INVOCATION_ID, _INNER_CODE, _BILLING = (
+    istr(name) for name in ("Content-Type", "X-Invocation-Id", "X-Inner-Code", "X-Billing-Duration"))
 
 
 async def stream_response(request: web.BaseRequest, inv: InvocationSurface, heartbeat: float,

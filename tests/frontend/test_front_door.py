@@ -1,9 +1,11 @@
-"""The front door (frontend/front_door.py): which requests its fast lane takes, and that a plain
-invoke (JSON or SSE) gets the same answer through it as through the app (router, middlewares, route).
+"""The front door (frontend/front_door.py): which requests its fast lane takes, that a plain
+invoke (JSON or SSE) gets the same answer through it as through the app (router, middlewares,
+route), and that the lane steps aside for a middleware or response-prepare hook the app was given after build_app.
 
 The rest of the suite drives the fast lane too: `make_client` serves its app as `fnstream serve`
-does (FnstreamRunner), so every plain JSON call of the invoke tests, metrics, auth and tenancy
-tests goes through it; here each answer is also held to the app path's, over real sockets.
+does (FnstreamRunner), so every plain JSON call of the metrics, auth and tenancy tests goes
+through it, and tests/frontend/test_invoke.py runs through each door; here each answer is also
+held to the app path's, over real sockets.
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from tests.support.servers import FnstreamTestServer, fn, test_config
 
 INVOKE = "/serverless/v1/functions/{}/invocations".format
 TOKENS = [{"token": "user-a", "tenant": "default", "role": "user"},
-          {"token": "user-b", "tenant": "acme", "role": "user"}]
+          {"token": "user-b", "tenant": "acme", "role": "user"},
+          {"token": "admin", "tenant": "default", "role": "admin"}]
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
@@ -79,8 +82,59 @@ async def test_sse_refused_by_config_is_the_apps_406():
     assert door._lane(request) is None
 
 
+async def test_no_fast_lane_when_the_runner_says_so():
+    door = FrontDoor(build_app(test_config()), _never, fast_lane=False)
+    assert door._lane(_request("POST", INVOKE("echo"), {}, b"{}")) is None
+
+
+@web.middleware
+async def _stamping(request: web.Request, handler) -> web.StreamResponse:
+    response = await handler(request)
+    response.headers["X-Stamped-By"] = "middleware"
+    return response
+
+
+async def _stamp(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["X-Stamp"] = "hook"
+
+
+@pytest.mark.parametrize("add", ["middleware", "hook"])
+async def test_the_fast_lane_steps_aside_for_what_the_app_was_given_after_build_app(add):
+    app = build_app(test_config())
+    if add == "middleware":
+        app.middlewares.append(_stamping)
+    else:
+        app.on_response_prepare.append(_stamp)
+    door = FrontDoor(app, _never)
+    assert door._lane(_request("POST", INVOKE("echo"), {}, b"{}")) is None
+    # What build_app installs itself the lane does the work of: CORS's hook, cluster's middleware.
+    cors = build_app(test_config(**{"frontend.cors.allowOrigins": ["http://page.example"]}))
+    assert FrontDoor(cors, _never)._lane(_request("POST", INVOKE("echo"), {}, b"{}")) == ("echo", "json")
+
+
 async def _never(request: web.Request) -> web.StreamResponse:
     raise AssertionError("not called")
+
+
+@pytest.mark.parametrize("accept", ["application/json", "text/event-stream"])
+async def test_a_hook_or_middleware_added_to_the_app_reaches_both_doors(aiohttp_client, deploy_dir, accept):
+    """An `on_response_prepare` hook and a middleware the app is given after build_app stamp the
+    answer of a plain invoke whichever door it came in by (a middleware comes too late for an
+    SSE answer's headers, on either door)."""
+    config = test_config(deploy_dir(fn("aecho", "testfns.echo_async"), fn("ticker", "testfns.sync_ticker")),
+                         **{"frontend.args.enableEvent": True, "jobs.store": "memory"})  # two servers
+    stamps = []
+    for fast_lane in (True, False):
+        app = build_app(config)
+        app.on_response_prepare.append(_stamp)
+        app.middlewares.append(_stamping)
+        client = await aiohttp_client(FnstreamTestServer(app, fast_lane=fast_lane))
+        function, body = ("aecho", {"a": 1}) if accept == "application/json" else ("ticker", {"count": 2})
+        resp = await client.post(INVOKE(function), json=body, headers={"Accept": accept})
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+        stamps.append((resp.headers.get("X-Stamp"), resp.headers.get("X-Stamped-By")))
+    assert stamps[0] == stamps[1] == ("hook", "middleware" if accept == "application/json" else None)
 
 
 # -- the same answers as the app path -------------------------------------------------------------

@@ -1,13 +1,32 @@
-"""Invoke spine: JSON results, live SSE, errors, over the in-process client."""
+"""Invoke spine: JSON results, live SSE, errors, over the in-process client — each test through
+both doors (frontend/front_door.py): the fast lane, and the app path (router, middlewares, the
+invoke route) that every browser's request takes."""
 import asyncio
 import json
 import time
 
 import pytest
 
-from tests.support.servers import HELLO_BYTES, fn, read_events, test_config
+from frontend.app import build_app
+from tests.support.servers import HELLO_BYTES, FnstreamTestServer, fn, make_config, read_events, test_config
 
 SSE = {"Accept": "text/event-stream"}
+
+
+@pytest.fixture(params=["fast lane", "app path"])
+def make_client(request, aiohttp_client):
+    """The suite's `make_client` (an app served as `fnstream serve` serves it), once with the
+    front door's fast lane and once without (`fast_lane=False`: every request through the app)."""
+    async def factory(config=None, **overrides):
+        app = build_app(config or make_config(**overrides))
+        return await aiohttp_client(FnstreamTestServer(app, fast_lane=request.param == "fast lane"))
+
+    return factory
+
+
+@pytest.fixture
+async def client(make_client):
+    return await make_client()
 async def test_hello_three_events_byte_for_byte(client):
     resp = await client.post("/serverless/v1/functions/hello/invocations", headers=SSE)
     assert resp.status == 200

@@ -108,3 +108,11 @@ def test_import_graph_has_no_cycles() -> None:
     for m in MODULES:
         if m not in state:
             visit(m)
+
+
+def test_the_listener_imports_no_route() -> None:
+    """frontend/server.py's fast lane is handed the app's invoke (frontend/front_door.py
+    `InvokeLane`): the listener and its front door load no route module of their own."""
+    for module in ("frontend.server", "frontend.front_door"):
+        loaded = _loaded_after_import(module)
+        assert not {m for m in loaded if m.startswith("frontend.routes")}, f"{module} imports a route"

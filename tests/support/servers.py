@@ -127,10 +127,15 @@ class ServerProcess(FnstreamProcess):
 
 class FnstreamTestServer(TestServer):
     """An app served as `fnstream serve` serves it: by FnstreamRunner (frontend.limits, the front door's
-    fast lane), where aiohttp's TestServer would use a plain AppRunner (the app path only)."""
+    fast lane), where aiohttp's TestServer would use a plain AppRunner (the app path only).
+    `fast_lane=False`: the same listener, every request through the app (the app path's door)."""
+
+    def __init__(self, app: Any, *, fast_lane: bool = True, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self.fast_lane = fast_lane
 
     async def _make_runner(self, **kwargs: Any) -> BaseRunner:
-        return FnstreamRunner(self.app, self.app[CONFIG].frontend.limits, **kwargs)
+        return FnstreamRunner(self.app, self.app[CONFIG].frontend.limits, fast_lane=self.fast_lane, **kwargs)
 
 
 def fn(name: str, handler: str, **fields) -> dict:

@@ -1,6 +1,7 @@
 """The front door (frontend/front_door.py): which requests its fast lane takes, that a plain
-invoke (JSON or SSE) gets the same answer through it as through the app (router, middlewares,
-route), and that the lane steps aside for a middleware or response-prepare hook the app was given after build_app.
+invoke (JSON or SSE) gets the same answer and is counted the same through it as through the app
+(router, middlewares, route) — in-process, process and cluster-queued functions alike —, and that
+the lane steps aside for a middleware or response-prepare hook the app was given after build_app.
 
 The rest of the suite drives the fast lane too: `make_client` serves its app as `fnstream serve`
 does (FnstreamRunner), so every plain JSON call of the metrics, auth and tenancy tests goes
@@ -16,11 +17,14 @@ import pytest
 from aiohttp import web
 from aiohttp.streams import StreamReader
 from aiohttp.test_utils import TestServer, make_mocked_request
+from prometheus_client.parser import text_string_to_metric_families
 
 from frontend.app import build_app
-from frontend.front_door import FrontDoor
+from frontend.front_door import INVOKE_LANE, FrontDoor
 from frontend.keys import REGISTRY
-from tests.support.servers import FnstreamTestServer, fn, test_config
+from tests.support.cluster import CLUSTER_FUNCTIONS, RELAY, status, wait_until
+from tests.support.servers import FUNCTIONS, FnstreamTestServer, fn, make_config, test_config
+from tests.support.waiting import eventually
 
 INVOKE = "/serverless/v1/functions/{}/invocations".format
 TOKENS = [{"token": "user-a", "tenant": "default", "role": "user"},
@@ -197,13 +201,15 @@ CALLS = [
 ]
 
 
+async def _json_answer(client, function: str, headers: dict[str, str], body: bytes) -> dict:
+    resp = await client.post(INVOKE(function), data=body, headers=headers)
+    return _shape(resp.status, resp.headers, await resp.read(),
+                  headers.get("X-Trace-Id") or (TRACE if "traceparent" in headers else None))
+
+
 @pytest.mark.parametrize("function, headers, body", CALLS)
 async def test_a_plain_json_call_gets_the_app_paths_answer(both, function, headers, body):
-    answers = []
-    for client in both:
-        resp = await client.post(INVOKE(function), data=body, headers=headers)
-        answers.append(_shape(resp.status, resp.headers, await resp.read(),
-                              headers.get("X-Trace-Id") or (TRACE if "traceparent" in headers else None)))
+    answers = [await _json_answer(client, function, headers, body) for client in both]
     assert answers[0] == answers[1]
     assert answers[0]["trace-id"] and answers[0]["request-id"]
 
@@ -222,16 +228,18 @@ STREAMS = [
 ]
 
 
+async def _streamed_answer(client, function: str, headers: dict[str, str], body: bytes) -> tuple:
+    resp = await client.post(INVOKE(function), data=body, headers=headers)
+    h = resp.headers
+    traceparent = h.get("traceparent", "")
+    return (resp.status, h["Content-Type"], h.get("X-Inner-Code"), h.get("Cache-Control"),
+            h["X-Request-Id"] == h["X-Trace-Id"], traceparent.split("-")[1:2] == [h["X-Trace-Id"]],
+            h["X-Trace-Id"] == TRACE, (await resp.read()).replace(h["X-Trace-Id"].encode(), b"<id>"))
+
+
 @pytest.mark.parametrize("function, headers, body", STREAMS)
 async def test_a_streamed_call_gets_the_app_paths_answer(both, function, headers, body):
-    answers = []
-    for client in both:
-        resp = await client.post(INVOKE(function), data=body, headers=headers)
-        h = resp.headers
-        traceparent = h.get("traceparent", "")
-        answers.append((resp.status, h["Content-Type"], h.get("X-Inner-Code"), h.get("Cache-Control"),
-                        h["X-Request-Id"] == h["X-Trace-Id"], traceparent.split("-")[1:2] == [h["X-Trace-Id"]],
-                        h["X-Trace-Id"] == TRACE, (await resp.read()).replace(h["X-Trace-Id"].encode(), b"<id>")))
+    answers = [await _streamed_answer(client, function, headers, body) for client in both]
     assert answers[0] == answers[1]
     assert answers[0][4] and answers[0][5] and answers[0][6] == ("traceparent" in headers)
 
@@ -276,3 +284,120 @@ def test_a_fast_lane_streams_log_lines_name_its_trace(deploy_dir):
     records = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     failed = [r for r in records if "failed after 2 events" in r["message"]]
     assert failed and failed[0].get("trace_id") == "lane-trace-7", output[-3000:]
+
+
+# -- counted the same; process functions; cluster mode --------------------------------------------
+
+# What a scrape says about invocations that does not depend on timing (durations only as counts).
+_COUNTED = ("fnstream_invocations_total", "fnstream_timeouts_total", "fnstream_client_disconnects_total",
+            "fnstream_throttled_total", "fnstream_invocation_duration_seconds_count",
+            "fnstream_time_to_first_event_seconds_count", "fnstream_stream_events_total",
+            "fnstream_stream_bytes_total")
+
+
+async def _counted(client, headers: dict[str, str]) -> dict:
+    resp = await client.get("/metrics", headers=headers)
+    assert resp.status == 200, await resp.text()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(await resp.text()) for s in family.samples
+            if s.name in _COUNTED}
+
+
+async def _count_the_same(doors, headers: dict[str, str], invocations: int) -> dict:
+    """The doors' counts, once both counted `invocations` (a stream is counted as its response
+    ends, which its client may see first): equal, sample for sample."""
+    async def settled():
+        counts = [await _counted(client, headers) for client in doors]
+        totals = [sum(v for (name, _), v in c.items() if name == "fnstream_invocations_total") for c in counts]
+        return counts if totals == [invocations] * len(doors) else None
+    counts = await eventually(settled, f"both doors to count {invocations} invocations")
+    assert counts[0] == counts[1]
+    return counts[0]
+
+
+async def _two_doors(aiohttp_client, config) -> tuple[list, list[list[str]]]:
+    """Clients of two apps built from `config`, with the fast lane and without; and, for each, the
+    functions its lane served (its `InvokeLane.serve` counted: the invoke route calls the invoker itself)."""
+    clients, served = [], []
+    for fast_lane in (True, False):
+        app = build_app(config() if callable(config) else config)
+        lane, took = app[INVOKE_LANE], []
+
+        def serve(request, ref, *rest, _serve=lane.serve, _took=took):
+            _took.append(ref)
+            return _serve(request, ref, *rest)
+        app[INVOKE_LANE] = lane._replace(serve=serve)
+        clients.append(await aiohttp_client(FnstreamTestServer(app, fast_lane=fast_lane)))
+        served.append(took)
+    return clients, served
+
+
+ADMIN = {"Authorization": "Bearer admin"}
+USER = {"Authorization": "Bearer user-a"}
+SSE_USER = {**USER, "Accept": "text/event-stream"}
+# (function, headers, body, counted: it reached its function), through each door in turn.
+METERED = [
+    ("aecho", USER, b'{"a": 1}', True), ("secho", USER, b"[1]", True), ("raises", USER, b"{}", True),
+    ("sleeper", USER, b'{"seconds": 5}', True),                       # 504, a timeout
+    ("aecho", {}, b"{}", False), ("missing", USER, b"{}", False), ("aecho", USER, b"{", False),
+    ("aecho", USER, b'["' + b"x" * 2000 + b'"]', False),                # 401, 404, 400, 413
+    ("p-echo", USER, b'{"p": [1, 2]}', True), ("p-raises", USER, b"{}", True),
+    ("p-echo", USER, b"{", False), ("p-ticker", USER, b'{"count": 2, "delay_ms": 1}', True),
+    ("ticker", SSE_USER, b'{"count": 3, "delay_ms": 1}', True), ("mid", SSE_USER, b"{}", True),
+    ("p-ticker", SSE_USER, b'{"count": 3, "delay_ms": 1}', True), ("p-raises", SSE_USER, b"{}", True),
+    ("p-echo", SSE_USER, b"{}", True), ("aecho", {"Accept": "text/event-stream"}, b"{}", False),
+]
+
+
+async def test_both_doors_answer_and_count_in_process_and_process_functions_alike(aiohttp_client, deploy_dir):
+    """The same calls (JSON and SSE; successes, handler errors, a timeout, refusals) through each
+    door, of in-process and `executor: process` functions: the same answers, and the same counts
+    in /metrics (by function and outcome, events and bytes streamed)."""
+    process = {"executor": "process", "instances": 1}
+    deploy = deploy_dir(fn("aecho", "testfns.echo_async"), fn("secho", "testfns.echo_sync"),
+                        fn("raises", "testfns.raise_early"), fn("sleeper", "testfns.async_sleep", timeout=0.3),
+                        fn("ticker", "testfns.sync_ticker"), fn("mid", "testfns.raise_mid"),
+                        fn("p-echo", "testfns.echo_sync", **process), fn("p-raises", "testfns.raise_early", **process),
+                        fn("p-ticker", "testfns.sync_ticker", **process))
+    config = test_config(deploy, **{"auth.tokens": TOKENS, "frontend.args.maxRequestBodySize": 0.001,
+                                    "jobs.store": "memory", "frontend.args.enableEvent": True})
+    doors, served = await _two_doors(aiohttp_client, config)
+    for function, headers, body, _counted_too in METERED:
+        answer = _streamed_answer if headers.get("Accept") == "text/event-stream" else _json_answer
+        answers = [await answer(client, function, headers, body) for client in doors]
+        assert answers[0] == answers[1], function
+    counts = await _count_the_same(doors, ADMIN, sum(counted for *_, counted in METERED))
+    ok = ("fnstream_invocations_total", (("code", "0"), ("function", "p-echo"), ("outcome", "ok"),
+                                         ("tenant", "default")))
+    assert counts[ok] == 2  # (a process function's JSON and SSE calls)
+    # Every call by its door (a 401 is the lane's own answer: no invoke)
+    assert served == [[function for function, headers, *_ in METERED if "Authorization" in headers], []]
+
+
+async def test_both_doors_answer_and_count_cluster_queued_calls_alike(redis_server, start_worker, aiohttp_client):
+    """Two frontends (`cluster.role: frontend`, nothing runs in them) on one Redis, one with the
+    fast lane and one without, and a worker node: a call queued for the worker, JSON or SSE, gets
+    the same answer and the same counts through either door."""
+    def config():
+        return make_config(**{"cluster.redisUrl": redis_server.url, "cluster.role": "frontend",
+                              "cluster.workerHeartbeatSeconds": 0.2, "cluster.registrySyncSeconds": 0.5,
+                              "runtime.codeRoots": [str(FUNCTIONS), str(CLUSTER_FUNCTIONS)],
+                              "frontend.args.enableEvent": True})
+    doors, served = await _two_doors(aiohttp_client, config)
+    start_worker(redis_server.url)
+    resp = await doors[0].post("/admin/v1/functions", json=RELAY)
+    assert resp.status == 201, await resp.text()
+    for client in doors:
+        async def serving(client=client):
+            st = await status(client.session, str(client.make_url("")).rstrip("/"))
+            return any("relay" in w["functions"] for w in st["workers"])
+        await wait_until(serving, "a worker serving relay, seen by each frontend")
+    calls = [("relay", {}, b'{"count": 2, "delay_ms": 1}', True), ("relay", {}, b"{", False),
+             ("missing", {}, b"{}", False),
+             ("relay", {"Accept": "text/event-stream"}, b'{"count": 3, "delay_ms": 1}', True)]
+    for function, headers, body, _counted_too in calls:
+        answer = _streamed_answer if headers.get("Accept") == "text/event-stream" else _json_answer
+        answers = [await answer(client, function, headers, body) for client in doors]
+        assert answers[0] == answers[1], function
+    await _count_the_same(doors, {}, 2)
+    assert served == [[function for function, *_ in calls], []]

@@ -6,6 +6,7 @@ under `tracemalloc`; each gets a warm-up, then a heap snapshot, then `--streams`
 that got one event and idle (the handler sleeps), then a second snapshot. The difference per stream is
 grouped by the line that allocated it and printed beside the ceiling's figure for the same line,
 largest gap first: the lines only fnstream has are what a design must remove to close the gap.
+`--baseline TREE` measures another checkout's fnstream too (`base-async`), for a before/after in one run.
 (The Python heap only: RSS adds the kernel's socket buffers and the allocator's slack.)
 """
 from __future__ import annotations
@@ -82,15 +83,15 @@ async def _snapshot(server: ServerProc, prefix: str, n: int) -> tracemalloc.Snap
     return tracemalloc.Snapshot.load(str(path))
 
 
-async def _measure(name: str, streams: int, log_dir: Path) -> dict[str, float]:
+async def _measure(name: str, streams: int, log_dir: Path, tree: Path = ROOT) -> dict[str, float]:
     server_cores, client_cores = cpu_plan()
     pin_self(client_cores)
     prefix = str(log_dir / f"{name}.snapshot")
     os.environ[_DUMP] = prefix
-    server = start_target({"aiohttp": "aiohttp", "fnstream-async": "fnstream"}[name], log_dir, server_cores,
-                          label=name, wrapper=_TRACED)
+    kind = {"aiohttp": "aiohttp", "fnstream-async": "fnstream", "base-async": "fnstream"}[name]
+    server = start_target(kind, log_dir, server_cores, tree, label=name, wrapper=_TRACED)
     try:
-        target: Target = make_target(name, server)
+        target: Target = make_target(name.replace("base-", "fnstream-"), server)
         for t in await hold_streams(target, {"count": 1, "hold_s": 300}, 50):  # warm-up: first-use allocations
             t.close()
         await asyncio.sleep(1.0)
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.split("\n")[0])
     p.add_argument("--streams", type=int, default=500)
     p.add_argument("--top", type=int, default=40, help="lines to show, largest gap first")
+    p.add_argument("--baseline", help="another checkout whose fnstream is measured too (base-async)")
     p.add_argument("--traced", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)  # internal: run a server traced
     args = p.parse_args(argv)
     if args.traced is not None:
@@ -116,9 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         ceiling = asyncio.run(_measure("aiohttp", args.streams, Path(tmp)))
         fnstream = asyncio.run(_measure("fnstream-async", args.streams, Path(tmp)))
+        base = asyncio.run(_measure("base-async", args.streams, Path(tmp), Path(args.baseline))) \
+            if args.baseline else None
     total_c, total_f = sum(ceiling.values()), sum(fnstream.values())
     print(f"\nPython heap per idle open stream ({args.streams} held, tracemalloc): ceiling {total_c / 1024:.2f} KB, "
           f"fnstream {total_f / 1024:.2f} KB ({total_f / total_c:.2f}×)")
+    if base is not None:
+        total_b = sum(base.values())
+        print(f"baseline ({args.baseline}) {total_b / 1024:.2f} KB ({total_b / total_c:.2f}×); "
+              f"fnstream - baseline: {(total_f - total_b):+.0f} B per stream")
     print("| allocated at | fnstream B/stream | ceiling B/stream | gap |")
     print("|---|---|---|---|")
     sites = sorted(set(ceiling) | set(fnstream), key=lambda s: -(fnstream.get(s, 0.0) - ceiling.get(s, 0.0)))

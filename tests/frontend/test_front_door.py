@@ -244,6 +244,21 @@ async def test_a_streamed_call_gets_the_app_paths_answer(both, function, headers
     assert answers[0][4] and answers[0][5] and answers[0][6] == ("traceparent" in headers)
 
 
+async def test_the_fast_lane_asks_required_role_as_the_auth_middleware_does(both, monkeypatch):
+    """The role an invoke needs is frontend/auth.py's `required_role(path)` on either door: made
+    `developer`, a user token's invoke is refused 403 by the lane as by the app path."""
+    import frontend.auth
+    import frontend.front_door
+
+    def developer_only(path: str) -> str | None:
+        return "developer"
+    monkeypatch.setattr(frontend.auth, "required_role", developer_only)
+    monkeypatch.setattr(frontend.front_door, "required_role", developer_only)
+    answers = [await _json_answer(client, "aecho", {"Authorization": "Bearer user-a"}, b"{}") for client in both]
+    assert answers[0] == answers[1]
+    assert answers[0]["status"] == 403
+
+
 async def test_a_client_that_leaves_cancels_its_fast_lane_call(make_client, deploy_dir):
     client = await make_client(test_config(deploy_dir(fn("forever", "testfns.async_forever"))))
     state = client.server.app[REGISTRY].get("forever").code.handler.__globals__["STATE"]  # its own module's

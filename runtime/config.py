@@ -108,9 +108,9 @@ class CorsConfig(_Strict):
     allowOrigins: list[str] = Field(default_factory=list, description="origins allowed to call from a browser (`*` "
                                                                       "= any); empty = CORS off")
     allowCredentials: bool = Field(False,
-                                   description="send `Access-Control-Allow-Credentials: true`; with `allowOrigins: "
-                                               "['*']` a config error at start (the CORS spec forbids any origin "
-                                               "with credentials)")
+                                   description="send `Access-Control-Allow-Credentials: true`; with `*` or "
+                                               "`null` in `allowOrigins` a config error at start (any origin, or "
+                                               "any sandboxed page, with credentials)")
     maxAgeSeconds: int = Field(600, ge=0, description="how long a browser may cache a preflight answer (seconds)")
     exposeHeaders: list[str] = Field(default_factory=lambda: ["X-Trace-Id", "X-Inner-Code", "X-Billing-Duration"],
                                      description="headers a page may read (`X-Request-Id` and `traceparent` are "
@@ -393,10 +393,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         except ValueError:
             raise ConfigError(f"{source}: frontend.trustedProxies: {proxy!r} is not an address or CIDR") from None
     cors = cfg.frontend.cors
-    if cors.allowCredentials and "*" in cors.allowOrigins:
-        raise ConfigError(f"{source}: frontend.cors.allowOrigins ['*'] with frontend.cors.allowCredentials: true "
-                          "would let every site (Origin: null too) call with the user's credentials, which the "
-                          "CORS spec forbids; list the origins allowed, or turn allowCredentials off")
+    if cors.allowCredentials and {"*", "null"} & {o.strip().lower() for o in cors.allowOrigins}:
+        raise ConfigError(f"{source}: frontend.cors.allowOrigins {cors.allowOrigins!r} with "
+                          "frontend.cors.allowCredentials: true would let any site call with the user's credentials "
+                          "('*' is every origin; 'null' is any sandboxed frame or file:// page, whoever wrote it), "
+                          "which the CORS spec forbids; list the origins allowed, or turn allowCredentials off")
     if cfg.frontend.reusePort and not cfg.cluster.redisUrl:
         raise ConfigError(f"{source}: frontend.reusePort needs cluster mode (cluster.redisUrl): embedded servers "
                           "sharing a port would each hold their own functions, streams and invocations")

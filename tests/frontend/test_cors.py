@@ -134,3 +134,13 @@ def test_wildcard_with_credentials_is_a_config_error():
     with pytest.raises(ConfigError) as err:
         test_config(**{"frontend.cors.allowOrigins": ["*"], "frontend.cors.allowCredentials": True})
     assert "frontend.cors.allowOrigins" in str(err.value) and "frontend.cors.allowCredentials" in str(err.value)
+
+
+@pytest.mark.parametrize("origins", [["null"], ["https://a.example", "NULL"], ["https://a.example", "*"]])
+def test_null_or_any_origin_with_credentials_is_a_config_error(origins):
+    """`null` is any sandboxed frame or file:// page: with credentials as unsafe as `*`. The message
+    quotes the list configured, not `['*']`."""
+    with pytest.raises(ConfigError) as err:
+        test_config(**{"frontend.cors.allowOrigins": origins, "frontend.cors.allowCredentials": True})
+    assert str(origins) in str(err.value) and "\n" not in str(err.value)
+    test_config(**{"frontend.cors.allowOrigins": origins})  # without credentials: allowed

@@ -3,7 +3,8 @@
 Any user can give a job a webhook URL, and the server POSTs to it: without this guard a token was
 enough to make the server call its own routes (publishing to a stream), the cloud's metadata
 service or anything on the private network. Refused: loopback, private, link-local, multicast,
-unspecified, reserved and every other non-global range, IPv4-mapped IPv6 judged as its IPv4.
+unspecified, reserved and every other non-global range, IPv4-mapped IPv6 judged as its IPv4, and
+6to4, Teredo and NAT64 addresses refused when the IPv4 they embed is (then judged by range too).
 
 Two checks: at submit, a URL whose host is a literal address (in any form the resolver would
 read as one: `127.1`, `2130706433`, `0177.0.0.1`, `[::ffff:127.0.0.1]`) is refused with 400; at
@@ -44,12 +45,33 @@ def literal_address(host: str) -> Address | None:
         return None
 
 
+_NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
+
+
+def _embedded(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses a relay or translator would carry traffic for `address` to: 6to4
+    (2002::/16), Teredo (2001::/32: its server and client), NAT64 (RFC 6052/8215 prefixes)."""
+    if address.sixtofour is not None:
+        return [address.sixtofour]
+    if address.teredo is not None:
+        return list(address.teredo)
+    if any(address in net for net in _NAT64):
+        return [ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)]
+    return []
+
+
 def refusal(address: Address) -> str | None:
     """Why a webhook may not reach `address` (None: it may)."""
     if isinstance(address, ipaddress.IPv6Address):
         mapped = address.ipv4_mapped
         if mapped is not None:
             address = mapped
+        else:
+            # Python's is_global judges 6to4 by its prefix alone: 2002:7f00:1:: (127.0.0.1) was "public".
+            for inner in _embedded(address):
+                reason = refusal(inner)
+                if reason is not None:
+                    return f"{address} embeds {reason}"
     for kind in ("loopback", "private", "link_local", "multicast", "unspecified", "reserved"):
         if getattr(address, f"is_{kind}"):
             return f"{address} is a {kind.replace('_', '-')} address"

@@ -18,6 +18,25 @@ REFUSED = ["127.0.0.1", "127.1", "2130706433", "0177.0.0.1", "0x7f.0.0.1", "0.0.
            "255.255.255.255", "::1", "::", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "::ffff:169.254.169.254",
            "fe80::1", "fe80::1%eth0", "fc00::1", "fd12::1", "ff02::1", "[::1]", "[::ffff:127.0.0.1]"]
 PUBLIC = ["93.184.216.34", "8.8.8.8", "2606:4700:4700::1111", "::ffff:8.8.8.8"]
+# IPv6 forms a relay or translator turns into an IPv4 destination: judged by the IPv4 they embed.
+EMBEDDED = {"2002:7f00:1::": "127.0.0.1", "2002:a00:1::": "10.0.0.1", "2002:a9fe:a9fe::1": "169.254.169.254",
+            "2002:c0a8:101::": "192.168.1.1", "2001:0:7f00:1::": "127.0.0.1",
+            "2001:0:808:808:0:0:f5ff:fffe": "10.0.0.1",  # Teredo: public server, client ~0xf5fffffe
+            "64:ff9b::7f00:1": "127.0.0.1", "64:ff9b::a00:1": "10.0.0.1", "64:ff9b:1::a9fe:a9fe": "169.254.169.254"}
+
+
+@pytest.mark.parametrize("host", sorted(EMBEDDED))
+def test_6to4_teredo_and_nat64_embedding_a_non_public_ipv4_are_refused(host):
+    address = literal_address(host)
+    assert address is not None
+    reason = refusal(address)
+    assert reason is not None and EMBEDDED[host] in reason
+    with pytest.raises(JobBadRequestError, match="allowPrivate"):
+        WebhookSender(WebhookConfig()).check_url(f"http://[{host}]/x")
+
+
+def test_6to4_of_a_public_ipv4_passes():
+    assert refusal(ipaddress.ip_address("2002:808:808::1")) is None  # 8.8.8.8
 
 
 @pytest.mark.parametrize("host", REFUSED)

@@ -65,7 +65,7 @@ class ProcessExecutor:
                     if not worker.send_on_loop(frame):
                         # A large event: never block the loop on the socket.
                         await asyncio.to_thread(worker.send, frame)
-                    kind, value = await asyncio.shield(job.future)
+                    kind, value = await job.waiter
             except TimeoutError:
                 if not timeout.expired():
                     raise

@@ -181,7 +181,10 @@ class SlotScheduler(abc.ABC):
                     break  # no free slot for anyone: later waiters wait too (pinned ones aside)
                 continue
             self._waiters.remove(waiter)
-            call_threadsafe(waiter.loop, self._hand, waiter, picked)
+            if asyncio._get_running_loop() is waiter.loop:
+                waiter.future.set_result(picked)  # on its loop: not done (checked above), no hop
+            else:
+                call_threadsafe(waiter.loop, self._hand, waiter, picked)
         self._maybe_scale_up()
 
     def _hand(self, waiter: _Waiter, picked: tuple[WorkerProcess, bool]) -> None:
@@ -201,6 +204,7 @@ class SlotScheduler(abc.ABC):
               restarted: bool = False) -> tuple[PooledCall, Invoke]:
         """The job of `inv` on the slot it holds on `worker`, and the frame that starts it there."""
         job = PooledCall(inv)
+        job.release_early = session is None  # a session's slot waits for its task (session.leave first)
         worker.jobs[inv.id] = job
         worker.invocations += 1
         frame: Invoke = {"t": "invoke", "id": inv.id, "trace_id": inv.trace_id, "event": inv.event,
@@ -214,8 +218,12 @@ class SlotScheduler(abc.ABC):
         """A slot on `worker` is free again: hand it on, or stop the worker if it should go."""
         stop = False
         with self.lock:
-            if job is not None and worker.jobs.get(job.inv.id) is job:
-                del worker.jobs[job.inv.id]
+            if job is not None:
+                if job.released:
+                    return  # given back already, when its outcome arrived
+                job.released = True
+                if worker.jobs.get(job.inv.id) is job:
+                    del worker.jobs[job.inv.id]
             worker.busy = max(0, worker.busy - 1)
             if worker.busy == 0:
                 worker.idle_since = time.monotonic()

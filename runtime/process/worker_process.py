@@ -16,7 +16,6 @@ import socket
 import subprocess
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -72,6 +71,8 @@ class PoolSide(Protocol):
 
     def _on_exit(self, worker: WorkerProcess) -> None: ...
 
+    def release(self, worker: WorkerProcess, job: PooledCall | None) -> None: ...
+
 
 def _resolve(fut: asyncio.Future[tuple[str, Any]], outcome: tuple[str, Any]) -> None:
     if not fut.done():
@@ -85,16 +86,28 @@ class PooledCall:
         self.inv = inv
         self.loop = inv.loop
         self.future: asyncio.Future[tuple[str, Any]] = inv.loop.create_future()
+        # What the invocation's task awaits (in place of a shield of `future`, which cost a loop turn):
+        # cancelled with the task, while `future` stays for whoever reaps the invocation.
+        self.waiter: asyncio.Future[tuple[str, Any]] = inv.loop.create_future()
         self.error: FunctionServiceError | None = None  # set when the frontend refused a write
         # Writes that found the channel full (its client is slow). They wait here, on the loop,
         # instead of blocking the worker's reader thread (and so every other invocation on the
         # worker); credits are held back meanwhile, so this holds at most `credits` writes.
-        self.backlog: deque[str] | None = None
+        self.backlog: list[str] | None = None
         self.deferred: tuple[str, Any] | None = None  # the outcome, held until the backlog is in
+        # Its worker slot goes back once: when the outcome arrives (`release_early`: the next
+        # invocation starts on the worker before this one's task even wakes), else when it ends.
+        self.released = False
+        self.release_early = False
+
+    def settle(self, outcome: tuple[str, Any]) -> None:
+        """On the loop: the first outcome wins."""
+        _resolve(self.future, outcome)
+        _resolve(self.waiter, outcome)
 
     def finish(self, outcome: tuple[str, Any]) -> None:
         """Resolve from any thread; the first outcome wins."""
-        call_threadsafe(self.loop, _resolve, self.future, outcome)
+        call_threadsafe(self.loop, self.settle, outcome)
 
 
 class WorkerProcess:
@@ -303,12 +316,17 @@ class WorkerProcess:
             else:
                 self._finish(job, ("error", job.error or error_from_wire(msg["error"], msg["message"])))
 
-    @staticmethod
-    def _finish(job: PooledCall, outcome: tuple[str, Any]) -> None:
+    def _finish(self, job: PooledCall, outcome: tuple[str, Any]) -> None:
         if job.backlog is not None:
             job.deferred = outcome  # its last writes are still on their way into the channel
             return
-        _resolve(job.future, outcome)
+        self._outcome(job, outcome)
+
+    def _outcome(self, job: PooledCall, outcome: tuple[str, Any]) -> None:
+        """On the loop: the worker is done with the invocation; its slot may serve the next one now."""
+        job.settle(outcome)
+        if job.release_early:
+            self.pool.release(self, job)
 
     def _credit(self, job: PooledCall, n: int) -> None:
         self.send_on_loop({"t": "credit", "id": job.inv.id, "n": n})  # small: always queued
@@ -326,27 +344,33 @@ class WorkerProcess:
             self.cancel(inv.id, exc.message)  # the client left or the deadline passed
             return
         if count < len(payloads):
-            job.backlog = deque(payloads[count:])
+            job.backlog = payloads[count:]
             job.loop.create_task(self._drain(job), name=f"backlog-{inv.id}")
         if count:
             self._credit(job, count)
 
     async def _drain(self, job: PooledCall) -> None:
-        """Move the backlog into the channel as the client reads, a credit per write."""
+        """Move the backlog into the channel as the client reads: whatever fits at once, its
+        credits in one frame (a write at a time, a credit frame each, cost every write of a fast
+        stream that outran its channel)."""
         inv = job.inv
-        while job.backlog:
-            payload = job.backlog.popleft()
+        backlog = job.backlog
+        while backlog:
             try:
-                await inv.channel.put(payload)
+                count = inv.channel.try_put_many(backlog)
+                if not count:
+                    await inv.channel.put(backlog[0])  # waits for room (the client reads)
+                    count = 1
             except StreamClosedError as exc:
                 self.cancel(inv.id, exc.message)  # the client left: what is left here is discarded
-                job.backlog.clear()
+                backlog.clear()
                 break
-            self._credit(job, 1)
+            del backlog[:count]
+            self._credit(job, count)
         job.backlog = None
         outcome, job.deferred = job.deferred, None
         if outcome is not None:
-            _resolve(job.future, outcome)
+            self._outcome(job, outcome)
 
     def _aggregate(self, job: PooledCall, items: list[Any]) -> None:
         """Generator items of a plain JSON request: collected (bounded by maxResponseSize)."""

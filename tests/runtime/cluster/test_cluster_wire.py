@@ -94,7 +94,7 @@ async def test_a_queue_entry_of_another_protocol_is_refused_and_logged(redis_ser
         r.xadd(KEYS.queue("relay"), _entry("from-another-version", p=str(OTHER), reply=reply))
         log = await wait_until(_logged(sv.worker, "refusing entry", "from-another-version"), "the refusal logged")
         assert f"cluster protocol {OTHER}; this node speaks protocol {PROTOCOL}" in log
-        [(_id, answer)] = r.xrange(reply)   # not run: answered with the refusal, in this node's version
+        [(_id, answer)] = await wait_until(lambda: r.xrange(reply), "the refusal answered")   # not run
         assert answer["id"] == "from-another-version" and answer["t"] == "error" and answer["p"] == str(PROTOCOL)
         assert f"protocol {OTHER}" in answer["message"]
         await wait_until(lambda: _queue_drained(r), "the refused entry acked and dropped")
@@ -116,7 +116,8 @@ async def test_a_malformed_queue_entry_is_refused_without_killing_the_reader(red
         log = await wait_until(_logged(sv.worker, "bad-deadline", "bad-event", "bad-buffer"), "three refusals")
         assert "its deadline is not a number" in log and "its event is not JSON" in log
         await wait_until(lambda: _queue_drained(r), "the malformed entries acked and dropped")
-        errors = [f for _id, f in r.xrange(KEYS.output("bad-event"))]   # answered on its own stream
+        errors = await wait_until(lambda: [f for _id, f in r.xrange(KEYS.output("bad-event"))],
+                                  "the refusal answered on its own stream")
         assert errors and errors[0]["t"] == "error" and "not JSON" in errors[0]["message"]
         assert (await _call(sv.session, sv.frontend.url, {"count": 0}))["count"] == 0
         code, events = await sse(sv.session, sv.frontend.url, "relay", {"count": 3})

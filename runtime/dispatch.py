@@ -81,15 +81,11 @@ class Limits:
 
 
 class ClusterRoute(Protocol):
-    """What dispatch asks of a cluster node (runtime/cluster/node.py ClusterNode)."""
+    """What dispatch asks of a cluster node (runtime/cluster/node.py ClusterNode): the functions the
+    cluster knows that this node cannot load. (Running a call on the cluster is the remote kind's
+    forwarder's, runtime/cluster/kind.py, which the Executor holds.)"""
 
     def lookup(self, ref: str, tenant: str | None) -> FunctionRef: ...
-    def should_enqueue(self, function: FunctionRef) -> bool: ...
-    async def submit(self, function: FunctionRef, event: Any, *, mode: Mode, buffer_events: int,
-                     max_write_size: int, max_response_size: int, trace_id: str | None,
-                     timeout: float | None = None, buffer_bytes: int | None = None,
-                     keep_items: bool = False, accepted: bool = False,
-                     invocation_id: str | None = None) -> InvocationSurface: ...
 
 
 class JobQueue(Protocol):
@@ -132,15 +128,11 @@ class Dispatcher:
         else:
             check_tenant(principal, function.spec)
         limits = self.limits
-        cluster = self.cluster
-        if cluster is not None and cluster.should_enqueue(function):
-            return await cluster.submit(function, event, mode=options.mode, buffer_events=limits.buffer_events,
-                                        max_write_size=limits.max_write_size,
-                                        max_response_size=limits.max_response_size, trace_id=options.trace_id,
-                                        timeout=options.timeout, buffer_bytes=limits.buffer_bytes,
-                                        keep_items=options.keep_items, accepted=options.accepted,
-                                        invocation_id=options.invocation_id)
-        assert isinstance(function, Deployment)  # a RemoteFunction is always enqueued
+        forwarder = self.executor.forwarder_of(function)   # another node runs it (remote: cluster mode)
+        if forwarder is not None:
+            surface: InvocationSurface = await forwarder.submit(function, event, options, limits)
+            return surface
+        assert isinstance(function, Deployment)  # a RemoteFunction is always taken by the remote kind
         inv = Invocation(function, event, mode=options.mode, loop=asyncio.get_running_loop(),
                          buffer_events=limits.buffer_events, max_write_size=limits.max_write_size,
                          max_response_size=limits.max_response_size, trace_id=options.trace_id,
@@ -162,8 +154,7 @@ class Dispatcher:
             return None
         if not function.in_process:  # its kind's runner (worker processes) runs it
             return None
-        cluster = self.cluster
-        if cluster is not None and cluster.should_enqueue(function):
+        if self.executor.forwarder_of(function) is not None:   # another node runs it
             return None
         limits = self.limits
         return PlainCall(function, event, trace_id, limits.max_write_size, limits.max_response_size)

@@ -4,7 +4,7 @@ Generators of either kind are iterated and each item becomes one stream write. T
 timeout is enforced here (openYuanrong's Python executor never does): async handlers are
 cancelled; a `def` handler's output is closed (its later writes raise) and its thread is stopped
 (runtime/thread_stop.py), retried while it keeps running. Every other kind (process, java) goes to
-its kind's Runner (runtime/executors.py).
+its kind's Runner, and a call another node runs (remote) to its kind's Forwarder (runtime/executors.py).
 """
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from typing import Any
 from .codec import encode_result
 from .context import Context
 from .cpu_sampler import CpuSampler
-from .deployment import Deployment
+from .deployment import Deployment, FunctionRef
 from .errors import FunctionServiceError, FunctionTimeoutError, ServiceUnavailableError, handler_failure
-from .executors import ExecutorKind, Runner
+from .executors import ExecutorKind, Forwarder, Runner
 from .invocation import Invocation, drain_generator
 from .limits import LoopLagMonitor, TenantShares, ThreadGate
 from .logs import set_log_context
@@ -50,6 +50,8 @@ class Executor:
         self._pool = DaemonThreadPool(thread_pool_size, thread_name_prefix="fnstream-handler")
         # What runs the kinds it does not run itself (runtime/executors.py), one per factory, made on first use.
         self._runners: dict[Callable[[], Runner], Runner] = {}
+        # What runs calls on other nodes (runtime/executors.py Forwarder): the remote kind's, in cluster mode.
+        self._forwarders: list[Forwarder] = []
         self.active: set[Invocation | PlainCall] = set()
         self._watchdog: asyncio.Task[Any] | None = None
         # One function's threads (running or overran) may not take more than this of the pool.
@@ -85,6 +87,20 @@ class Executor:
         if runner is None:
             runner = self._runners[kind.runner] = kind.runner()
         return runner
+
+    def forward(self, kind: ExecutorKind, membership: Any) -> None:
+        """Run calls of `kind` (a forwarding kind: remote) with its forwarder, made from the node's
+        `membership` (its ClusterNode): done once, by the composition root (runtime/node.py)."""
+        assert kind.forwarder is not None, kind.name
+        self._forwarders.append(kind.forwarder(membership))
+
+    def forwarder_of(self, function: FunctionRef) -> Forwarder | None:
+        """What takes this call of `function` to another node now (remote: this node cannot load
+        it, runs no handlers, or the function is at its concurrency here), or None: it runs here."""
+        for forwarder in self._forwarders:
+            if forwarder.takes(function):
+                return forwarder
+        return None
 
     async def aclose_runners(self) -> None:
         """Shutdown: each runner ends what it still owns (a process runner reaps cancelled handlers)."""

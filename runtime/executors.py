@@ -10,6 +10,12 @@ branches on a kind's name:
   `inv.channel` as the handler makes them; a cancel (`inv.cancel()`: client gone, session
   interrupted, shutdown) cancels that task and the runner applies its own stop rules; `aclose()`
   at shutdown. One runner per executor, shared by the kinds that name the same factory;
+- `forwarder`: a kind whose calls run on another node (`remote`: the cluster's worker nodes) —
+  not an Invocation made here but the call itself: `Forwarder.takes(function)` says whether a
+  call of a function (of whatever kind of its own) goes there now, `submit(...)` sends it and
+  returns what relays it. Its factory is given the node's membership by the composition root
+  (runtime/node.py: `Executor.forward`); the dispatcher asks the Executor which forwarder, if any,
+  takes a call (`Executor.forwarder_of`), and otherwise runs it here;
 - `pool`: pooled kinds — capacity and scaling. The per-function pool of worker processes
   (`runtime/process/pool.py` WorkerPool: slots per instance, min/max instances, scale up/down,
   `status()` for the admin view and metrics), started by the registry at deploy, counted against
@@ -34,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ("ExecutorKind", "Runner", "KINDS", "SELECTABLE", "kind_named", "kind_of")
+__all__ = ("ExecutorKind", "Runner", "Forwarder", "KINDS", "SELECTABLE", "kind_named", "kind_of")
 
 
 # This module is a leaf (the manifest and Deployment import it), so it names the types it passes
@@ -47,6 +53,16 @@ class Runner(Protocol):
     def start(self, inv: Any) -> asyncio.Task[Any]: ...
 
     async def aclose(self) -> None: ...
+
+
+class Forwarder(Protocol):
+    """Runs calls on another node. `function` is a runtime/deployment.py FunctionRef, `options` and
+    `limits` the dispatcher's InvokeOptions and Limits; `submit` returns an InvocationSurface
+    (runtime/surface.py) relaying the call, or raises (e.g. 503: nobody there serves it)."""
+
+    def takes(self, function: Any) -> bool: ...
+
+    async def submit(self, function: Any, event: Any, options: Any, limits: Any) -> Any: ...
 
 
 class PoolFactory(Protocol):
@@ -70,6 +86,7 @@ class ExecutorKind:
     own_deadline: bool = False
     selectable: bool = True
     runner: Callable[[], Runner] | None = None
+    forwarder: Callable[[Any], Forwarder] | None = None   # given the node's membership (e.g. a ClusterNode)
     pool: PoolFactory | None = None
 
     @property

@@ -28,6 +28,7 @@ from .dispatch import Dispatcher, Limits
 from .durable import DurableOutputs
 from .errors import ConfigError, FunctionServiceError
 from .executor import Executor
+from .executors import kind_named
 from .java.build import java_unavailable
 from .jobs.idempotency import IdempotentSubmits
 from .jobs.model import Job
@@ -132,6 +133,7 @@ class Node:
 
             self.cluster = ClusterNode(config, self.registry, self.executor,
                                        role="worker" if worker_only else None)
+            self.executor.forward(kind_named("remote"), self.cluster)   # calls the cluster's workers run
             self.broker: AbstractBroker = self.cluster.broker  # every node sees every stream
         elif worker_only:
             raise ConfigError("a worker node needs cluster mode (cluster.redisUrl)")

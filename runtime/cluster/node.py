@@ -1,8 +1,9 @@
 """One fnstream node in cluster mode: what the frontend and the `worker` command start and ask.
 
 It owns the Redis client, the registry sync, the work queue (frontend side) and, unless the role
-is `frontend`, a worker taking queued invocations. The frontend asks it two things per request:
-where a function can be found (`lookup`) and whether to run it here or queue it (`should_enqueue`).
+is `frontend`, a worker taking queued invocations. Two things are asked of it per request: where
+a function can be found (`lookup`, by the dispatcher) and whether to run it here or queue it
+(`should_enqueue`, by the remote kind's forwarder: runtime/cluster/kind.py, which then `submit`s it).
 """
 from __future__ import annotations
 

@@ -97,3 +97,31 @@ async def test_job_options_shorten_the_deadline_and_keep_generator_values(dispat
     assert items == ['{"i":0}', '{"i":1}'] and [i.value for i in items] == [{"i": 0}, {"i": 1}]
     inv = await dispatcher.dispatch(None, "gen-d", {"n": 1}, InvokeOptions(mode="sse", timeout=10_000))
     assert inv.deadline - inv.started == pytest.approx(inv.spec.timeout)  # never beyond the function's
+
+
+async def test_a_forwarding_kind_takes_the_calls_it_says_it_takes(dispatcher):
+    """A kind whose calls run on another node (as `remote` does in cluster mode) is one ExecutorKind
+    with a forwarder, handed to the Executor: dispatch sends it what it takes, runs the rest here."""
+    from runtime.executors import ExecutorKind
+
+    sent = []
+
+    class Elsewhere:
+        def __init__(self, membership):
+            self.membership = membership
+
+        def takes(self, function):
+            return function.spec.name == "none-d"
+
+        async def submit(self, function, event, options, limits):
+            sent.append((self.membership, function.spec.name, event, options.mode, limits.buffer_events))
+            return "relayed"
+
+    kind = ExecutorKind("elsewhere", in_process=False, selectable=False, forwarder=Elsewhere)
+    dispatcher.executor.forward(kind, "the node's membership")
+    assert await dispatcher.dispatch(None, "none-d", {"x": 1}, InvokeOptions(mode="sse")) == "relayed"
+    assert sent == [("the node's membership", "none-d", {"x": 1}, "sse", dispatcher.limits.buffer_events)]
+    function = dispatcher.find(None, "none-d")
+    assert dispatcher.plain(None, function, {}, "t" * 32) is None   # a plain call of it is forwarded too
+    inv = await dispatcher.dispatch(Principal("acme", "user"), "gen-d", {"n": 1})   # not taken: runs here
+    assert await inv.encoded_result() == '[{"i":0}]'

@@ -2,6 +2,7 @@
 deployment runs where its kind says — no module branches on a kind's name."""
 import pytest
 
+from runtime.cluster.kind import ClusterRunner
 from runtime.deployment import Deployment, RemoteFunction
 from runtime.executors import KINDS, SELECTABLE, kind_named, kind_of
 from runtime.manifest import FunctionSpec
@@ -35,6 +36,7 @@ def test_deployments_and_remote_functions_carry_their_kind():
     assert dep.runs is kind_named("process") and not dep.in_process and dep.executor == "process"
     remote = RemoteFunction(_spec(), "no such module here")
     assert remote.runs is kind_named("remote") and not remote.in_process and remote.runs.runner is None
+    assert remote.runs.forwarder is ClusterRunner   # its calls go to the cluster's worker nodes
 
 
 def test_a_manifest_names_only_a_selectable_kind():

@@ -38,6 +38,8 @@ def test_a_worker_node_has_the_nodes_quotas_and_no_jobs():
     assert (quotas.max_functions, quotas.max_instances, quotas.max_worker_processes) == (5, 4, 3)
     assert node.registry.workers.limit == 3
     assert node.cluster is not None and node.role == "worker" and node.broker is node.cluster.broker
+    [remote] = node.executor._forwarders   # the remote kind's calls go to the cluster's workers
+    assert remote.node is node.cluster
     assert node.dispatcher.cluster is node.cluster
     assert node.jobs is None and node.store is None and node.outputs is None and node.dispatcher.jobs is None
     assert node.lifecycle.stop_intake == (node.cluster.stop_taking,)

@@ -231,6 +231,11 @@ class StreamsConfig(_Strict):
     maxStreams: int = Field(10000, ge=1,
                             description="named streams known at once; 429 beyond (idle streams are forgotten "
                                         "first)")
+    maxStreamsPerTenant: int = Field(5000, ge=1,
+                                     description="named streams of one tenant at once (embedded mode); 429 "
+                                                 "beyond, so one tenant cannot fill `maxStreams` for the "
+                                                 "others (for a guarantee among N tenants, set it to "
+                                                 "`maxStreams / N`)")
     maxSubscribersPerStream: int = Field(10000, ge=1, description="subscribers of one stream; 429 beyond")
     idleStreamSeconds: float = Field(86400, ge=0, description="cluster mode: a stream's Redis keys expire after "
                                                               "this long with no publish and no subscriber waiting "
@@ -240,8 +245,9 @@ class StreamsConfig(_Strict):
                                               "readable by its id after it ends (0 = not kept)")
     invocationRetentionBytes: int = Field(1024 * 1024, ge=1, description="bytes of one invocation's output "
                                           "kept, while it runs and after (the oldest events go first)")
-    invocationRetentionCount: int = Field(256, ge=0, description="ended invocations kept at once (the oldest "
-                                          "go first; 0 = none kept)")
+    invocationRetentionCount: int = Field(256, ge=0, description="ended invocations kept at once (past it, "
+                                          "the oldest of the tenant keeping the most goes first, so one "
+                                          "tenant cannot evict another's; 0 = none kept)")
 
 
 class OpenAIConfig(_Strict):

@@ -8,7 +8,8 @@ ids 1, 2, ... are the answer's `id:`s), then the result or error event, then an 
 
 Kept while it runs (bounded by `streams.invocationRetentionBytes`) and for
 `streams.invocationRetentionSeconds` after it ends; at most `invocationRetentionCount` ended ones
-(the oldest go first), so retention never fills `streams.maxStreams`. Only SSE invocations are
+(so retention never fills `streams.maxStreams`). Past that count the oldest record of the tenant
+keeping the most goes first: one tenant's flood of invocations cannot evict another's output. Only SSE invocations are
 kept: a plain JSON call costs nothing here (not a task, not a record), and neither does a
 streaming one until it writes (its named stream is made by the first publish).
 
@@ -128,7 +129,9 @@ class DurableOutputs:
         self.count = count
         self.enabled = seconds > 0 and count > 0
         self._running: dict[str, Retained] = {}
-        self._ended: OrderedDict[str, Retained] = OrderedDict()  # oldest end first
+        self._ended: dict[str, Retained] = {}
+        # The ended records of each tenant, oldest end first: what goes when there are too many.
+        self._ended_by_tenant: dict[str, OrderedDict[str, Retained]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._warned = -math.inf
         self._doomed: list[str] = []  # streams of forgotten records, deleted by `_reap`
@@ -237,9 +240,11 @@ class DurableOutputs:
         if self._running.pop(rec.id, None) is None:
             return
         self._ended[rec.id] = rec
+        self._ended_by_tenant.setdefault(rec.tenant, OrderedDict())[rec.id] = rec
         rec.timer = asyncio.get_running_loop().call_later(self.seconds, self._expire, rec.id)
         while len(self._ended) > self.count:
-            self._expire(next(iter(self._ended)))
+            largest = max(self._ended_by_tenant.values(), key=len)  # (tenants are few: a scan is cheap)
+            self._expire(next(iter(largest)))
 
     def _expire(self, inv_id: str) -> None:
         """Forget the record now; its stream goes with the next reaping, `_REAP_DELAY` later: one
@@ -247,6 +252,10 @@ class DurableOutputs:
         rec = self._ended.pop(inv_id, None)
         if rec is None:
             return
+        of_tenant = self._ended_by_tenant[rec.tenant]
+        del of_tenant[inv_id]
+        if not of_tenant:
+            del self._ended_by_tenant[rec.tenant]
         if rec.timer is not None:
             rec.timer.cancel()
         if rec.configured:
@@ -397,5 +406,6 @@ class DurableOutputs:
             if rec.timer is not None:
                 rec.timer.cancel()
         self._ended.clear()
+        self._ended_by_tenant.clear()
         self._running.clear()
 

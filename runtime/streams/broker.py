@@ -103,6 +103,7 @@ class BrokerSettings:
     max_element_size: int = 4 * 1024 * 1024
     max_elements_per_publish: int = 10000
     max_streams: int = 10000
+    max_streams_per_tenant: int = 5000  # memory broker: one tenant's share of max_streams
     max_subscribers: int = 10000
     idle_seconds: float = 86400.0  # Redis broker: forget a stream with no activity this long (0 = never)
 
@@ -120,6 +121,7 @@ class BrokerSettings:
             max_element_size=cfg.maxElementSize,
             max_elements_per_publish=cfg.maxElementsPerPublish,
             max_streams=cfg.maxStreams,
+            max_streams_per_tenant=cfg.maxStreamsPerTenant,
             max_subscribers=cfg.maxSubscribersPerStream,
             idle_seconds=cfg.idleStreamSeconds,
         )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 
 from .broker import AbstractBroker, AbstractSubscription, BrokerSettings, Element, StreamOptions, StreamStats
@@ -21,7 +21,7 @@ from .errors import (
     SubscriptionEndedError,
 )
 from .names import MAX_QUALIFIED_NAME_LENGTH, validate_stream_name
-from .tenancy import shown
+from .tenancy import shown, tenant_of
 
 __all__ = ("MemoryBroker", "MemorySubscription")
 
@@ -332,6 +332,7 @@ class MemoryBroker(AbstractBroker):
     def __init__(self, settings: BrokerSettings | None = None) -> None:
         self.settings = settings or BrokerSettings()
         self._streams: dict[str, _Stream] = {}
+        self._of_tenant: Counter[str] = Counter()  # streams per tenant (the qualified name's prefix)
 
     def _get(self, name: str) -> _Stream:
         stream = self._streams.get(validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH))
@@ -342,19 +343,33 @@ class MemoryBroker(AbstractBroker):
     def _get_or_create(self, name: str) -> _Stream:
         stream = self._streams.get(validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH))
         if stream is None:
-            if len(self._streams) >= self.settings.max_streams:
+            tenant = tenant_of(name)
+            settings = self.settings
+            if len(self._streams) >= settings.max_streams or self._of_tenant[tenant] >= settings.max_streams_per_tenant:
                 self._reclaim_idle()
-            if len(self._streams) >= self.settings.max_streams:
+            if self._of_tenant[tenant] >= settings.max_streams_per_tenant:
+                raise StreamLimitError(f"cannot create stream {shown(name)!r}: this tenant has "
+                                       f"{self._of_tenant[tenant]} streams (streams.maxStreamsPerTenant); "
+                                       f"delete some first")
+            if len(self._streams) >= settings.max_streams:
                 raise StreamLimitError(f"cannot create stream {shown(name)!r}: {len(self._streams)} streams exist "
                                        f"(streams.maxStreams); delete some first")
-            stream = self._streams[name] = _Stream(name, self.settings)
+            stream = self._streams[name] = _Stream(name, settings)
+            self._of_tenant[tenant] += 1
         return stream
 
+    def _forget(self, name: str) -> None:
+        del self._streams[name]
+        tenant = tenant_of(name)
+        self._of_tenant[tenant] -= 1
+        if not self._of_tenant[tenant]:
+            del self._of_tenant[tenant]
+
     def _reclaim_idle(self) -> None:
-        """At the stream limit, forget idle streams (only their counters go), so names used once
+        """At a stream limit, forget idle streams (only their counters go), so names used once
         (one stream per job) do not fill `streams.maxStreams` for good."""
         for name in [n for n, s in self._streams.items() if s.idle]:
-            del self._streams[name]
+            self._forget(name)
 
     async def publish(self, name: str, elements: Sequence[bytes], *, timeout: float | None = None) -> list[int]:
         self.check_elements(elements)
@@ -369,7 +384,7 @@ class MemoryBroker(AbstractBroker):
             return stream.subscribe(from_id, buffer or self.settings.subscriber_buffer)
         except Exception:
             if created and self._streams.get(name) is stream:  # a refused subscription leaves nothing behind
-                del self._streams[name]
+                self._forget(name)
             raise
 
     async def configure(self, name: str, options: StreamOptions) -> None:
@@ -394,7 +409,7 @@ class MemoryBroker(AbstractBroker):
 
     async def delete(self, name: str) -> None:
         stream = self._get(name)
-        del self._streams[name]
+        self._forget(name)
         for sub in list(stream.subscriptions):
             sub._finish(StreamDeletedError(f"stream {shown(name)!r} was deleted", last_id=sub.last_id))
         stream.subscriptions.clear()

@@ -245,6 +245,25 @@ async def test_at_most_count_ended_invocations_are_kept_the_oldest_go_first(make
     assert await names() == kept
 
 
+async def test_one_tenants_flood_of_invocations_does_not_evict_anothers_output(make_client, deploy_dir):
+    """Past invocationRetentionCount the oldest record of the tenant keeping the most goes: tenant
+    acme's one kept invocation outlives the default tenant's five."""
+    deploy = deploy_dir(fn("ticker", "testfns.sync_ticker"), fn("ticker-b", "testfns.sync_ticker", tenant="acme"))
+    client = await make_client(test_config(deploy, **{"frontend.args.enableEvent": True, "auth.tokens": TOKENS,
+                                                      "streams.invocationRetentionCount": 3}))
+    a, b = ({"Authorization": f"Bearer {t}"} for t in ("user-a", "user-b"))
+    resp = await client.post(INVOKE("ticker-b"), json={"count": 1, "delay_ms": 1}, headers={**SSE, **b})
+    original = await resp.read()
+    kept_b = resp.headers["X-Invocation-Id"]
+    ids_a = []
+    for _ in range(5):
+        resp = await client.post(INVOKE("ticker"), json={"count": 1, "delay_ms": 1}, headers={**SSE, **a})
+        await resp.read()
+        ids_a.append(resp.headers["X-Invocation-Id"])
+    assert _without_pings(await (await client.get(EVENTS(kept_b), headers=b)).read()) == _without_pings(original)
+    assert [(await client.get(EVENTS(i), headers=a)).status for i in ids_a] == [404, 404, 404, 200, 200]
+
+
 async def test_with_continue_a_thread_handler_is_not_held_by_the_drop(make_client, deploy_dir):
     """A `def` handler blocks in write() while its buffer is full: after the drop the kept output
     drains it, so it writes on to its end (a buffer of 2 events; 30 to write)."""

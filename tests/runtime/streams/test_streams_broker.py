@@ -226,6 +226,25 @@ async def test_producer_reports_a_blocked_publish(api_broker):
         await producer.asend(b"3", timeout_ms=20)
 
 
+async def test_one_tenant_cannot_fill_the_stream_limit_for_the_others():
+    """streams.maxStreamsPerTenant: tenant a is refused at its share (its idle streams go first)
+    while tenant b still creates streams; the message counts a's own streams only."""
+    broker = MemoryBroker(BrokerSettings(max_streams=10, max_streams_per_tenant=3))
+    subs = [await broker.subscribe(f"a/live-{i}") for i in range(2)]
+    await broker.publish("a/idle", [b"x"])  # no subscriber: idle, reclaimed when a needs room
+    subs.append(await broker.subscribe("a/live-2"))
+    assert sorted(s.name for s in await broker.list()) == ["a/live-0", "a/live-1", "a/live-2"]
+    with pytest.raises(StreamLimitError, match="this tenant has 3 streams"):
+        await broker.subscribe("a/live-3")
+    with pytest.raises(StreamLimitError):
+        await broker.publish("a/more", [b"y"])
+    subs.append(await broker.subscribe("b/mine"))  # another tenant is not refused
+    await broker.delete("a/live-0")
+    subs.append(await broker.subscribe("a/live-3"))  # room again once a deletes one
+    for sub in subs:
+        await sub.close()
+
+
 async def test_idle_streams_are_reclaimed_at_the_stream_limit():
     """One stream per job must not fill streams.maxStreams for good; live ones are never touched."""
     broker = MemoryBroker(BrokerSettings(max_streams=3))

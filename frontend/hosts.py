@@ -11,19 +11,26 @@ else runs, on the app path and on the fast lane (frontend/front_door.py) alike.
 rebinding page cannot name one: its origin would then be that address, not its own). Bound to a
 wildcard (`0.0.0.0`, `::`) the server's names are unknown: with auth on any Host passes (a
 rebinding page has no token), with auth off only those. `["*"]` turns the guard off.
+
+A Host is read strictly, `host[:port]` (a name of letters, digits, `.-_~`, an IPv4 address or a
+bracketed IPv6 one; the port digits): anything else (`127.0.0.1:80@evil.example`, a second
+colon, a zone, spaces) is a 400 rather than a guess at which part is the host. An absolute-form
+target (`GET http://127.0.0.1/... HTTP/1.1`, RFC 9112 3.2.2) names the host aiohttp serves as the
+request's; the guard judges it and the Host header alike, and both must be allowed.
 """
 from __future__ import annotations
 
 import functools
 import ipaddress
+import re
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from runtime.config import Config
-from runtime.errors import MisdirectedRequestError
+from runtime.errors import BadRequestError, FunctionServiceError, MisdirectedRequestError
 
-__all__ = ("HostPolicy", "HOST_POLICY", "host_middleware", "host_name")
+__all__ = ("HostPolicy", "HOST_POLICY", "host_middleware", "host_name", "parse_host")
 
 _WILDCARDS = frozenset(("", "0.0.0.0", "::", "*"))
 _DEFAULT_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -39,6 +46,37 @@ def host_name(host: str) -> str:
     elif host.count(":") == 1:
         host = host.partition(":")[0]
     return host.rstrip(".")
+
+
+# host [":" port]: a reg-name of unreserved characters (no pct-encoding or sub-delims: no
+# server's name has them) or an IPv4 address, or "[" IPv6 "]"; port = *DIGIT (RFC 9110 7.2).
+_HOST_GRAMMAR = re.compile(r"(?:(?P<name>[a-z0-9._~-]+)|\[(?P<v6>[0-9a-f:.]+)\])(?::[0-9]{0,5})?")
+
+
+@functools.lru_cache(maxsize=1024)
+def parse_host(value: str) -> str | None:
+    """The name or address a Host value names (lowercased, no port, brackets or trailing dot), or
+    None when it is not `host[:port]`. A bare IPv6 address (as yarl gives an absolute-form
+    target's host) is read as itself."""
+    if len(value) > 300:
+        return None  # a DNS name is at most 253 characters (and this cache's entries stay small)
+    value = value.lower()
+    match = _HOST_GRAMMAR.fullmatch(value)
+    if match is None:
+        return _bare_ipv6(value)
+    if match["v6"] is not None:
+        return _bare_ipv6(match["v6"])
+    name = match["name"].rstrip(".")
+    return name or None
+
+
+def _bare_ipv6(value: str) -> str | None:
+    if ":" not in value or "%" in value:
+        return None
+    try:
+        return str(ipaddress.IPv6Address(value))
+    except ValueError:
+        return None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -65,7 +103,7 @@ class HostPolicy:
             self.any = "*" in frontend.allowedHosts
             self.addresses = False
             names = list(frontend.allowedHosts)
-        self.names = frozenset(host_name(n) for n in names)
+        self.names = frozenset(parse_host(n) or host_name(n) for n in names)
 
     def trusts(self, remote: str | None) -> bool:
         """`remote` (a peer address) is a trusted proxy: its X-Forwarded-* headers are believed."""
@@ -85,15 +123,27 @@ class HostPolicy:
         return value.split(",")[0].strip()
 
     def allows(self, request: web.BaseRequest) -> bool:
-        if self.any:
-            return True
-        host = self.forwarded_host(request) or request.host
-        name = host_name(host)
-        return name in self.names or (self.addresses and _is_address(name))
+        return self.any or self.refusal(request) is None
 
-    def refusal(self, request: web.BaseRequest) -> MisdirectedRequestError:
-        return MisdirectedRequestError(f"host {host_name(request.host)[:200]!r} is not served here "
-                                       "(add it to frontend.allowedHosts)")
+    def refusal(self, request: web.BaseRequest) -> FunctionServiceError | None:
+        """Why `request` is not served here: 400 for a Host that is not `host[:port]`, 421 for
+        one not allowed; None when it is served."""
+        forwarded = self.forwarded_host(request)
+        if forwarded is not None:
+            return self._judge(forwarded, "X-Forwarded-Host")
+        header = request.headers.get("Host")
+        refused = None if header is None else self._judge(header, "Host")
+        if refused is None and request.host != header:  # an absolute-form target: its authority too
+            refused = self._judge(request.host, "request target's host")
+        return refused
+
+    def _judge(self, value: str, what: str) -> FunctionServiceError | None:
+        name = parse_host(value)
+        if name is None:
+            return BadRequestError(f"{what} {value[:200]!r} is not host[:port]")
+        if name in self.names or (self.addresses and _is_address(name)):
+            return None
+        return MisdirectedRequestError(f"host {name[:200]!r} is not served here (add it to frontend.allowedHosts)")
 
 
 HOST_POLICY = web.AppKey("host_policy", HostPolicy)
@@ -102,7 +152,7 @@ HOST_POLICY = web.AppKey("host_policy", HostPolicy)
 @web.middleware
 def host_middleware(request: web.Request, handler: Handler) -> Awaitable[web.StreamResponse]:
     # Not a coroutine itself: an allowed request goes straight to the handler's coroutine.
-    policy = request.app[HOST_POLICY]
-    if not policy.allows(request):
-        raise policy.refusal(request)
+    refused = request.app[HOST_POLICY].refusal(request)
+    if refused is not None:
+        raise refused
     return handler(request)

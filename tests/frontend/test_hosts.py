@@ -1,5 +1,8 @@
 """The Host guard (frontend/hosts.py): DNS rebinding refused with 421 on both doors, and
 X-Forwarded-Host believed from frontend.trustedProxies only."""
+import asyncio
+import json
+
 import pytest
 
 from frontend.app import build_app
@@ -84,3 +87,56 @@ def test_bad_trusted_proxy_is_a_config_error():
     from runtime.errors import ConfigError
     with pytest.raises(ConfigError, match="trustedProxies"):
         test_config(**{"frontend.trustedProxies": ["not-an-address"]})
+
+
+async def _raw(port: int, head: str) -> tuple[int, dict]:
+    """One request written as is (aiohttp's client would not send these forms)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head.encode() + b"\r\n")
+        await writer.drain()
+        data = await reader.read()
+    finally:
+        writer.close()
+    status_line, _, rest = data.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2] or b"null")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:80@evil.example", "evil.example@127.0.0.1", "127.0.0.1:80:81",
+                                  "127.0.0.1 evil.example", "[::1]evil", "[::1%25eth0]:80", "127.0.0.1:x",
+                                  "127.0.0.1/evil", "localhost:80,evil.example", ":80", ""])
+async def test_a_host_that_is_not_host_port_is_400(host_client, host):
+    client = await host_client()
+    port = client.server.port
+    for target in ("/admin/v1/functions", "/metrics"):
+        status, body = await _raw(port, f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n")
+        assert status == 400 and body["code"] == 200400 and "host[:port]" in body["message"], (host, body)
+    status, body = await _raw(port, f"POST {INVOKE} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 2\r\n"
+                                    "Connection: close\r\n\r\n{}")
+    assert status == 400, (host, body)  # the fast lane leaves it to the app, which refuses it
+
+
+async def test_an_absolute_form_target_is_judged_with_the_host_header(host_client):
+    """RFC 9112 3.2.2: the target's authority is the request's host; the Host header is judged too."""
+    client = await host_client()
+    port = client.server.port
+    admin = "http://127.0.0.1/admin/v1/functions"
+    status, body = await _raw(port, f"GET {admin} HTTP/1.1\r\nHost: {EVIL}\r\nConnection: close\r\n")
+    assert status == 421 and EVIL in body["message"]
+    status, body = await _raw(port, f"GET http://{EVIL}/admin/v1/functions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                    "Connection: close\r\n")
+    assert status == 421 and EVIL in body["message"]
+    status, _ = await _raw(port, f"GET {admin} HTTP/1.1\r\nHost: localhost:{port}\r\nConnection: close\r\n")
+    assert status == 200
+    status, _ = await _raw(port, f"GET http://[::1]:{port}/admin/v1/functions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                 "Connection: close\r\n")
+    assert status == 200
+
+
+def test_host_grammar():
+    from frontend.hosts import parse_host
+    assert parse_host("LOCALHOST.:8080") == "localhost"
+    assert parse_host("[::1]:1") == parse_host("::1") == parse_host("[0:0::1]") == "::1"
+    assert parse_host("fn.example.com") == "fn.example.com"
+    for bad in ("a@b", "a:1:2", "[::1", "[fe80::1%eth0]", "a b", "a%41", "x" * 400, "[evil.example]"):
+        assert parse_host(bad) is None, bad

@@ -28,6 +28,14 @@ __all__ = ("RegistrySync",)
 
 log = logging.getLogger("fnstream.cluster")
 
+# A function's record stored or deleted. KEYS: the functions hash; ARGV: a field to drop first (''
+# for none), the field, its record ('' to delete the field).
+_STORE = """
+if ARGV[1] ~= '' then redis.call('HDEL', KEYS[1], ARGV[1]) end
+if ARGV[3] == '' then redis.call('HDEL', KEYS[1], ARGV[2]) else redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) end
+return 1
+"""
+
 
 def _relative_code_path(spec: FunctionSpec, roots: list[Path]) -> str | None:
     for root in roots:
@@ -93,16 +101,12 @@ class RegistrySync:
         # Resolving the code path reads the file system: off the loop.
         rel = None if spec is None else await asyncio.to_thread(_relative_code_path, spec, self.registry.code_roots)
         version = int(await self.redis.incr(self.keys.version))
-        async with self.redis.pipeline(transaction=True) as pipe:
-            if name in self._fields:  # a record of an older node, under the bare name: moved to its key
-                pipe.hdel(self.keys.functions, self._fields.pop(name))
-            if spec is None:
-                pipe.hdel(self.keys.functions, name)
-            else:
-                pipe.hset(self.keys.functions, name, encode_record(spec.model_dump(mode="json"), version, self.node,
-                                                                    rel))
-            await pipe.execute()
-        # Announced once stored; outside the transaction (a cluster pipeline cannot PUBLISH).
+        old = self._fields.pop(name, "")  # a record of an older node, under the bare name: moved to its key
+        record = "" if spec is None else encode_record(spec.model_dump(mode="json"), version, self.node, rel)
+        # One script, atomic on one key: not a MULTI pipeline, which redis-py runs on a Redis Cluster
+        # from a thread of its own that the event loop waits for (each command: a thread, joined).
+        await self.redis.eval(_STORE, 1, self.keys.functions, old, name, record)
+        # Announced once stored.
         await self.redis.publish(self.keys.registry_channel, str(version))
         return version
 

@@ -1,38 +1,43 @@
 """The job stores' backends for the contract suites: each test of a contract runs once per kind.
 
 A `Backend` opens stores of its kind on one place (a dict, a file, a redis-server of the test's
-own), as a second writer would (another SqliteKeys on the same file and thread, another Redis
+own, a Redis Cluster of three masters shared by the module's tests under a key prefix of each
+test's own), as a second writer would (another SqliteKeys on the same file and thread, another Redis
 client as another node), makes the place refuse writes the way it really does (an SQLite
 trigger that aborts, Redis at `maxmemory` with `noeviction`), and reopens a durable one.
 """
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+import redis
 
 from runtime.cluster.idempotency_keys import RedisKeys
 from runtime.cluster.job_store import RedisJobStore
 from runtime.cluster.settings import connect
 from runtime.jobs.key_store import KeyStore, MemoryKeys, SqliteKeys
 from runtime.jobs.store import JobStore, MemoryJobStore, SqliteJobStore
+from tests.support.cluster import RedisClusterServers, require_redis_server
 from tests.support.servers import test_config
 
-KINDS = ["memory", "sqlite", "redis"]
+T = TypeVar("T")
+KINDS = ["memory", "sqlite", "redis", "redis-cluster"]
 _prefixes = itertools.count()
 
 
 class Backend:
     """One kind of store on one place; everything it opened is closed at the test's end."""
 
-    def __init__(self, kind: str, path: Path, redis_url: str | None, redis_server: Any) -> None:
+    def __init__(self, kind: str, path: Path, redis_server: Any) -> None:
         self.kind = kind
         self.durable = kind != "memory"
+        self.redis = kind.startswith("redis")  # the Redis stores of cluster mode, on one server or a cluster
         self.path = path / "jobs.sqlite3"
-        self.redis_url = redis_url
+        self.redis_url: str | None = None if redis_server is None else redis_server.url
         self.redis_server = redis_server
         self.prefix = f"contract{next(_prefixes)}"
         self.stores: list[JobStore] = []
@@ -65,10 +70,11 @@ class Backend:
     def node_config(self, deploy: Path, **overrides: Any) -> Any:
         """A serving node's config whose `jobs.store` is this kind on this place (Redis: cluster
         mode, as the Redis store is only ever used; every node of the test shares the key prefix)."""
-        sections: dict[str, Any] = {"jobs.store": self.kind, "frontend.args.shutdownGraceSeconds": 0.5}
+        sections: dict[str, Any] = {"jobs.store": "redis" if self.redis else self.kind,
+                                    "frontend.args.shutdownGraceSeconds": 0.5}
         if self.kind == "sqlite":
             sections["jobs.path"] = str(self.path)
-        if self.kind == "redis":
+        if self.redis:
             sections.update({"cluster.redisUrl": self.redis_url, "cluster.keyPrefix": self.prefix,
                              "cluster.workerHeartbeatSeconds": 0.2, "jobs.takeoverSeconds": 0.5})
         return test_config(deploy, **{**sections, **overrides})
@@ -107,7 +113,7 @@ class Backend:
         if self.kind == "sqlite":
             assert self._sqlite is not None
             return await self._sqlite._run(lambda db: db.execute("SELECT count(*) FROM idempotency").fetchone()[0])
-        return len(self.redis_server.client().keys(f"{self.prefix}:idem:*"))
+        return sum(_on_masters(self.redis_server, lambda master: len(master.keys(f"{self.prefix}:idem:*"))))
 
     # -- refusals ----------------------------------------------------------------------------
     def _sqlite_store(self, store: JobStore | None) -> SqliteJobStore:
@@ -132,9 +138,8 @@ class Backend:
 
             await sqlite._run(triggers)
         else:
-            client = self.redis_server.client()
-            client.config_set("maxmemory-policy", "noeviction")
-            client.config_set("maxmemory", "1")
+            _on_masters(self.redis_server, lambda master: master.config_set("maxmemory-policy", "noeviction"))
+            _on_masters(self.redis_server, lambda master: master.config_set("maxmemory", "1"))
 
     async def take_writes(self, store: JobStore | None = None) -> None:
         """The place takes writes again."""
@@ -147,17 +152,40 @@ class Backend:
                     db.execute(f"DROP TRIGGER {name}")
 
             await sqlite._run(drop)
-        elif self.kind == "redis":
-            self.redis_server.client().config_set("maxmemory", "0")
+        elif self.redis:
+            _on_masters(self.redis_server, lambda master: master.config_set("maxmemory", "0"))
+
+
+def _on_masters(server: Any, command: Callable[[redis.Redis], T]) -> list[T]:
+    """`command` on each Redis master, through a plain client of its own (a RedisCluster client
+    sends KEYS and CONFIG SET to one node only)."""
+    if not isinstance(server, RedisClusterServers):
+        return [command(server.client())]
+    answers = []
+    for port in server.ports:
+        with redis.Redis(port=port, decode_responses=True) as master:
+            answers.append(command(master))
+    return answers
+
+
+@pytest.fixture(scope="module")
+def module_redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    """One Redis Cluster for the module's tests (each test its own key prefix): three masters
+    take a few seconds to join, too long to make again for each test."""
+    require_redis_server()
+    servers = RedisClusterServers(tmp_path_factory.mktemp("redis-cluster"))
+    yield servers
+    servers.kill()
 
 
 @pytest.fixture(params=KINDS)
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    server = request.getfixturevalue("redis_server") if request.param == "redis" else None
-    place = Backend(request.param, tmp_path, None if server is None else server.url, server)
+    fixture = {"redis": "redis_server", "redis-cluster": "module_redis_cluster"}.get(request.param)
+    server = None if fixture is None else request.getfixturevalue(fixture)
+    place = Backend(request.param, tmp_path, server)
     yield place
     if server is not None:
-        server.client().config_set("maxmemory", "0")
+        await place.take_writes()
     for store in reversed(place.stores):
         await store.close()
     for client in place.clients:

@@ -1,6 +1,7 @@
 """The job store contract: one suite, run against every store fnstream ships (`jobs.store`:
 memory, sqlite, redis), through the job manager a serving node builds over it (runtime/node.py),
-without HTTP; the Redis store in cluster mode on a redis-server of the test's own.
+without HTTP; the Redis store in cluster mode on a redis-server of the test's own, and on a
+Redis Cluster.
 
 Whatever the store, a job is created stored (IN_QUEUE), read back, changed (cancel, retry) and
 deleted when its retention is over; it ends in each final state with its output items in order;
@@ -356,6 +357,8 @@ async def test_a_function_deployed_at_run_time_is_deployed_again_by_the_next_nod
     gone = node.registry.delete("acme/deleted")
     if node.store is not None:
         await node.store.delete_function(gone.key)
+    if node.cluster is not None:  # as the admin API's cluster middleware does (frontend/cluster.py)
+        await node.cluster.sync.flush()
 
     async def deployed_here(on: Node) -> set[str]:
         return {d.name for d in on.registry.list() if d.spec.tenant == "acme"}

@@ -1,6 +1,7 @@
 """The `Idempotency-Key` store contract (runtime/jobs/key_store.py KeyStore): one suite, run
 against every implementation: memory (MemoryKeys), SQLite (SqliteKeys, in the job store's file)
-and Redis (runtime/cluster/idempotency_keys.py RedisKeys, on a redis-server of the test's own).
+and Redis (runtime/cluster/idempotency_keys.py RedisKeys, on a redis-server of the test's own,
+and on a Redis Cluster).
 
 A key is claimed, then bound to its job or released; whoever asks meanwhile is told who holds it;
 claims and bound keys expire; keys are per tenant; of two writers claiming one key, one wins; a

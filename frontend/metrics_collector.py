@@ -181,7 +181,7 @@ class Snapshot(Collector):
                                     "unused past their TTL; deleted: DELETE .../sessions/{id})",
                                     labels=[*FUNCTION_LABELS, "reason"])
         refused = CounterMetricFamily("fnstream_sessions_refused", "Sessions not opened: the function's session "
-                                      "table was full (429)", labels=FUNCTION_LABELS)
+                                      "table was full, or an exclusive share was refused (429)", labels=FUNCTION_LABELS)
         moved = CounterMetricFamily("fnstream_sessions_moved", "Sessions whose pinned worker died; the next turn ran "
                                     "on another (its in-memory state lost)", labels=FUNCTION_LABELS)
         for dep in deps:

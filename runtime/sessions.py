@@ -110,6 +110,7 @@ class Session:
         self._waiters = Waiters()
         self.worker: Any = None        # the WorkerProcess it is pinned to (executor: process)
         self.restarted = False         # its worker died: the next turn is told (context.session_restarted)
+        self.placed = False            # a turn of it was given a worker once (executor: process)
         self.on_end: list[Callable[[Session], None]] = []
 
     def expired(self, now: float) -> bool:
@@ -165,7 +166,7 @@ class SessionTable:
         self.opened = 0
         self.expired = 0    # ended by their TTL
         self.deleted = 0    # ended by `DELETE .../sessions/{id}`
-        self.refused = 0    # not opened: the table was full (429)
+        self.refused = 0    # not opened: the table was full, or its exclusive share refused (429)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -203,6 +204,16 @@ class SessionTable:
         self.deleted += 1
         session.end()
         return session
+
+    def drop_refused(self, session: Session) -> None:
+        """`session` was refused its first worker (an exclusive share, 429): unless another turn of it
+        is running or waiting, it never existed: no entry, no count toward the table's limit."""
+        if session.placed or session.running or session._waiters or self._sessions.get(session.id) is not session:
+            return
+        del self._sessions[session.id]
+        self.opened -= 1
+        self.refused += 1
+        session.end()
 
     def _expire(self, session_id: str) -> None:
         self._sessions.pop(session_id).end()

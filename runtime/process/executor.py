@@ -17,7 +17,7 @@ import logging
 from typing import Any
 
 from ..deployment import Deployment
-from ..errors import FunctionServiceError, FunctionTimeoutError, InitializerError
+from ..errors import ConcurrencyLimitError, FunctionServiceError, FunctionTimeoutError, InitializerError
 from ..invocation import Invocation
 from .pool import WorkerPool
 from .worker_process import PooledCall, WorkerProcess
@@ -50,6 +50,7 @@ class ProcessExecutor:
         worker: WorkerProcess | None = None
         job: PooledCall | None = None
         in_session = False
+        refused = False  # the pool refused the session a worker (an exclusive share): it leaves no entry
         handed_off = False  # a reaper task releases the worker slot and the concurrency slot
         try:
             timeout = asyncio.timeout(inv.remaining())
@@ -58,7 +59,11 @@ class ProcessExecutor:
                     if session is not None:
                         await session.enter(inv)
                         in_session = True
-                    worker, inv.session_restarted = await pool.acquire(session)
+                    try:
+                        worker, inv.session_restarted = await pool.acquire(session)
+                    except ConcurrencyLimitError:
+                        refused = session is not None
+                        raise
                     if pool.init_error is not None:
                         raise InitializerError(pool.init_error)
                     job, frame = pool.begin(worker, inv, session, inv.session_restarted)
@@ -89,6 +94,8 @@ class ProcessExecutor:
         finally:
             if in_session and session is not None:
                 session.leave(inv)
+                if refused:
+                    dep.sessions.drop_refused(session)
             inv.channel.close()
             if not handed_off:
                 if worker is not None:

@@ -149,6 +149,7 @@ class SlotScheduler(abc.ABC):
         restarted = False
         worker.busy += 1
         if session is not None:
+            session.placed = True
             if session.worker is not worker:
                 session.worker = worker
                 session.on_end.append(self._unpin)

@@ -325,6 +325,9 @@ async def test_an_exclusive_session_never_starves_the_functions_other_callers(pc
     await deploy(pclient, "i-hog1", "remember", instances=1)
     status, body = await call(pclient, "i-hog1", {"say": 1}, session("hog", ttl=86400, concurrency=-1))
     assert status == 429 and "maxInstances" in body["message"]
+    resp = await pclient.get("/admin/v1/functions/i-hog1")
+    assert (await resp.json())["function"]["status"]["sessions"] == []  # refused: it left no entry
+    assert (await pclient.delete("/serverless/v1/functions/i-hog1/sessions/hog")).status == 404
     status, _ = await call(pclient, "i-hog1", {"say": 1})
     assert status == 200
     # With 3 instances exclusive sessions own at most 2: the third hog is refused at once, and

@@ -41,7 +41,7 @@ class Store(JobStore):
     async def load(self) -> list[Job]:
         return self.stored
 
-    def save(self, job: Job) -> asyncio.Future[None]:
+    def save(self, job: Job, bind: Any = None) -> asyncio.Future[None]:
         future = asyncio.get_running_loop().create_future()
         if self.refuse:
             future.set_exception(JobStoreError("the disk is full"))

@@ -32,7 +32,7 @@ from aiohttp.web_request import BaseRequest
 
 from runtime.config import Config, FrontendLimits
 from runtime.errors import ConfigError
-from runtime.fork_guard import release_in_forked_children
+from runtime.fork_guard import release_listener_in_forked_children
 from runtime.invocation_ids import new_trace_id
 from runtime.tracing import make_traceparent
 
@@ -434,7 +434,7 @@ async def start_site(runner: web.BaseRunner, config: Config, host: str, port: in
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     server = site._server  # aiohttp internal (tests/frontend/test_aiohttp_internals.py)
     for sock in getattr(server, "sockets", ()):
-        release_in_forked_children(sock.fileno())  # a handler's fork must not accept our connections
+        release_listener_in_forked_children(sock)  # a handler's fork must not take nor keep our connections
     return site
 
 

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, ParamSpec, TypeVar
 
+from .fork_guard import lasting_thread
+
 __all__ = ("DaemonThreadPool", "call_threadsafe")
 
 P = ParamSpec("P")
@@ -72,16 +74,20 @@ class DaemonThreadPool(Executor):
                 self._threads.append(thread)
 
     def _serve(self) -> None:
-        while (work := self._work.get()) is not None:
-            fn, args, future, loop = work
-            del work
-            if loop is None:
-                _run_to_future(future, fn, args)  # type: ignore[arg-type]
-            else:
-                _run_to_loop(loop, future, fn, args)  # type: ignore[arg-type]
-            del fn, args, future, loop  # drop the call's references while idle
-            with self._lock:
-                self._idle += 1
+        lasting_thread()  # a handler's fork from here dies with the process (runtime/fork_guard.py)
+        try:
+            while (work := self._work.get()) is not None:
+                fn, args, future, loop = work
+                del work
+                if loop is None:
+                    _run_to_future(future, fn, args)  # type: ignore[arg-type]
+                else:
+                    _run_to_loop(loop, future, fn, args)  # type: ignore[arg-type]
+                del fn, args, future, loop  # drop the call's references while idle
+                with self._lock:
+                    self._idle += 1
+        finally:
+            lasting_thread(False)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop taking calls; idle threads end. A thread still running its call is left to it."""

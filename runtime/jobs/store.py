@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from ..errors import ConfigError
-from ..fork_guard import forget, release_in_forked_children
+from ..fork_guard import forget, forget_files, release_files_in_forked_children, release_in_forked_children
 from .cache import SMALL_RESULT
 from .errors import JobStoreError
 from .key_store import KeyBind, KeyClaimLostError, KeyStore, MemoryKeys, SqliteKeys, bind_in
@@ -220,6 +220,7 @@ class SqliteJobStore(JobStore):
         lock.write(str(os.getpid()))
         lock.flush()
         release_in_forked_children(lock.fileno())  # a handler's fork must not keep the store locked
+        release_files_in_forked_children(str(self.path))  # nor its database, WAL, journal of ends
         self._lock_file = lock
 
     async def open(self) -> None:
@@ -246,6 +247,7 @@ class SqliteJobStore(JobStore):
     def _release_lock(self) -> None:
         if self._lock_file is not None:
             forget(self._lock_file.fileno())
+            forget_files(str(self.path))
             self._lock_file.close()
             self._lock_file = None
 

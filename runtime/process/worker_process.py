@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ..codec import Item as OutputItem
 from ..errors import FunctionServiceError, StreamClosedError
+from ..fork_guard import forget, release_in_forked_children
 from ..manifest import FunctionSpec
 from ..runpod_compat import report_progress
 from ..threadpool import call_threadsafe
@@ -121,6 +122,7 @@ class WorkerProcess:
         finally:
             child_sock.close()
         self.pid = self.proc.pid
+        release_in_forked_children(parent_sock.fileno())  # a handler's fork must not keep the worker waiting
         self.conn: Connection[ToWorker, ToFrontend] = Connection(parent_sock)
         self.state: State = "starting"
         self.ready = False
@@ -253,6 +255,7 @@ class WorkerProcess:
         finally:
             self.returncode = self.proc.wait()
             self.kill_group()  # a handler's leftover children end with their worker
+            forget(self.conn.sock.fileno())
             self.conn.close()
             self.streams.release()
             self.exited.set()

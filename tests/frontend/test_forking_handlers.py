@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import urllib.request
 from pathlib import Path
 
@@ -102,3 +103,75 @@ async def test_a_detached_grandchild_of_a_process_handler_ends_with_the_server(s
     server.proc.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(server.proc.wait, 30) == 0
     await _gone(daemon)  # adopted by its worker (a subreaper), and ended with it
+
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found + [d for c in found for d in _descendants(c)]
+
+
+def _with_workers(start_server, deploy_dir, tmp_path, forker: str):
+    """A server with two process functions, their workers up, and a def function `forks` whose
+    handler forks a child that lingers: (server, its workers' pids)."""
+    server = _serve(start_server, deploy_dir, tmp_path, fn("forks", forker, timeout=10),
+                    fn("pa", "testfns.echo_sync", executor="process", instances=2),
+                    fn("pb", "testfns.echo_sync", executor="process", instances=1))
+    assert _invoke(server, "pa", {"x": 1}) == _invoke(server, "pb", {"x": 1}) == {"x": 1}
+    workers = _descendants(server.proc.pid)
+    assert len(workers) >= 2 and all(_alive(w) for w in workers)
+    return server, workers
+
+
+def _keep_alive(server) -> socket.socket:
+    """A client connection the server accepted and keeps open (HTTP/1.1 keep-alive, one request done)."""
+    conn = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+    conn.setblocking(False)
+    return conn
+
+
+def _closed(conn: socket.socket) -> bool:
+    try:
+        return conn.recv(65536) == b""
+    except BlockingIOError:
+        return False  # open, nothing to read
+    except ConnectionResetError:
+        return True
+
+
+async def test_a_def_handlers_fork_ends_with_its_server_killed_and_so_do_the_workers(start_server, deploy_dir,
+                                                                                   tmp_path):
+    server, workers = _with_workers(start_server, deploy_dir, tmp_path, "runaway_fns.forks")
+    child = _invoke(server, "forks", {"linger": 60})
+    assert isinstance(child, int) and _alive(child) and child not in workers
+    server.proc.kill()  # no code of the server's runs at its end: what ends, ends by itself
+    await _gone(child)  # it died with its server (it used to linger, adopted by init)
+    await _gone(*workers)
+
+
+async def test_a_fork_that_outlives_a_killed_server_keeps_none_of_its_channels_connections_or_store(
+        start_server, deploy_dir, tmp_path):
+    # Forked from a thread of the handler's own, which has ended: nothing ties the child's life to
+    # the server's, so it outlives the kill -9, holding nothing that keeps another process waiting.
+    server, workers = _with_workers(start_server, deploy_dir, tmp_path, "runaway_fns.forks_in_a_thread")
+    client = _keep_alive(server)
+    child = _invoke(server, "forks", {"linger": 60})
+    assert isinstance(child, int) and _alive(child) and child not in workers
+    try:
+        store = str(tmp_path / "jobs.sqlite3")  # the database, its WAL, its lock, its journal of ends
+        await eventually(lambda: [t for t in _fd_targets(child) if t.startswith(store)] == [],
+                         "the fork child to let go of the job store's files")
+        server.proc.kill()
+        await _gone(*workers)  # they saw their channel close: the child held none of the server's ends
+        await eventually(lambda: _closed(client), "the client to see its connection closed")
+        assert _alive(child)
+    finally:
+        client.close()
+        os.kill(child, signal.SIGKILL)

@@ -57,6 +57,16 @@ def forks(event, context):
     return pid
 
 
+def forks_in_a_thread(event, context):
+    """`forks`, from a thread of the handler's own that ends at once (not the pool's): answers the pid."""
+    import threading
+    pids = []
+    thread = threading.Thread(target=lambda: pids.append(forks(event, context)))
+    thread.start()
+    thread.join()
+    return pids[0]
+
+
 def spawns(event, context):
     """Starts a subprocess and its grandchild (sh running sleep) and returns without waiting."""
     import subprocess

@@ -68,11 +68,12 @@ async def run(args: argparse.Namespace) -> int:
     server = start_target("fnstream", out_dir, server_cores, wrapper=wrapper)
     rows = []
     try:
-        for name in args.targets:
-            _kind, stream_path, echo_path = TARGETS[name]
-            target = Target(name, "127.0.0.1", server.port, stream_path, echo_path)
-            await run_streams(target, {"count": 200}, 2)  # warm up: workers started, code loaded
+        targets = [Target(name, "127.0.0.1", server.port, *TARGETS[name][1:]) for name in args.targets]
+        for target in targets:  # warm up all first: no worker is still starting while another is measured
+            await run_streams(target, {"count": 200}, 2)
             await run_invokes(target, EVENT, args.concurrency, 600, requests=200)
+        for target in targets:
+            name = target.name
 
             async def stream(target: Target = target) -> int:
                 (result,) = await run_streams(target, {"count": args.events}, 1)

@@ -25,7 +25,7 @@ T = TypeVar("T")
 
 # (function, its arguments, the future its outcome goes to, and that future's loop: None for a
 # concurrent Future). A plain tuple: no closure or partial per call.
-_Work = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any] | asyncio.Future[Any]",
+_Work = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any] | asyncio.Future[Any] | None",
               "asyncio.AbstractEventLoop | None"]
 
 
@@ -60,6 +60,11 @@ class DaemonThreadPool(Executor):
         self._put((fn, args, future, loop))
         return future
 
+    def call(self, fn: Callable[..., Any], /, *args: Any) -> None:
+        """`fn(*args)` in a pool thread, its outcome wanted by nobody (`fn` reports it itself; what
+        it raises is dropped): no future per call."""
+        self._put((fn, args, None, None))
+
     def _put(self, work: _Work) -> None:
         with self._lock:
             if self._closed:
@@ -79,7 +84,9 @@ class DaemonThreadPool(Executor):
             while (work := self._work.get()) is not None:
                 fn, args, future, loop = work
                 del work
-                if loop is None:
+                if future is None:
+                    _run_detached(fn, args)
+                elif loop is None:
                     _run_to_future(future, fn, args)  # type: ignore[arg-type]
                 else:
                     _run_to_loop(loop, future, fn, args)  # type: ignore[arg-type]
@@ -101,15 +108,22 @@ class DaemonThreadPool(Executor):
                         break
                     if work is not None:
                         _fn, _args, future, loop = work
-                        if loop is None:
+                        if loop is None and future is not None:
                             future.cancel()
-                        else:
+                        elif loop is not None and future is not None:
                             call_threadsafe(loop, future.cancel)
             for _ in self._threads:
                 self._work.put(None)
         if wait:
             for thread in self._threads:
                 thread.join()
+
+
+def _run_detached(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    try:
+        fn(*args)
+    except BaseException:  # nobody waits for it; the pool thread lives on)
+        pass
 
 
 def _run_to_future(future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:

@@ -178,6 +178,19 @@ SendT = TypeVar("SendT", ToWorker, ToFrontend)
 RecvT = TypeVar("RecvT", ToWorker, ToFrontend)
 
 
+_packers = threading.local()
+
+
+def _packb(msg: Any) -> bytes:
+    """`msgpack.packb(msg, use_bin_type=True)` with this thread's Packer: packb builds (and frees)
+    a Packer and its buffer on every call, and parses its keyword arguments."""
+    try:
+        packer: msgpack.Packer = _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(msg)
+
+
 class ConnectionClosed(EOFError):
     """The other end closed the socket (or died)."""
 
@@ -198,7 +211,7 @@ class Connection(Generic[SendT, RecvT]):
         self._rpos = 0
 
     def send(self, msg: SendT) -> None:
-        data = msgpack.packb(msg, use_bin_type=True)
+        data = _packb(msg)
         if len(data) > MAX_FRAME:
             raise ProtocolError(f"frame of {len(data)} bytes exceeds {MAX_FRAME}")
         with self._send_lock:
@@ -211,7 +224,7 @@ class Connection(Generic[SendT, RecvT]):
         """Several frames in one `sendall` (what queued while the socket was busy)."""
         parts: list[bytes] = []
         for msg in msgs:
-            data = msgpack.packb(msg, use_bin_type=True)
+            data = _packb(msg)
             if len(data) > MAX_FRAME:
                 raise ProtocolError(f"frame of {len(data)} bytes exceeds {MAX_FRAME}")
             parts.append(_HEADER.pack(len(data)))
@@ -225,7 +238,7 @@ class Connection(Generic[SendT, RecvT]):
     @staticmethod
     def pack(msg: Frame) -> bytes:
         """One frame, header included (for callers that batch frames themselves)."""
-        data = msgpack.packb(msg, use_bin_type=True)
+        data = _packb(msg)
         if len(data) > MAX_FRAME:
             raise ProtocolError(f"frame of {len(data)} bytes exceeds {MAX_FRAME}")
         return _HEADER.pack(len(data)) + data

@@ -199,7 +199,7 @@ class ChildProgram(FlowControl):
         if self._threads is None:
             inv.task = self.loop.create_task(self._run_async(inv))  # a task: its own copy of the log context
         else:
-            self._threads.submit(contextvars.copy_context().run, self._run_in_thread, inv)
+            self._threads.call(contextvars.copy_context().run, self._run_in_thread, inv)
 
     async def _run_async(self, inv: WorkerInvocation) -> None:
         assert self._code is not None

@@ -166,8 +166,9 @@ class RuntimeConfig(_Strict):
     deployDir: Path | None = Field(None, description="manifests deployed at start; unset = none")
     maxWorkerProcesses: int | None = Field(64, ge=1, description="worker processes the process functions "
                                            "of this node may keep running (their minInstances, summed; a "
-                                           "deploy past it is a 429) and run at all: past it no function "
-                                           "scales out, its calls wait for a slot (null: no limit)")
+                                           "deploy past it, or past what the others run, is a 429) and run at "
+                                           "all, starting ones included: no worker starts past it; a function "
+                                           "at it waits for a slot (null: no limit)")
     dataDir: Path | None = Field(None, description="where the server keeps what must outlive a restart: the "
                                  "SQLite job store (`jobs.path`), which also holds the functions deployed "
                                  "through the admin API. Unset = `.fnstream` in the directory the server "

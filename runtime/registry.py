@@ -24,11 +24,15 @@ from .executors import kind_of
 from .loader import check_code_location, load_code
 from .manifest import FunctionSpec
 from .process.budget import WorkerBudget
-from .quotas import Quotas
+from .quotas import QuotaError, Quotas
 
 __all__ = ("Registry",)
 
 log = logging.getLogger("fnstream.runtime")
+
+# A deploy waits this long for room on the node (runtime.maxWorkerProcesses), e.g. for the workers
+# of a function just deleted to exit, before it is refused 429.
+ROOM_WAIT = 5.0
 
 
 class Registry:
@@ -38,7 +42,7 @@ class Registry:
                  quotas: Quotas | None = None) -> None:
         self.code_roots = [Path(p).resolve() for p in code_roots]
         self.quotas = quotas or Quotas()  # checked before anything is imported or started, and again at commit
-        self.workers = WorkerBudget(self.quotas.max_worker_processes)  # scale-outs stop at the node's limit
+        self.workers = WorkerBudget(self.quotas.max_worker_processes)  # no worker starts past the node's limit
         self.stop_grace = stop_grace  # how long a replaced/deleted deployment's invocations may run on
         self.pre_stop_grace = pre_stop_grace  # how long preStop hooks may run then (and at shutdown)
         self._deployments: dict[str, Deployment] = {}  # function_key(tenant, name) -> deployment
@@ -101,13 +105,23 @@ class Registry:
             if kind is not None and kind.pooled:
                 check_code_location(spec, self.code_roots)
         staged: builtins.list[Deployment] = []
+        replaced = {old.pool for old in (self._deployments.get(function_key(s.tenant, s.name)) for s in specs)
+                    if old is not None and old.pool is not None}  # their workers stop once this commits
         try:
             for spec, dep in zip(specs, loaded, strict=True):
                 if dep is None:  # a pooled kind: its pool's first worker imports the code
                     dep = Deployment(spec, None)
                     assert dep.runs.pool is not None
-                    dep.pool = dep.runs.pool(spec, self.code_roots, budget=self.workers)
-                    dep.pool.start()
+                    pool = dep.runs.pool(spec, self.code_roots, budget=self.workers)
+                    why = self.workers.join(pool, pool.reserved(), replaces=replaced, wait=ROOM_WAIT)
+                    if why is not None:
+                        raise QuotaError(f"function {spec.name!r}: {why}")
+                    dep.pool = pool
+                    try:
+                        pool.start()
+                    except BaseException:
+                        pool.abort()  # gives back what it holds on the node
+                        raise
                 staged.append(dep)
         except BaseException:
             self._abort(staged)

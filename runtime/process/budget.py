@@ -1,37 +1,123 @@
 """The worker processes one node runs, across every process function (`runtime.maxWorkerProcesses`).
 
-Deploys are checked against it for the workers they keep (runtime/quotas.py: minInstances summed),
-but a function scales out under load up to its maxInstances: ten functions of 32 instances each
-would start 320 processes. Every worker counts here while it lives; a pool scales out only while
-the node is under the limit. Past it, a function's calls wait for a slot on the workers it has
-(within their deadline), as they do at its maxInstances. Workers a function keeps (its minimum,
-and their replacements) are never refused: the deploy quota counted them already.
+A hard cap: every worker counts from the moment it is started (while it imports, starts, serves,
+retires or stops) until it exits, and no worker starts past the limit. Each pool holds its
+minimum (`minInstances`; while its code is imported, at least the one worker importing it): a
+deploy joins only if the workers held on the node — each pool's minimum, or what it runs if more
+— leave room for it (else 429, runtime/registry.py), so the workers a function keeps (its
+minimum, their replacements) always start. A scale-out or a cold start past a pool's minimum
+takes room the minimums leave free, while there is some; past it the function's calls wait for a
+slot on the workers it has (within their deadline), as they do at its maxInstances.
+
+The one overlap: a redeploy starts the new code's workers before the replaced ones stop (calls
+never wait on a deploy), so for that moment the replaced ones count on top.
 """
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Collection
+from typing import Any
 
 __all__ = ("WorkerBudget",)
 
 
+class _Held:
+    __slots__ = ("left", "live", "reserved")
+
+    def __init__(self, reserved: int) -> None:
+        self.reserved = reserved  # workers held for the pool whether or not they run (its minimum)
+        self.live = 0             # its workers started and not yet exited
+        self.left = False         # stopped: its minimum is given back; its live workers count until they exit
+
+    def held(self) -> int:
+        return max(self.reserved, self.live)
+
+
 class WorkerBudget:
-    """A count of live worker processes and its limit (None: unbounded). Thread-safe: pools spawn
-    and reap workers from their own threads."""
+    """Worker processes per pool and the node's limit (None: unbounded). Thread-safe: pools spawn
+    and reap workers from their own threads; a deploy may wait here (never on the event loop)."""
 
     def __init__(self, limit: int | None = None) -> None:
         self.limit = limit
-        self.live = 0
-        self._lock = threading.Lock()
+        self._pools: dict[Any, _Held] = {}
+        self._changed = threading.Condition()
 
-    def take(self, *, scale_out: bool) -> bool:
-        """Count a worker about to start; a scale-out only while under the limit (False: not counted)."""
-        with self._lock:
-            if scale_out and self.limit is not None and self.live >= self.limit:
+    @property
+    def live(self) -> int:
+        """Worker processes running on the node now (starting and stopping ones included)."""
+        with self._changed:
+            return sum(h.live for h in self._pools.values())
+
+    def _held(self, skip: Collection[Any] = ()) -> int:
+        return sum(h.held() for pool, h in self._pools.items() if pool not in skip)
+
+    def join(self, pool: Any, reserved: int, *, replaces: Collection[Any] = (), wait: float = 0.0) -> str | None:
+        """Hold `reserved` workers for `pool`; None, or why the node has no room (after waiting up to
+        `wait` s for some, e.g. for a deleted function's workers to exit). `replaces`: pools this
+        deploy replaces (their workers stop once it is committed). A pool joined already: None."""
+        deadline = time.monotonic() + wait
+        with self._changed:
+            while pool not in self._pools:
+                held = self._held(skip=replaces)
+                if self.limit is None or held + reserved <= self.limit:
+                    self._pools[pool] = _Held(reserved)
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return (f"this node's worker processes are taken (runtime.maxWorkerProcesses "
+                            f"{self.limit}): {held} are held by other functions (their minInstances, or "
+                            f"what they scaled out to), and this one needs {reserved}; retry once "
+                            "they scale down, or lower minInstances")
+                self._changed.wait(left)
+        return None
+
+    def keep(self, pool: Any, reserved: int) -> None:
+        """The pool's minimum from now on (its code is imported: `minInstances`)."""
+        with self._changed:
+            held = self._pools.get(pool)
+            if held is not None and not held.left:
+                held.reserved = reserved
+            self._changed.notify_all()
+
+    def leave(self, pool: Any) -> None:
+        """The pool stopped: its minimum is free; its workers count until they exit."""
+        with self._changed:
+            held = self._pools.get(pool)
+            if held is not None:
+                held.left, held.reserved = True, 0
+                if held.live <= 0:
+                    del self._pools[pool]
+            self._changed.notify_all()
+
+    def take(self, pool: Any) -> bool:
+        """Count a worker `pool` is about to start: within its minimum always; past it only while the
+        node has room (False: not counted, not to be started)."""
+        with self._changed:
+            held = self._pools.get(pool)
+            if held is None:
+                held = self._pools[pool] = _Held(0)
+            if held.live >= held.reserved and self.limit is not None and self._held() >= self.limit:
                 return False
-            self.live += 1
+            held.live += 1
             return True
 
-    def ended(self) -> None:
-        """A counted worker ended (or never started)."""
-        with self._lock:
-            self.live -= 1
+    def ended(self, pool: Any) -> None:
+        """A counted worker of `pool` exited (or never started)."""
+        with self._changed:
+            held = self._pools.get(pool)
+            if held is not None:
+                held.live -= 1
+                if held.left and held.live <= 0:
+                    del self._pools[pool]
+            self._changed.notify_all()
+
+    def room_for(self, pool: Any) -> float:
+        """How many more workers `pool` could start now: what is left of its minimum, plus the
+        node's free room (inf: no limit)."""
+        if self.limit is None:
+            return float("inf")
+        with self._changed:
+            held = self._pools.get(pool)
+            own = 0 if held is None else max(0, held.reserved - held.live)
+            return own + max(0, self.limit - self._held())

@@ -109,8 +109,18 @@ class WorkerPool(SlotScheduler):
         return [w for w in self.workers if w.state in ("starting", "ready")]
 
     def start(self) -> None:
-        """Start the first worker: it imports the code, which `wait_loaded` checks before the rest start."""
+        """Start the first worker: it imports the code, which `wait_loaded` checks before the rest start.
+
+        The pool holds its minimum on the node (at least that first worker) first: DeployError
+        429 when the node has no room (the registry joins it first, naming what it replaces)."""
+        why = self.budget.join(self, self.reserved())
+        if why is not None:
+            raise DeployError(f"function {self.name!r}: {why}", code=200429, status=429)
         self._spawn()
+
+    def reserved(self) -> int:
+        """Workers the node holds for this pool while its code is imported: its minimum, or the one importing."""
+        return max(self.min_instances, 1)
 
     def wait_loaded(self, timeout: float | None = None) -> str:
         """Block until the first worker imported the code; its handler kind, or DeployError.
@@ -131,6 +141,7 @@ class WorkerPool(SlotScheduler):
             self.slots = instance_slots(self.spec, self.kind)
             self.validated = True
             missing = self.min_instances - len(self.workers) if not self.stopping else 0
+        self.budget.keep(self, self.min_instances)  # no longer the importing worker's, if it is a scale-out
         for _ in range(missing):
             self._spawn()
         threading.Thread(target=self._supervise, name=f"fnstream-scale-{self.name}", daemon=True).start()
@@ -142,18 +153,20 @@ class WorkerPool(SlotScheduler):
             self.stopping = True
             workers = list(self.workers)
             self._fail_waiters(WorkerUnavailableError("the deploy was refused"))
+        self.budget.leave(self)
         self._wake.set()
         for worker in workers:
             worker.kill("the deploy was refused")
 
     def _spawn(self, counted: bool = False) -> None:
-        """Start one worker (`counted`: already taken from the node's budget, a scale-out)."""
-        if not counted:
-            self.budget.take(scale_out=False)  # kept and replacement workers: counted at deploy
+        """Start one worker (`counted`: already taken from the node's budget)."""
+        if not counted and not self.budget.take(self):  # within the pool's minimum: always
+            raise DeployError(f"function {self.name!r}: no room on this node for another worker process "
+                              f"(runtime.maxWorkerProcesses {self.budget.limit})", code=200429, status=429)
         try:
             worker = WorkerProcess(self)
         except BaseException:
-            self.budget.ended()
+            self.budget.ended(self)
             raise
         with self.lock:
             self.workers.append(worker)
@@ -182,9 +195,8 @@ class WorkerPool(SlotScheduler):
         live = self._live()
         starting = sum(1 for w in live if w.state == "starting") + self._spawning
         if starting == 0 and len(live) < self.max_instances:
-            scale_out = len(live) >= self.min_instances
-            if not self.budget.take(scale_out=scale_out):
-                return  # the node runs runtime.maxWorkerProcesses workers: calls wait for a slot
+            if not self.budget.take(self):
+                return  # no room on the node (runtime.maxWorkerProcesses): calls wait for a slot
             if not any(w.state == "ready" for w in live):
                 self.cold_starts += 1
             self._spawn_in_background(counted=True)
@@ -215,7 +227,7 @@ class WorkerPool(SlotScheduler):
 
     def _on_exit(self, worker: WorkerProcess) -> None:
         how = _describe_exit(worker.returncode)
-        self.budget.ended()
+        self.budget.ended(self)
         with self.lock:
             was = worker.state
             worker.state = "dead"
@@ -247,10 +259,8 @@ class WorkerPool(SlotScheduler):
                 f"the worker process (pid {worker.pid}) {why} during the invocation"))))
         if unplanned and was != "killed":
             log.error("function %s: worker %d %s", self.name, worker.pid, how)
-        if replace and live >= self.min_instances and not self.budget.take(scale_out=True):
-            replace = False  # a scale-out replacement: only within the node's limit (process/budget.py)
-        elif replace:
-            self.budget.take(scale_out=False)
+        if replace and not self.budget.take(self):
+            replace = False  # past its minimum: only while the node has room (process/budget.py)
         if replace:
             try:
                 self._spawn(counted=True)
@@ -298,6 +308,7 @@ class WorkerPool(SlotScheduler):
             workers = list(self.workers)
             idle = [w for w in workers if w.state == "ready" and w.busy == 0]
             self._fail_waiters(WorkerUnavailableError(f"function {self.name!r} is being stopped"))
+        self.budget.leave(self)
         self._wake.set()
         for worker in idle:
             worker.stop()

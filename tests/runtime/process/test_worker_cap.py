@@ -1,0 +1,86 @@
+"""`runtime.maxWorkerProcesses` is a hard cap on the worker processes a node runs (issue 24 F3, F8):
+no deploy, scale-out or cold start goes past it, and exclusive sessions are judged against the
+instances a function can really have under it."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tests.support.servers import PROCESS_FUNCTIONS as PROC
+from tests.support.waiting import eventually
+
+FUNCS = "/admin/v1/functions"
+
+
+@pytest.fixture
+def capped(make_client):
+    async def make(cap: int):
+        return await make_client(**{"runtime.codeRoots": [str(PROC)], "runtime.deployDir": None,
+                                    "runtime.maxWorkerProcesses": cap})
+    return make
+
+
+async def deploy(client, name: str, handler: str = "chunked_sleep", expect: int = 201, **fields) -> dict:
+    manifest = {"name": name, "handler": f"shared.{handler}", "codePath": ".", "executor": "process",
+                "scaleDownIdleSeconds": 600, **fields}
+    resp = await client.post(FUNCS, data=json.dumps(manifest))
+    body = await resp.json()
+    assert resp.status == expect, body
+    return body
+
+
+async def workers(client) -> int:
+    """Worker processes of every function on the node now (starting and stopping ones too)."""
+    listed = await (await client.get(FUNCS)).json()
+    total = 0
+    for fn in listed["functions"]:
+        body = await (await client.get(f"{FUNCS}/{fn['name']}")).json()
+        pool = body["function"]["status"].get("pool")
+        total += len(pool["workers"]) if pool else 0
+    return total
+
+
+def invoke(client, name: str, event: dict, headers: dict | None = None):
+    return client.post(f"/serverless/v1/functions/{name}/invocations", json=event, headers=headers or {})
+
+
+async def test_a_deploy_needing_a_worker_past_the_cap_is_refused(capped):
+    # The minimums fill the node (1 + 3 of 4): a scale-to-zero function would need a 5th worker to
+    # import its code, and could never run a call: refused, nothing left running.
+    client = await capped(4)
+    await deploy(client, "pe", instances=1)
+    await deploy(client, "pf", minInstances=3)
+    body = await deploy(client, "pe2", expect=429, minInstances=0, maxInstances=2, timeout=5)
+    assert "runtime.maxWorkerProcesses" in body["message"]
+    assert (await client.get(f"{FUNCS}/pe2")).status == 404
+    assert await workers(client) == 4
+
+
+async def test_a_deploy_is_refused_while_other_functions_scaled_out_fill_the_node(capped):
+    # px keeps none but scaled out to the whole node (2): py's 2 kept workers would make 4.
+    client = await capped(2)
+    await deploy(client, "px", minInstances=0, maxInstances=2, instanceConcurrency=1, timeout=60)
+    calls = [asyncio.ensure_future(invoke(client, "px", {"seconds": 30})) for _ in range(2)]
+    try:
+        await eventually(lambda: workers(client), "px scaled out to 2", accept=lambda n: n == 2)
+        body = await deploy(client, "py", expect=429, instances=2)
+        assert "runtime.maxWorkerProcesses" in body["message"]
+        assert await workers(client) == 2
+    finally:
+        for call in calls:
+            call.cancel()
+
+
+async def test_a_function_filling_the_node_can_be_redeployed_and_replaced(capped):
+    # The new code's workers start while the replaced ones still run (the one overlap), and a
+    # function deleted makes room for the next deploy once its workers exit.
+    client = await capped(2)
+    await deploy(client, "pz", instances=2)
+    manifest = {"name": "pz", "handler": "shared.nap", "codePath": ".", "executor": "process", "instances": 2}
+    resp = await client.put(f"{FUNCS}/pz", data=json.dumps(manifest))
+    assert resp.status == 200, await resp.text()
+    assert (await client.delete(f"{FUNCS}/pz")).status == 200
+    await deploy(client, "pz2", instances=2)
+    await eventually(lambda: workers(client), "only pz2's workers", accept=lambda n: n == 2)

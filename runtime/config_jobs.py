@@ -25,6 +25,10 @@ class WebhookConfig(_Strict):
     tenantQueueSize: int = Field(100, ge=1, description="deliveries of one tenant pending at once: one tenant's "
                                                         "slow receiver never gets another tenant's webhooks "
                                                         "dropped")
+    tenantConnections: int = Field(20, ge=1, description="deliveries of one tenant in flight at once (each its own "
+                                                         "connection); the rest of its pending ones wait their "
+                                                         "turn: one tenant's slow receiver never delays another "
+                                                         "tenant's webhooks")
     allowedHosts: list[str] = Field(default_factory=list, description="hosts a webhook may call (empty = any): set "
                                                                       "it so a job cannot make the server call "
                                                                       "internal addresses")

@@ -2,13 +2,15 @@
 
 openYuanrong's body `{"requestId","status","statusCode","result" (base64 of the body),"error",
 "completedAt"}` with `X-Async-Request-Id`; RunPod jobs get RunPod's status object. Attempts wait
-1 s, 2 s, 4 s ... between them (`jobs.webhook.attempts`, each bounded by `timeoutSeconds`);
-failures are logged, never retried forever. At most `queueSize` deliveries are pending; beyond,
-a delivery is dropped and logged. `allowedHosts` (empty = any) limits the hosts a webhook may
-name; loopback, private and other non-public addresses are refused unless `allowPrivate`
-(runtime/jobs/webhook_guard.py). Every attempt carries the Standard Webhooks headers, signed
-with each `secret` (runtime/jobs/signing.py): the body is serialized once, so the bytes signed
-are the bytes sent.
+1 s, 2 s, 4 s ... between them (`jobs.webhook.attempts`, each bounded by `timeoutSeconds`); failures
+are logged, never retried forever. At most `queueSize` deliveries are pending, at most
+`tenantQueueSize` of one tenant; beyond, a delivery is dropped and logged. At most
+`tenantConnections` attempts of one tenant are in flight at once (the connector has no shared cap of
+its own: aiohttp's default 100 let one tenant's slow receiver hold every connection). `allowedHosts`
+(empty = any) limits the hosts a webhook may name; loopback, private and other non-public addresses
+are refused unless `allowPrivate` (runtime/jobs/webhook_guard.py). Every attempt carries the
+Standard Webhooks headers, signed with each `secret` (runtime/jobs/signing.py): the body is
+serialized once, so the bytes signed are the bytes sent.
 """
 from __future__ import annotations
 
@@ -60,6 +62,7 @@ class WebhookSender:
         self.failed = 0
         self.dropped = 0
         self._pending: collections.Counter[str] = collections.Counter()  # per tenant: jobs.webhook.tenantQueueSize
+        self._shares: dict[str, asyncio.Semaphore] = {}  # per tenant with pending ones: jobs.webhook.tenantConnections
 
     def check_url(self, url: Any) -> str:
         """The URL if a webhook may call it; 400 otherwise."""
@@ -100,8 +103,11 @@ class WebhookSender:
                         job.id, len(self._tasks))
             return
         body = json.dumps(webhook_body(job), ensure_ascii=False, separators=(",", ":")).encode()
+        share = self._shares.get(tenant)
+        if share is None:
+            share = self._shares[tenant] = asyncio.Semaphore(self.config.tenantConnections)
         task = asyncio.get_running_loop().create_task(
-            self._deliver(job.id, job.webhook, body, message_id(job.id, job.retried)), name=f"webhook-{job.id}")
+            self._deliver(job.id, job.webhook, body, message_id(job.id, job.retried), share), name=f"webhook-{job.id}")
         self._tasks.add(task)
         self._pending[tenant] += 1
         task.add_done_callback(self._tasks.discard)
@@ -111,11 +117,15 @@ class WebhookSender:
         self._pending[tenant] -= 1
         if self._pending[tenant] <= 0:
             del self._pending[tenant]
+            self._shares.pop(tenant, None)  # none of its deliveries waits on it
 
-    async def _deliver(self, job_id: str, url: str, body: bytes, msg_id: str) -> None:
+    async def _deliver(self, job_id: str, url: str, body: bytes, msg_id: str, share: asyncio.Semaphore) -> None:
         if self._session is None:
             # Names resolve through the guard, and the connection goes to the addresses it checked.
-            connector = None if self.config.allowPrivate else aiohttp.TCPConnector(resolver=GuardedResolver())
+            # No cap of the connector's own (limit=0): each tenant's share bounds its connections,
+            # queueSize all of them.
+            connector = (aiohttp.TCPConnector(limit=0) if self.config.allowPrivate
+                         else aiohttp.TCPConnector(limit=0, resolver=GuardedResolver()))
             self._session = aiohttp.ClientSession(connector=connector)
         reason = self._literal_refusal(urllib.parse.urlsplit(url).hostname or "")
         if reason is not None:  # a job accepted before the guard, or under another config
@@ -128,8 +138,8 @@ class WebhookSender:
             headers = {"X-Async-Request-Id": job_id, "Content-Type": "application/json",
                        **signature_headers(self._keys, msg_id, int(time.time()), body)}
             try:
-                async with self._session.post(url, data=body, headers=headers, timeout=timeout,
-                                              allow_redirects=False) as resp:
+                async with share, self._session.post(url, data=body, headers=headers, timeout=timeout,
+                                                     allow_redirects=False) as resp:
                     if 200 <= resp.status < 300:
                         self.delivered += 1
                         return

@@ -4,22 +4,70 @@ On top of `json.loads`: integers over Python's 4300-digit limit, `NaN`/`Infinity
 that overflow to infinity (not JSON, and they could never be sent back as JSON), strings holding
 a lone surrogate escape (`"\\ud800"`, which no UTF-8 text can carry) and nesting deeper than the
 parser's recursion limit.
+
+One body may not hold the event loop for long: a body of more than `max_containers` arrays and
+objects (`frontend.args.maxBodyContainers`) is refused (413) before it is parsed, counted as its
+`[` and `{` characters outside strings (a byte count, then a regex that drops the strings only
+when that count is over the limit: milliseconds for 6 MB). A large body is parsed with the
+garbage collector paused: its passes over millions of new lists and dicts were most of the
+parse's CPU (a 4.2 MB body of 1.4 M `[]`: 0.45 s, 0.09 s with the collector paused).
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from runtime.errors import BadRequestError
+from runtime.errors import BadRequestError, BodyTooLargeError
 
-__all__ = ("loads", "has_lone_surrogate")
+__all__ = ("loads", "has_lone_surrogate", "check_containers", "gc_paused", "LARGE_BODY")
 
 # Only a body containing a `\uD8xx`..`\uDFxx` escape can yield a surrogate: the walk below is skipped otherwise.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _MAX_WALK_DEPTH = 10_000
+
+
+# Bodies from this size on are parsed with the garbage collector paused (below it a parse makes
+# too few containers for the collector to matter).
+LARGE_BODY = 64 * 1024
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_JSON_STRING_TEXT = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def _openers(data: bytes | str) -> int:
+    if isinstance(data, str):
+        return data.count("[") + data.count("{")
+    return data.count(b"[") + data.count(b"{")
+
+
+def check_containers(data: bytes | str, limit: int | None, what: str = "request body") -> None:
+    """413 when `data` (JSON text, NDJSON too) opens more than `limit` arrays and objects, before
+    any of it is parsed; brackets inside strings do not count. None: no limit."""
+    if limit is None or len(data) <= limit or _openers(data) <= limit:
+        return
+    stripped = _JSON_STRING_TEXT.sub("", data) if isinstance(data, str) else _JSON_STRING.sub(b"", data)
+    count = _openers(stripped)
+    if count > limit:
+        raise BodyTooLargeError(f"{what} holds {count} arrays and objects; at most {limit} "
+                                "(frontend.args.maxBodyContainers): send fewer, or larger values, per request")
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The garbage collector off while a large body becomes objects (restored after; it stays off
+    if it was)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _finite_float(text: str) -> float:
@@ -72,11 +120,20 @@ def _decode(text: str) -> Any:
     return _DECODER.decode(text)  # "Extra data"
 
 
-def loads(raw: bytes | str, what: str = "request body") -> Any:
-    """Parse JSON text; raise BadRequestError with a message naming `what` and the problem.
+def loads(raw: bytes | str, what: str = "request body", max_containers: int | None = None) -> Any:
+    """Parse JSON text; raise BadRequestError with a message naming `what` and the problem, and
+    BodyTooLargeError (413) past `max_containers` arrays and objects (`check_containers`).
 
     json.JSONDecodeError is let through (callers word its position their own way).
     """
+    check_containers(raw, max_containers, what)
+    if len(raw) < LARGE_BODY:
+        return _loads(raw, what)
+    with gc_paused():
+        return _loads(raw, what)
+
+
+def _loads(raw: bytes | str, what: str) -> Any:
     try:
         # What json.loads does (bytes: detect UTF-8/16/32), with a decoder made once: loads with
         # options builds a new one on every call.

@@ -255,13 +255,15 @@ class ThreadGate:
                 "overranTotal": self.overran_total, "burningCpu": len(self.burning)}
 
 
-def _runqueue_wait() -> float:
-    """Seconds this thread spent ready to run but waiting for a CPU (Linux schedstat); 0 elsewhere."""
+def _runqueue_wait() -> tuple[float, float]:
+    """(seconds this thread ran on a CPU, seconds it spent ready to run but waiting for one), from
+    Linux schedstat; the thread's CPU clock and 0 elsewhere."""
     try:
         with open("/proc/thread-self/schedstat", "rb") as f:
-            return int(f.read().split()[1]) / 1e9
+            fields = f.read().split()
+        return int(fields[0]) / 1e9, int(fields[1]) / 1e9
     except (OSError, IndexError, ValueError):
-        return 0.0
+        return time.thread_time(), 0.0
 
 
 class LoopLagMonitor:
@@ -293,24 +295,27 @@ class LoopLagMonitor:
             self._task = None
 
     async def _run(self) -> None:
-        waited = _runqueue_wait()
+        ran, waited = _runqueue_wait()
         while True:
             expected = time.monotonic() + self.interval
             await asyncio.sleep(self.interval)
             lag = time.monotonic() - expected
-            before, waited = waited, _runqueue_wait()
+            (ran_before, waited_before), (ran, waited) = (ran, waited), _runqueue_wait()
             # Functions that ran on the loop during this interval (the executor remembers them).
-            self.record(lag, sorted(set(self._running_on_loop())), waited - before)
+            self.record(lag, sorted(set(self._running_on_loop())), waited - waited_before, ran - ran_before)
 
-    def record(self, lag: float, running: list[str], waited: float = 0.0) -> None:
-        """`waited`: how long the loop's thread was ready to run but got no CPU meanwhile. A stall
-        mostly spent so is the host's (another process was busy), not a handler's: logged as such,
-        counted in `host_stalls`, and blames no function."""
+    def record(self, lag: float, running: list[str], waited: float = 0.0, ran: float = 0.0) -> None:
+        """`waited`: how long the loop's thread was ready to run but got no CPU meanwhile; `ran`:
+        how long it ran on a CPU. A stall mostly spent waiting, and not half of it running, is the
+        host's (another process was busy), not a handler's: logged as such, counted in
+        `host_stalls`, and blames no function. One the loop's thread spent running is its own
+        (a busy host only made it longer): a stall, its CPU seconds logged."""
         self.last_lag = max(0.0, lag)
         self.max_lag = max(self.max_lag, self.last_lag)
         if self.last_lag < self.threshold:
             return
-        if waited >= self.last_lag / 2:
+        busy = f", {ran:.2f}s of it on a CPU in the loop's thread" if ran >= self.last_lag / 2 else ""
+        if waited >= self.last_lag / 2 and not busy:
             self.host_stalls += 1
             log.warning("event loop stalled for %.2fs, %.2fs of it waiting for a CPU: the host was busy "
                         "(another process had the CPU), not a handler", self.last_lag, waited)
@@ -318,13 +323,13 @@ class LoopLagMonitor:
         self.stalls += 1
         self.total_stall_seconds += self.last_lag
         if running:
-            log.warning("event loop stalled for %.2fs (every request waited); running on the loop: %s. "
+            log.warning("event loop stalled for %.2fs%s (every request waited); running on the loop: %s. "
                         "A blocking call in an `async def` handler holds the whole server: make it a "
                         "plain `def` handler or use `await asyncio.to_thread(...)`",
-                        self.last_lag, ", ".join(running))
+                        self.last_lag, busy, ", ".join(running))
         else:
-            log.warning("event loop stalled for %.2fs (every request waited) while no handler ran on the "
-                        "loop: fnstream itself held it (please report it)", self.last_lag)
+            log.warning("event loop stalled for %.2fs%s (every request waited) while no handler ran on the "
+                        "loop: fnstream itself held it (please report it)", self.last_lag, busy)
 
     def describe(self) -> dict[str, float | int]:
         return {"stalls": self.stalls, "hostStalls": self.host_stalls, "lastLagSeconds": round(self.last_lag, 4),

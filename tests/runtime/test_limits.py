@@ -42,4 +42,9 @@ def test_a_stall_spent_waiting_for_a_cpu_is_the_hosts_and_blames_no_function(cap
         caplog.clear()
         monitor.record(1.2, [], waited=0.0)  # no handler ran: not one to name
         assert monitor.stalls == 2 and "no handler ran" in caplog.text and "async def" not in caplog.text
+        caplog.clear()
+        # Waiting for a CPU and running on one: the loop's own work (a huge body parsed on it), a busy
+        # host only made it longer; not the host's.
+        monitor.record(2.4, [], waited=1.3, ran=1.9)
+        assert monitor.stalls == 3 and "the host was busy" not in caplog.text and "1.90s of it on a CPU" in caplog.text
     assert monitor.describe()["hostStalls"] == 1

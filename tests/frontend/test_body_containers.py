@@ -1,0 +1,89 @@
+"""One request body cannot hold the event loop: a body of more arrays and objects than
+`frontend.args.maxBodyContainers` is a 413 in the route's JSON shape before it is parsed (brackets
+inside strings do not count), msgpack too, and a large body is parsed with the garbage collector
+paused (frontend/safe_json.py)."""
+from __future__ import annotations
+
+import gc
+import json
+
+import msgpack
+import pytest
+
+from frontend import safe_json
+from frontend.routes.streams import parse_elements
+from runtime.errors import BodyTooLargeError
+from tests.support.servers import FUNCTIONS, test_config
+
+LIMIT = 1000
+NESTED = b"[" + b"[]," * LIMIT + b"[]]"  # LIMIT + 2 arrays: the probe's 1.4 M `[]` body, smaller
+IN_STRINGS = json.dumps({"code": "f(x) { return [x[0], {a: x}]; } \\\" [{" * (LIMIT // 2)}).encode()
+MSGPACK = {"Content-Type": "application/x-msgpack"}
+
+
+@pytest.fixture
+async def cclient(make_client, deploy_dir):
+    deploy = deploy_dir({"name": "echo", "handler": "echo.handler", "codePath": str(FUNCTIONS)},
+                        {"name": "chat", "handler": "chat.handler", "codePath": str(FUNCTIONS), "models": ["m"]})
+    return await make_client(test_config(deploy, **{"frontend.args.maxBodyContainers": LIMIT}))
+
+
+async def _refused(resp) -> str:
+    assert resp.status == 413, await resp.text()
+    body = await resp.json()
+    message = body["error"]["message"] if isinstance(body.get("error"), dict) else body.get("message", str(body))
+    assert "frontend.args.maxBodyContainers" in message, body
+    return message
+
+
+async def test_too_many_containers_is_413_on_every_json_route(cclient):
+    await _refused(await cclient.post("/serverless/v1/functions/echo/invocations", data=NESTED))
+    await _refused(await cclient.post("/invocations/default/default/echo/", data=NESTED))
+    await _refused(await cclient.post("/v2/echo/run", data=b'{"input": ' + NESTED + b"}"))
+    await _refused(await cclient.post("/v2/echo/runsync", data=b'{"input": ' + NESTED + b"}"))
+    chat = b'{"model": "m", "messages": [], "x": ' + NESTED + b"}"
+    resp = await cclient.post("/v1/chat/completions", data=chat)
+    assert (await resp.json())["error"]["type"] == "invalid_request_error"  # OpenAI's shape
+    await _refused(resp)
+    await _refused(await cclient.post("/serverless/v1/streams/s", data=NESTED))
+    await _refused(await cclient.post("/serverless/v1/streams/s", data=NESTED.replace(b",", b"\n")))  # NDJSON
+    await _refused(await cclient.post("/serverless/v1/streams/s", data=msgpack.packb([[{}] * 10] * 200),
+                                      headers=MSGPACK))
+
+
+async def test_brackets_inside_strings_do_not_count(cclient):
+    assert IN_STRINGS.count(b"[") + IN_STRINGS.count(b"{") > LIMIT
+    resp = await cclient.post("/serverless/v1/functions/echo/invocations", data=IN_STRINGS)
+    assert resp.status == 200 and await resp.json() == json.loads(IN_STRINGS)
+    under = b"[" + b"[]," * (LIMIT - 2) + b"[]]"  # exactly LIMIT arrays
+    resp = await cclient.post("/serverless/v1/functions/echo/invocations", data=under)
+    assert resp.status == 200 and len(await resp.json()) == LIMIT - 1
+
+
+def test_msgpack_counts_are_read_before_the_work():
+    # The probe's 5 M `{}` in one array: refused on the array header, before any map is made.
+    with pytest.raises(Exception, match="maxElementsPerPublish"):
+        parse_elements(msgpack.packb([{}] * 20_000), MSGPACK["Content-Type"], 10_000, LIMIT)
+    with pytest.raises(BodyTooLargeError, match="maxBodyContainers"):
+        parse_elements(msgpack.packb([[{}] * 100] * 11), MSGPACK["Content-Type"], 10_000, LIMIT)
+    with pytest.raises(BodyTooLargeError, match="maxBodyContainers"):
+        parse_elements(msgpack.packb([list(range(LIMIT + 1))]), MSGPACK["Content-Type"], 10_000, LIMIT)
+    ok = parse_elements(msgpack.packb([[{}] * 100] * 9), MSGPACK["Content-Type"], 10_000, LIMIT)
+    assert ok[0] == b"[" + b",".join([b"{}"] * 100) + b"]"
+
+
+def test_a_large_body_is_parsed_with_the_collector_paused():
+    body = json.dumps([{"i": i} for i in range(20_000)]).encode()
+    assert len(body) >= safe_json.LARGE_BODY
+    passes: list[int] = []
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "start":
+            passes.append(info["generation"])
+    gc.callbacks.append(seen)
+    try:
+        value = safe_json.loads(body, max_containers=100_000)
+    finally:
+        gc.callbacks.remove(seen)
+    # none while it parsed (about 30 before); the one owed may run as the collector is turned back on
+    assert len(value) == 20_000 and len(passes) <= 1 and gc.isenabled()

@@ -35,6 +35,8 @@ if taker and taker ~= ARGV[1] and taker ~= ARGV[3] then return taker end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return 1
 """
+Entry = tuple[str, dict[str, str]]  # a queue entry as read: its id, its fields
+
 # Seconds a `taken` key outlives its invocation's deadline (other nodes' clocks may be behind).
 TAKEN_MARGIN = 5
 
@@ -240,6 +242,8 @@ class Intake(Runner):
         per invocation id, _TAKEN). An enqueue sent again through a Redis outage can queue an
         invocation twice: its second entry finds the first taken and is dropped; a reclaimed entry
         whose taker still lives (its heartbeat key is there) is left to it."""
+        if reclaimed:
+            entries = await self._still_pending(key, entries)
         runs: list[tuple[str, str, Call]] = []
         for entry_id, fields in entries:
             try:
@@ -276,6 +280,21 @@ class Intake(Runner):
                 self._cancelled.discard(inv_id)
             raise
         return started
+
+    async def _still_pending(self, key: str, entries: list[Entry]) -> list[Entry]:
+        """Reclaimed entries that are still to run. An XAUTOCLAIM Redis ran just before this worker's
+        own XACK of an entry it had finished may return it once the worker let go of it (_held): run
+        again, a JSON call would run twice (its answer is in its frontend's stream, so _should_run
+        cannot tell) and set its `taken` guard again after the frontend deleted it. So none still
+        finishing here, and none Redis no longer has pending (asked once its XACK was confirmed)."""
+        entries = [(e, f) for e, f in entries if f.get("id", e) not in self._finishing]
+        if not entries:
+            return entries
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for entry_id, _ in entries:
+                pipe.xpending_range(key, Keys.GROUP, min=entry_id, max=entry_id, count=1)
+            pending = await pipe.execute()
+        return [entry for entry, still in zip(entries, pending, strict=True) if still]
 
     async def _take_over(self, key: str, inv_id: str, entry_id: str, call: Call, taker: str) -> int | None:
         """Another worker is the invocation's taker: 1 once this one took it over from a dead one

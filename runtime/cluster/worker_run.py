@@ -120,6 +120,7 @@ class Runner:
         self._held_of: dict[str, int] = {}                 # queue key -> entries held of it
         self._left_out: set[str] = set()                   # queues a slot's reader left out: no room
         self._cancelled: set[str] = set()                  # held, not yet running, cancel message seen
+        self._finishing: set[str] = set()                  # ended, its answer and ack not yet confirmed
         self._grouped: set[str] = set()
         self._by_slot: dict[int, list[str]] = {}           # cluster slot -> queue keys read together
         self._function_of: dict[str, Deployment] = {}      # queue key -> the function it queues
@@ -167,6 +168,14 @@ class Runner:
         key, entry_id = held
         self._cancelled.discard(inv_id)
         self._slots.release()
+        self._finishing.add(inv_id)  # until its XACK is confirmed: a reclaim must not take it (Intake._take)
+        try:
+            await self._finish(inv_id, key, entry_id, terminal, reply)
+        finally:
+            self._finishing.discard(inv_id)
+
+    async def _finish(self, inv_id: str, key: str, entry_id: str, terminal: list[dict[str, str]] | None,
+                      reply: str | None) -> None:
         commands: list[tuple[EncodableT, ...]] = []
         if terminal and reply:
             pairs = [x for name, value in {"id": inv_id, **terminal[-1]}.items() for x in (name, value)]

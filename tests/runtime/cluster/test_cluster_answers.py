@@ -320,3 +320,48 @@ async def test_a_worker_that_redis_refuses_a_consumer_group_serves_once_it_may(r
             await wait_until(served, "the worker to serve once allowed", limit=30)
     finally:
         worker.stop()
+
+
+async def test_a_reclaim_never_reruns_an_entry_this_worker_just_finished(redis_server):
+    """A JSON call's entry this worker finished (answered, its XACK on its way) may still come back
+    from an XAUTOCLAIM Redis ran just before that XACK. It is not run again — its answer is in the
+    frontend's stream, where the re-run check does not look — nor is its `taken` guard set again
+    after the frontend deleted it (what left `{inv:*}:taken` keys behind, a run in four under load)."""
+    import json
+    import time
+
+    from runtime.cluster.wire import encode_call
+    from runtime.cluster.worker import QueueConsumer
+    from runtime.executor import Executor
+    from runtime.registry import Registry
+
+    keys, r = Keys(), redis_server.client()
+    key = keys.queue("default/relay")
+    r.xgroup_create(key, Keys.GROUP, id="0", mkstream=True)
+    redis = connect(redis_server.url)
+    consumer = QueueConsumer(redis, keys, Registry(), Executor(), "w1", claim_idle=0.01)
+
+    def queued_and_read(inv_id: str) -> list:
+        """An entry read by w1, then what an XAUTOCLAIM (of w1's own idle entries) returns of it."""
+        fields = encode_call(inv_id, key, json.dumps({}), mode="json", trace="t" * 32, deadline=time.time() + 30,
+                             buffer=16, max_write=1024, max_response=1024, buffer_bytes=None, items=False,
+                             reply="fnstream:{answers:n}")
+        r.xadd(key, dict(zip(fields[::2], fields[1::2], strict=True)))
+        r.xreadgroup(Keys.GROUP, "w1", {key: ">"})
+        return r.xautoclaim(key, Keys.GROUP, "w1", 0, "0-0")[1]
+
+    try:
+        stale = queued_and_read("a" * 22)
+        [(entry_id, _)] = stale
+        r.xack(key, Keys.GROUP, entry_id)  # the worker's own XACK of it, which Redis ran after that claim
+        r.xdel(key, entry_id)
+        assert await consumer._take(key, stale, reclaimed=True) == 0
+        assert not r.exists(keys.taken("a" * 22))
+
+        finishing = queued_and_read("b" * 22)  # still pending: its answer and ack are on their way
+        consumer._finishing.add("b" * 22)
+        assert await consumer._take(key, finishing, reclaimed=True) == 0
+        assert not r.exists(keys.taken("b" * 22))
+        assert not consumer._jobs
+    finally:
+        await redis.aclose()

@@ -27,6 +27,7 @@ from .hosts import HOST_POLICY, HostPolicy, host_middleware
 from .jobs import set_job_keys
 from .keys import BROKER, CONFIG, DISPATCHER, EXECUTOR, LIFECYCLE, NODE, OUTPUTS, REGISTRY, TRACE_ID
 from .metrics import install_metrics, job_metrics
+from .os_resources import raise_fd_limit
 from .routes import (
     admin,
     console,
@@ -40,7 +41,7 @@ from .routes import (
     streams,
     yr_functions,
 )
-from .server import FnstreamRunner, raise_fd_limit, start_site
+from .server import FnstreamRunner, start_site
 
 __all__ = ("build_app", "serve", "SERVER_KWARGS")
 

@@ -14,11 +14,8 @@ shape, not aiohttp's text pages.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import json
 import logging
-import resource
 import socket
 import struct
 import time
@@ -39,9 +36,10 @@ from runtime.tracing import make_traceparent
 from .errors import http_error_code
 from .front_door import FrontDoor
 from .keys import TRACE_ID
+from .os_resources import malloc_trim
 from .tracing import add_trace_headers
 
-__all__ = ("FnstreamRunner", "ListenError", "raise_fd_limit", "start_site")
+__all__ = ("FnstreamRunner", "ListenError", "start_site")
 
 log = logging.getLogger("fnstream.frontend")
 
@@ -117,22 +115,7 @@ class _HeadBudget:
             if now - self._trimmed_at >= 1.0:  # a trim walks the heap: at most once a second
                 self._trimmed_at = now
                 self._peak = 0
-                _malloc_trim()
-
-
-def _load_malloc_trim() -> Any:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-
-
-def _malloc_trim() -> None:
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
+                malloc_trim()
 
 
 class _LimitedHandler(RequestHandler):
@@ -436,16 +419,3 @@ async def start_site(runner: web.BaseRunner, config: Config, host: str, port: in
     for sock in getattr(server, "sockets", ()):
         release_listener_in_forked_children(sock)  # a handler's fork must not take nor keep our connections
     return site
-
-
-def raise_fd_limit(max_connections: int) -> None:
-    """Lift the soft file-descriptor limit towards the hard one so `maxConnections` can be reached."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = max_connections + 256  # listener, Redis, logs, worker pipes
-    if soft != resource.RLIM_INFINITY and soft < want:
-        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
-        if new > soft:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-        if new < want:
-            log.warning("file descriptor limit %d is below frontend.limits.maxConnections=%d; connections past "
-                        "it fail at accept instead of getting 503", new, max_connections)

@@ -89,6 +89,7 @@ class WorkerPool(SlotScheduler):
         self._wake = threading.Event()
         self.cold_starts = 0
         self.sessions_moved = 0  # sessions whose worker died, continued on another (their state lost)
+        self.exclusive_lost = 0  # exclusive sessions that had to share their worker (scheduling.py)
 
     #: a cancelled handler's thread can be interrupted (Java); else a lone `def` handler past its
     #: timeout is killed with its worker at once (a Python thread cannot be stopped)
@@ -194,12 +195,16 @@ class WorkerPool(SlotScheduler):
             return
         live = self._live()
         starting = sum(1 for w in live if w.state == "starting") + self._spawning
-        if starting == 0 and len(live) < self.max_instances:
-            if not self.budget.take(self):
-                return  # no room on the node (runtime.maxWorkerProcesses): calls wait for a slot
+        if starting:
+            return
+        if len(live) < self.max_instances and self.budget.take(self):
             if not any(w.state == "ready" for w in live):
                 self.cold_starts += 1
             self._spawn_in_background(counted=True)
+            return
+        # No room on the node (runtime.maxWorkerProcesses) or maxInstances: calls wait for a slot,
+        # on an instance no exclusive session keeps to itself.
+        self._share_if_starved()
 
     # -- supervision (reader threads, the scale thread) ----------------------------------------
     def _on_loaded(self, kind: str | None, error: str | None, runpod: dict[str, Any] | None = None) -> None:
@@ -334,6 +339,6 @@ class WorkerPool(SlotScheduler):
             return {"minInstances": self.min_instances, "maxInstances": self.max_instances,
                     "instanceConcurrency": self.slots, "scaleDownIdleSeconds": self.idle_seconds,
                     "waiting": len(self._waiters), "restarts": self.restarts, "coldStarts": self.cold_starts,
-                    "sessionsMoved": self.sessions_moved,
+                    "sessionsMoved": self.sessions_moved, "exclusiveLost": self.exclusive_lost,
                     "error": self.broken, "instances": len(self.workers),
                     "workers": [w.describe() for w in self.workers]}

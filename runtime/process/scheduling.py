@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConcurrencyLimitError, FunctionServiceError
 from ..manifest import FunctionSpec
 from ..threadpool import call_threadsafe
+from .budget import WorkerBudget
 from .errors import WorkerUnavailableError
 from .protocol import Invoke
 from .worker_process import PooledCall, WorkerProcess
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
     from ..surface import PooledInvocation
 
 __all__ = ("SlotScheduler",)
+
+log = logging.getLogger("fnstream.process")
 
 
 class _Waiter:
@@ -47,9 +51,11 @@ class SlotScheduler(abc.ABC):
     workers: list[WorkerProcess]
     _waiters: deque[_Waiter]
     max_instances: int
+    budget: WorkerBudget
     broken: str | None
     stopping: bool
     sessions_moved: int
+    exclusive_lost: int
 
     @property
     def name(self) -> str:
@@ -58,6 +64,17 @@ class SlotScheduler(abc.ABC):
     @abc.abstractmethod
     def _maybe_scale_up(self) -> None:
         """Called with the lock held: one more worker when invocations wait (the pool's scaling)."""
+
+    @abc.abstractmethod
+    def _live(self) -> list[WorkerProcess]:
+        """Called with the lock held: workers that serve or will serve."""
+
+    def _possible_instances(self) -> int:
+        """Called with the lock held: the instances the function can have now — maxInstances, or
+        fewer when the node's cap (runtime.maxWorkerProcesses) leaves no room for more."""
+        room = self.budget.room_for(self)
+        return self.max_instances if room == float("inf") else min(self.max_instances,
+                                                                   len(self._live()) + int(room))
 
     async def acquire(self, session: Session | None = None) -> tuple[WorkerProcess, bool]:
         """A slot on a worker (the session's own, if pinned) and whether the session restarted.
@@ -69,12 +86,17 @@ class SlotScheduler(abc.ABC):
             self._check_usable()
             if session is not None and session.exclusive and session.worker is None \
                     and not self._exclusive_share_left(session):
+                possible = self._possible_instances()
                 raise ConcurrencyLimitError(
-                    f"function {self.name!r}: exclusive sessions may own at most {self.max_instances - 1} of its "
-                    f"{self.max_instances} instance(s) (maxInstances), one always stays shared; all are owned"
-                    if self.max_instances > 1 else
+                    f"function {self.name!r}: exclusive sessions may own at most {possible - 1} of the "
+                    f"{possible} instance(s) it can have now, one always stays shared; all are owned"
+                    if possible > 1 else
                     f"function {self.name!r} has one instance (maxInstances 1): an exclusive session "
-                    "(concurrency -1) would lock every other caller out; raise maxInstances or use concurrency >= 1")
+                    "(concurrency -1) would lock every other caller out; raise maxInstances or use concurrency >= 1"
+                    if self.max_instances <= 1 else
+                    f"function {self.name!r} can have one instance now (maxInstances {self.max_instances}, but "
+                    "the node's runtime.maxWorkerProcesses leaves no room for more): an exclusive session "
+                    "(concurrency -1) would lock every other caller out; retry later or use concurrency >= 1")
             picked = self._pick(session)
             if picked is not None:
                 return picked
@@ -101,8 +123,9 @@ class SlotScheduler(abc.ABC):
 
     def _exclusive_share_left(self, session: Session) -> bool:
         """Called with the lock held: may `session` own one more worker? Exclusive sessions together own
-        at most maxInstances - 1, so that one instance always serves everyone else: no session, whatever
-        its TTL, starves the function's other callers (they scale out onto it instead)."""
+        at most one fewer than the instances the function can have now (maxInstances, or fewer under
+        the node's cap), so that one instance always serves everyone else: no session, whatever its
+        TTL, starves the function's other callers (they scale out onto it instead)."""
         now = time.monotonic()
         owned = 0
         for worker in self.workers:
@@ -110,7 +133,32 @@ class SlotScheduler(abc.ABC):
                 worker.live_sessions(now)  # forgets an expired owner
             if worker.exclusive is not None and worker.exclusive is not session:
                 owned += 1
-        return owned < self.max_instances - 1
+        return owned < self._possible_instances() - 1
+
+    def _share_if_starved(self) -> None:
+        """Called with the lock held, when no worker will start (maxInstances, or the node's cap came
+        down on the function since its sessions took their share): if every instance is owned by an
+        exclusive session while others wait, the least busy one's session loses its exclusivity —
+        it keeps its worker, others are placed there too — rather than starve them for its TTL."""
+        if not any(w.session is None or not w.session.exclusive for w in self._waiters):
+            return
+        now = time.monotonic()
+        owned = []
+        for worker in self._live():
+            if worker.exclusive is not None:
+                worker.live_sessions(now)  # forgets an expired owner
+            if worker.exclusive is None:
+                return  # a shared instance: they wait for a slot on it, as at maxInstances
+            owned.append(worker)
+        if not owned:
+            return
+        worker = min(owned, key=lambda w: w.busy)
+        session, worker.exclusive = worker.exclusive, None
+        self.exclusive_lost += 1
+        log.warning("function %s: session %r loses exclusive use of worker %d: the function can have no "
+                    "other instance now (maxInstances %d, runtime.maxWorkerProcesses) and calls wait",
+                    self.name, session.id if session is not None else None, worker.pid, self.max_instances)
+        self._dispatch()
 
     def _pick(self, session: Session | None) -> tuple[WorkerProcess, bool] | None:
         """Called with the lock held: take a slot for `session` (or anyone) if one is free."""

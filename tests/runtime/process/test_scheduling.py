@@ -17,6 +17,7 @@ import pytest
 
 from runtime.errors import ConcurrencyLimitError
 from runtime.manifest import FunctionSpec
+from runtime.process.budget import WorkerBudget
 from runtime.process.errors import WorkerUnavailableError
 from runtime.process.scheduling import SlotScheduler
 from runtime.process.worker_process import WorkerProcess
@@ -59,11 +60,16 @@ class Pool(SlotScheduler):
         self.broken = None
         self.stopping = False
         self.sessions_moved = 0
+        self.exclusive_lost = 0
+        self.budget = WorkerBudget()
         self.scale_ups = 0
 
     def _maybe_scale_up(self) -> None:
         if self._waiters:
             self.scale_ups += 1
+
+    def _live(self) -> list[WorkerProcess]:
+        return [w for w in self.workers if w.state in ("starting", "ready")]
 
 
 def session(sid: str, concurrency: int = 1, ttl: float = 600) -> Session:
@@ -170,7 +176,7 @@ async def test_exclusive_sessions_never_own_every_instance():
     pool = Pool(workers=2, slots=1, max_instances=2)
     first = session("first", concurrency=-1)
     owned, _ = await pool.acquire(first)
-    with pytest.raises(ConcurrencyLimitError, match="at most 1 of its 2 instance"):
+    with pytest.raises(ConcurrencyLimitError, match="at most 1 of the 2 instance"):
         await pool.acquire(session("second", concurrency=-1))
     shared, _ = await pool.acquire()
     assert shared is not owned

@@ -84,3 +84,43 @@ async def test_a_function_filling_the_node_can_be_redeployed_and_replaced(capped
     assert (await client.delete(f"{FUNCS}/pz")).status == 200
     await deploy(client, "pz2", instances=2)
     await eventually(lambda: workers(client), "only pz2's workers", accept=lambda n: n == 2)
+
+
+def exclusive(sid: str) -> dict:
+    return {"X-Instance-Session": json.dumps({"sessionID": sid, "sessionTTL": 86400, "concurrency": -1})}
+
+
+async def sessions(client, name: str) -> list:
+    return (await (await client.get(f"{FUNCS}/{name}")).json())["function"]["status"]["sessions"]
+
+
+async def test_an_exclusive_session_is_judged_against_the_instances_the_cap_allows(capped):
+    # pe2 may have 2 instances, but the node (2) has room for one: exclusive use of it would
+    # leave every other caller waiting for the session's day-long TTL. Refused, and others run.
+    client = await capped(2)
+    await deploy(client, "pe", instances=1)
+    await deploy(client, "pe2", minInstances=0, maxInstances=2, timeout=5)
+    resp = await invoke(client, "pe2", {"seconds": 0}, exclusive("e1"))
+    body = await resp.json()
+    assert resp.status == 429 and body["code"] == 200429, body
+    assert "runtime.maxWorkerProcesses" in body["message"]
+    assert await sessions(client, "pe2") == []
+    assert (await invoke(client, "pe2", {"seconds": 0})).status == 200
+
+
+async def test_an_exclusive_session_shares_its_worker_once_the_cap_leaves_no_other(capped):
+    # e1 took one of 2 instances pe2 could have; then another deploy took the node's last room:
+    # pe2 can have no other worker, so e1 shares its own rather than starve the others.
+    client = await capped(2)
+    await deploy(client, "pe2", minInstances=0, maxInstances=2, timeout=5)
+    resp = await invoke(client, "pe2", {"seconds": 0}, exclusive("e1"))
+    assert resp.status == 200, await resp.text()
+    owner = (await resp.json())["pid"]
+    await deploy(client, "fb", "nap", minInstances=1)
+    resp = await invoke(client, "pe2", {"seconds": 0})
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["pid"] == owner
+    pool = (await (await client.get(f"{FUNCS}/pe2")).json())["function"]["status"]["pool"]
+    assert pool["exclusiveLost"] == 1 and len(pool["workers"]) == 1
+    resp = await invoke(client, "pe2", {"seconds": 0}, exclusive("e1"))
+    assert resp.status == 200 and (await resp.json())["pid"] == owner  # the session keeps its worker

@@ -33,6 +33,20 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+async def _workers_quiet(server_pid: int) -> None:
+    """Wait until no worker process is still starting (importing under valgrind takes long)."""
+    for _ in range(120):
+        before = {p: _cpu_ticks(p) for p in _children(server_pid)}
+        await asyncio.sleep(1)
+        if all(_cpu_ticks(p) - t <= 2 for p, t in before.items() if Path(f"/proc/{p}").exists()):
+            return
+
+
 def _control(pids: list[int], *args: str) -> None:
     for pid in pids:
         subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
@@ -72,6 +86,7 @@ async def run(args: argparse.Namespace) -> int:
         for target in targets:  # warm up all first: no worker is still starting while another is measured
             await run_streams(target, {"count": 200}, 2)
             await run_invokes(target, EVENT, args.concurrency, 600, requests=200)
+        await _workers_quiet(server.proc.pid)
         for target in targets:
             name = target.name
 

@@ -67,8 +67,10 @@ class ProcessExecutor:
                     if pool.init_error is not None:
                         raise InitializerError(pool.init_error)
                     job, frame = pool.begin(worker, inv, session, inv.session_restarted)
-                    if not worker.send_on_loop(frame):
-                        # A large event: never block the loop on the socket.
+                    # A one-slot worker gets one invoke per turn: straight out, no flush a turn later.
+                    if not (worker.send_soon(frame) if worker.slots == 1 else worker.send_on_loop(frame)) \
+                            and worker.state != "dead":
+                        # A large event (or another sender holds the socket): never block the loop on it.
                         await asyncio.to_thread(worker.send, frame)
                     kind, value = await job.waiter
             except TimeoutError:

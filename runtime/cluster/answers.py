@@ -33,6 +33,7 @@ from runtime.tasks import checkpoint, stop_tasks
 
 from .batch import Batcher
 from .settings import REDIS_DOWN, AnyRedis, Backoff, ClusterUnavailableError, Keys
+from .wire import answer_of, entry_kind
 
 if TYPE_CHECKING:
     from runtime.manifest import FunctionSpec
@@ -136,7 +137,7 @@ class AnswerReader:
             if reply:
                 for entry_id, fields in reply[0][1]:
                     last = entry_id
-                    self._resolve(fields.get("id", ""), fields)
+                    self._resolve(answer_of(fields), fields)
                 self._send("XTRIM", self.key, "MINID", last)   # all but the last: what was read
             now = time.monotonic()
             if now >= next_sweep:
@@ -181,7 +182,7 @@ class AnswerReader:
         if look.cancelled() or look.exception() is not None or not look.result():
             return
         _entry_id, fields = look.result()[0]
-        if fields.get("t") in ("result", "error") and inv_id in self._waiting:
+        if entry_kind(fields) in ("result", "error") and inv_id in self._waiting:
             self._resolve(inv_id, fields)
             self._send("DEL", self.keys.output(inv_id))
 

@@ -39,8 +39,9 @@ from runtime.errors import FunctionServiceError
 from runtime.surface import Mode
 
 __all__ = ("PROTOCOL", "WireError", "ProtocolMismatch", "Call", "Data", "Terminal", "Record",
-           "encode_call", "decode_call", "origin", "data_entry", "result_entry", "error_entry", "decode_output",
-           "encode_heartbeat", "decode_heartbeat", "encode_record", "decode_record", "decode_cancel", "decode_ack")
+           "encode_call", "decode_call", "call_id", "origin", "data_entry", "result_entry", "error_entry",
+           "decode_output", "entry_kind", "answer_of", "encode_heartbeat", "decode_heartbeat", "encode_record",
+           "decode_record", "decode_cancel", "decode_ack")
 
 PROTOCOL = 1
 _P = str(PROTOCOL)
@@ -119,6 +120,12 @@ def encode_call(inv_id: str, function: str, event_json: str, *, mode: str, trace
     return entry
 
 
+def call_id(entry_id: str, fields: Mapping[str, str]) -> str:
+    """The invocation a queue entry names, without reading the rest (of an entry about to be reclaimed,
+    or refused)."""
+    return fields.get("id") or entry_id
+
+
 def decode_call(entry_id: str, fields: Mapping[str, str]) -> Call:
     """A queue entry as the Call it carries (WireError: not one to run)."""
     what = f"queue entry {entry_id}"
@@ -138,7 +145,7 @@ def decode_call(entry_id: str, fields: Mapping[str, str]) -> Call:
     max_write = _int(what, fields, "maxWrite", 4 * 1024 * 1024)
     max_response = _int(what, fields, "maxResponse", 6 * 1024 * 1024)
     assert buffer is not None and max_write is not None and max_response is not None
-    return Call(id=fields.get("id") or entry_id, function=fields.get("function", ""), event=event,
+    return Call(id=call_id(entry_id, fields), function=fields.get("function", ""), event=event,
                 mode=next((m for m in _MODES if m == mode), "json"), trace=fields.get("trace"), deadline=deadline,
                 buffer=buffer, buffer_bytes=_int(what, fields, "bufferBytes", None), max_write=max_write,
                 max_response=max_response, items=fields.get("items") == "1", reply=fields.get("reply"))
@@ -166,6 +173,17 @@ def result_entry(text: str | None) -> dict[str, str]:
 
 def error_entry(exc: FunctionServiceError) -> dict[str, str]:
     return {"t": "error", "code": str(exc.code), "status": str(exc.status), "message": exc.message}
+
+
+def entry_kind(fields: Mapping[str, str]) -> str | None:
+    """What an output entry is (`data`, `result`, `error`), without reading it: enough for a worker
+    that reclaims a call (had it begun? ended?) and for the answers reader's look into a call's stream."""
+    return fields.get("t")
+
+
+def answer_of(fields: Mapping[str, str]) -> str:
+    """The invocation an entry of a frontend's answers stream answers ("" when it names none)."""
+    return fields.get("id", "")
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from runtime.deployment import Deployment
 from ..tasks import checkpoint
 from .answers import ANSWER_SCRIPT
 from .settings import REDIS_DOWN, Backoff, Keys, slot_of
-from .wire import Call, WireError, decode_call, error_entry, origin
+from .wire import Call, WireError, call_id, decode_call, error_entry, origin
 from .worker_run import _APPEND, Runner, log
 
 __all__ = ("Intake",)
@@ -221,7 +221,7 @@ class Intake(Runner):
                                                             "0-0", count=free)
                         # Not one it runs itself: a stalled loop can let its own entries go idle.
                         taken += await self._take(key, [(entry_id, fields) for entry_id, fields in reply[1]
-                                                        if fields and fields.get("id", entry_id) not in self._held],
+                                                        if fields and call_id(entry_id, fields) not in self._held],
                                                   reclaimed=True)
                     finally:
                         self._slots.release(free - taken)
@@ -323,7 +323,7 @@ class Intake(Runner):
         """A queue entry this worker will not run: logged, acked and dropped (not left to be reclaimed
         again and again), and answered with the refusal when it names its invocation, so its caller
         learns why at once rather than at its deadline (its frontend may not read it: another version)."""
-        inv_id, reply = fields.get("id"), fields.get("reply")
+        inv_id, reply = fields.get("id"), fields.get("reply")   # (what may be read of an entry refused)
         log.warning("worker %s: refusing entry %s of %s (invocation %s), not run: %s",
                     self.id, entry_id, key, inv_id, exc.message)
         self._drop_entry(key, entry_id)

@@ -26,7 +26,7 @@ from runtime.registry import Registry
 from .answers import ANSWER_SCRIPT
 from .batch import Batcher
 from .settings import REDIS_DOWN, AnyRedis, Backoff, Keys, WorkerLostError, through_outage
-from .wire import Call, data_entry, decode_ack, error_entry, origin, result_entry
+from .wire import Call, data_entry, decode_ack, entry_kind, error_entry, origin, result_entry
 
 __all__ = ("Runner",)
 
@@ -239,7 +239,7 @@ class Runner:
         if reclaimed:
             last: Any = await through_outage(lambda: self.redis.xrevrange(self.keys.output(inv_id), count=1),
                                              self._until(inv_id))
-            kind = last[0][1].get("t") if last else None
+            kind = entry_kind(last[0][1]) if last else None
             if kind in ("result", "error"):
                 return False  # finished, only the ack was lost
             if kind == "data":

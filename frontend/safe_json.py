@@ -107,10 +107,45 @@ _OPENERS = (b"{", b"[")
 _JSON_SPACE = " \t\n\r"
 
 
-def _decode(text: str) -> Any:
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _array_items(text: str, limit: int) -> list[Any] | None:
+    """`text` as a lone JSON array, read item by item and stopped after `limit` + 1 items (the
+    caller refuses that many before the rest is parsed); None when it is not one (the caller's
+    parse says why, or reads NDJSON)."""
+    pos = _SPACE.match(text).end()  # type: ignore[union-attr]  # (matches the empty string)
+    if text[pos:pos + 1] != "[":
+        return None
+    pos = _SPACE.match(text, pos + 1).end()  # type: ignore[union-attr]
+    items: list[Any] = []
+    if text[pos:pos + 1] != "]":
+        while True:
+            try:
+                value, pos = _scan_once(text, pos)
+            except StopIteration:
+                return None
+            items.append(value)
+            if len(items) > limit:
+                return items
+            pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]
+            if text[pos:pos + 1] != ",":
+                break
+            pos = _SPACE.match(text, pos + 1).end()  # type: ignore[union-attr]
+        if text[pos:pos + 1] != "]":
+            return None
+    return items if not text[pos + 1:].strip(_JSON_SPACE) else None
+
+
+def _decode(text: str, max_items: int | None = None) -> Any:
     """`_DECODER.decode(text)`; a value that starts at the first character and is followed by
     nothing but whitespace is scanned at once (decode's whitespace regexes and method calls are
-    most of what a small body costs). Anything else goes through decode, which raises its errors."""
+    most of what a small body costs). Anything else goes through decode, which raises its errors.
+    With `max_items`, an array is read item by item and stops past that many (`_array_items`)."""
+    if max_items is not None:
+        items = _array_items(text, max_items)
+        if items is not None:
+            return items
     try:
         value, end = _scan_once(text, 0)
     except StopIteration:  # no value at the first character: leading whitespace, or an empty text
@@ -120,20 +155,23 @@ def _decode(text: str) -> Any:
     return _DECODER.decode(text)  # "Extra data"
 
 
-def loads(raw: bytes | str, what: str = "request body", max_containers: int | None = None) -> Any:
+def loads(raw: bytes | str, what: str = "request body", max_containers: int | None = None,
+          max_items: int | None = None) -> Any:
     """Parse JSON text; raise BadRequestError with a message naming `what` and the problem, and
-    BodyTooLargeError (413) past `max_containers` arrays and objects (`check_containers`).
+    BodyTooLargeError (413) past `max_containers` arrays and objects (`check_containers`). With
+    `max_items`, a top-level array is parsed no further than `max_items` + 1 items (the caller
+    refuses a list that long).
 
     json.JSONDecodeError is let through (callers word its position their own way).
     """
     check_containers(raw, max_containers, what)
     if len(raw) < LARGE_BODY:
-        return _loads(raw, what)
+        return _loads(raw, what, max_items)
     with gc_paused():
-        return _loads(raw, what)
+        return _loads(raw, what, max_items)
 
 
-def _loads(raw: bytes | str, what: str) -> Any:
+def _loads(raw: bytes | str, what: str, max_items: int | None) -> Any:
     try:
         # What json.loads does (bytes: detect UTF-8/16/32), with a decoder made once: loads with
         # options builds a new one on every call.
@@ -144,7 +182,7 @@ def _loads(raw: bytes | str, what: str) -> Any:
         else:  # a body that opens an object or array, and no NUL after it (UTF-16/32-LE), is UTF-8
             utf8 = raw[:1] in _OPENERS and raw[1:2] != b"\x00"
             text = raw.decode("utf-8" if utf8 else json.detect_encoding(raw), "surrogatepass")
-        value = _decode(text)
+        value = _decode(text, max_items)
     except json.JSONDecodeError:
         raise
     except UnicodeDecodeError:

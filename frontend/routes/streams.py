@@ -296,7 +296,8 @@ def _element_bytes(value: Any) -> bytes:
 
 def _refuse_count(count: int, limit: int) -> None:
     if count > limit:
-        raise TooManyElementsError(f"{count} elements in one publish; at most {limit} "
+        raise TooManyElementsError(f"{count if count > limit + 1 else 'more than ' + str(limit)} elements in "
+                                   f"one publish; at most {limit} "
                                    "(streams.maxElementsPerPublish): send them in several requests; "
                                    "nothing was published")
 
@@ -354,7 +355,7 @@ def parse_elements(raw: bytes, content_type: str, max_elements: int = 10000,
                                   f"(Content-Type: {MSGPACK})") from None
         safe_json.check_containers(raw, max_containers, "body")
         try:
-            whole = safe_json.loads(text, "body")
+            whole = safe_json.loads(text, "body", max_items=max_elements)  # stops past max_elements
             values = whole if isinstance(whole, list) else [whole]
         except json.JSONDecodeError:
             values = []

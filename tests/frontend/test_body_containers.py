@@ -87,3 +87,16 @@ def test_a_large_body_is_parsed_with_the_collector_paused():
         gc.callbacks.remove(seen)
     # none while it parsed (about 30 before); the one owed may run as the collector is turned back on
     assert len(value) == 20_000 and len(passes) <= 1 and gc.isenabled()
+
+
+def test_a_publish_reads_no_further_than_its_element_limit():
+    """A JSON array is parsed item by item and refused past `max_elements`: the rest (here a NaN,
+    a 400 once parsed) is never read."""
+    with pytest.raises(Exception, match="more than 5 elements") as err:
+        parse_elements(b"[1, 2, 3, 4, 5, 6, NaN]", "application/json", 5, LIMIT)
+    assert getattr(err.value, "status", None) == 413
+    assert parse_elements(b' [1, "a", {"b": [2]}]\n', "application/json", 5, LIMIT) == [b"1", b"a", b'{"b":[2]}']
+    assert parse_elements(b"[1, 2]\n[3]", "application/json", 5, LIMIT) == [b"[1,2]", b"[3]"]  # NDJSON
+    assert safe_json.loads(b"[]", max_items=0) == [] and safe_json.loads(b"[ 1 ]", max_items=0) == [1]
+    with pytest.raises(json.JSONDecodeError):
+        safe_json.loads(b"[1, 2", max_items=5)

@@ -7,7 +7,9 @@ deploy joins only if the workers held on the node — each pool's minimum, or wh
 — leave room for it (else 429, runtime/registry.py), so the workers a function keeps (its
 minimum, their replacements) always start. A scale-out or a cold start past a pool's minimum
 takes room the minimums leave free, while there is some; past it the function's calls wait for a
-slot on the workers it has (within their deadline), as they do at its maxInstances.
+slot on the workers it has (within their deadline), as they do at its maxInstances. While a
+function waits for room (a call, or a deploy), the others stop their idle workers above their
+minimum at once instead of after `scaleDownIdleSeconds`: idle scale-outs never starve it.
 
 The one overlap: a redeploy starts the new code's workers before the replaced ones stop (calls
 never wait on a deploy), so for that moment the replaced ones count on top.
@@ -42,6 +44,8 @@ class WorkerBudget:
         self.limit = limit
         self._pools: dict[Any, _Held] = {}
         self._changed = threading.Condition()
+        self._wanting: set[Any] = set()  # pools whose calls wait for room (`take` refused them)
+        self._joining = 0                # deploys waiting in `join` for room
 
     @property
     def live(self) -> int:
@@ -69,7 +73,11 @@ class WorkerBudget:
                             f"{self.limit}): {held} are held by other functions (their minInstances, or "
                             f"what they scaled out to), and this one needs {reserved}; retry once "
                             "they scale down, or lower minInstances")
-                self._changed.wait(left)
+                self._joining += 1  # the others give back their idle workers above their minimum
+                try:
+                    self._changed.wait(min(left, 0.1))
+                finally:
+                    self._joining -= 1
         return None
 
     def keep(self, pool: Any, reserved: int) -> None:
@@ -83,6 +91,7 @@ class WorkerBudget:
     def leave(self, pool: Any) -> None:
         """The pool stopped: its minimum is free; its workers count until they exit."""
         with self._changed:
+            self._wanting.discard(pool)
             held = self._pools.get(pool)
             if held is not None:
                 held.left, held.reserved = True, 0
@@ -98,9 +107,22 @@ class WorkerBudget:
             if held is None:
                 held = self._pools[pool] = _Held(0)
             if held.live >= held.reserved and self.limit is not None and self._held() >= self.limit:
+                self._wanting.add(pool)
                 return False
+            self._wanting.discard(pool)
             held.live += 1
             return True
+
+    def satisfied(self, pool: Any) -> None:
+        """`pool` no longer waits for room (no call of it waits)."""
+        with self._changed:
+            self._wanting.discard(pool)
+
+    def pressed(self, pool: Any) -> bool:
+        """Whether another pool, or a deploy, waits for room: `pool` should stop its idle workers
+        above its minimum now."""
+        with self._changed:
+            return self._joining > 0 or bool(self._wanting - {pool})
 
     def ended(self, pool: Any) -> None:
         """A counted worker of `pool` exited (or never started)."""

@@ -283,20 +283,25 @@ class WorkerPool(SlotScheduler):
             with self.lock:
                 if self.stopping:
                     return
-                self._maybe_scale_up()  # calls that waited for room on the node (process/budget.py)
+                if self._waiters:
+                    self._maybe_scale_up()  # calls that waited for room on the node (process/budget.py)
+                else:
+                    self.budget.satisfied(self)
+                # Another function waits for room on the node: idle workers above the minimum go now.
+                idle_for = 0.0 if self.budget.pressed(self) else self.idle_seconds
                 live = self._live()
                 spare = len(live) - self.min_instances
                 for worker in sorted(live, key=lambda w: w.idle_since):
                     if spare <= 0:
                         break
-                    if worker.state == "ready" and worker.busy == 0 and now - worker.idle_since >= self.idle_seconds \
+                    if worker.state == "ready" and worker.busy == 0 and now - worker.idle_since >= idle_for \
                             and not worker.live_sessions(now):
                         worker.state = "stopping"
                         retire.append(worker)
                         spare -= 1
             for worker in retire:
                 log.info("function %s: worker %d idle for %g s: stopping it", self.name, worker.pid,
-                         self.idle_seconds)
+                         idle_for)
                 worker.send({"t": "stop"})
 
     # -- stop ----------------------------------------------------------------------------------

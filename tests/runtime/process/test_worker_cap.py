@@ -124,3 +124,23 @@ async def test_an_exclusive_session_shares_its_worker_once_the_cap_leaves_no_oth
     assert pool["exclusiveLost"] == 1 and len(pool["workers"]) == 1
     resp = await invoke(client, "pe2", {"seconds": 0}, exclusive("e1"))
     assert resp.status == 200 and (await resp.json())["pid"] == owner  # the session keeps its worker
+
+
+async def test_idle_scale_outs_give_way_to_a_cold_start_and_a_deploy(capped):
+    # pa scaled out to the whole node (2) and went idle, with a long scaleDownIdleSeconds: pb's
+    # cold start and pc's deploy each get a worker of pa's back instead of waiting for it.
+    client = await capped(2)
+    await deploy(client, "pb", "nap", minInstances=0, maxInstances=1, scaleDownIdleSeconds=0.2, timeout=20)
+    await eventually(lambda: workers(client), "pb scaled to zero", accept=lambda n: n == 0)
+    await deploy(client, "pa", minInstances=0, maxInstances=2, instanceConcurrency=1, timeout=60)
+    gate = [asyncio.ensure_future(invoke(client, "pa", {"seconds": 1})) for _ in range(2)]
+    await eventually(lambda: workers(client), "pa scaled out to 2", accept=lambda n: n == 2)
+    assert [r.status for r in await asyncio.gather(*gate)] == [200, 200]
+    resp = await invoke(client, "pb", {"seconds": 0})
+    assert resp.status == 200, await resp.text()
+    await eventually(lambda: workers(client), "pb scaled to zero again", accept=lambda n: n == 1)
+    gate = [asyncio.ensure_future(invoke(client, "pa", {"seconds": 1})) for _ in range(2)]
+    await eventually(lambda: workers(client), "pa scaled out to 2 again", accept=lambda n: n == 2)
+    assert [r.status for r in await asyncio.gather(*gate)] == [200, 200]
+    await deploy(client, "pc", "nap", instances=1)
+    assert await workers(client) <= 2

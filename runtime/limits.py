@@ -306,20 +306,22 @@ class LoopLagMonitor:
 
     def record(self, lag: float, running: list[str], waited: float = 0.0, ran: float = 0.0) -> None:
         """`waited`: how long the loop's thread was ready to run but got no CPU meanwhile; `ran`:
-        how long it ran on a CPU. A stall mostly spent waiting, and not half of it running, is the
+        how long it ran on a CPU. A stall that would not have been one without the waiting is the
         host's (another process was busy), not a handler's: logged as such, counted in
-        `host_stalls`, and blames no function. One the loop's thread spent running is its own
-        (a busy host only made it longer): a stall, its CPU seconds logged."""
+        `host_stalls`, and blames no function. Any other is the loop's own (a busy host only made
+        it longer): a stall, logged with the seconds its thread ran and waited."""
         self.last_lag = max(0.0, lag)
         self.max_lag = max(self.max_lag, self.last_lag)
         if self.last_lag < self.threshold:
             return
-        busy = f", {ran:.2f}s of it on a CPU in the loop's thread" if ran >= self.last_lag / 2 else ""
-        if waited >= self.last_lag / 2 and not busy:
+        if self.last_lag - waited < self.threshold:
             self.host_stalls += 1
             log.warning("event loop stalled for %.2fs, %.2fs of it waiting for a CPU: the host was busy "
                         "(another process had the CPU), not a handler", self.last_lag, waited)
             return
+        parts = [*((f"{ran:.2f}s of it on a CPU in the loop's thread",) if ran else ()),
+                 *((f"{waited:.2f}s waiting for a CPU",) if waited else ())]
+        busy = f" ({', '.join(parts)})" if parts else ""
         self.stalls += 1
         self.total_stall_seconds += self.last_lag
         if running:

@@ -5,8 +5,9 @@ bench.cpu counts the server process only; a process-executor function also spend
 worker processes, on the same core in the bench (the server's tree is pinned to one). This runs
 the fnstream bench server under `valgrind --tool=callgrind --trace-children=yes` (collection off),
 warms up, then for each measurement zeroes and turns on collection in the server and every worker,
-runs a fixed load, and reads each process's instruction total. Per event (one stream of `--events`)
-and per request (`--requests` JSON invokes at `--concurrency`), for the thread and process targets.
+runs a fixed load, and reads each process's instruction total. Per event (one stream of `--events`;
+100 concurrent streams of 100 events) and per request (`--requests` JSON invokes at
+`--concurrency`), for the thread and process targets.
 """
 from __future__ import annotations
 
@@ -94,10 +95,15 @@ async def run(args: argparse.Namespace) -> int:
                 (result,) = await run_streams(target, {"count": args.events}, 1)
                 return result.events - 1
 
+            async def streams(target: Target = target) -> int:
+                results = await run_streams(target, {"count": 100}, 100)
+                return sum(r.events - 1 for r in results)
+
             async def invokes(target: Target = target) -> int:
                 return (await run_invokes(target, EVENT, args.concurrency, 600, requests=args.requests)).requests
 
-            for what, load in (("stream event", stream), ("JSON invoke", invokes)):
+            for what, load in (("stream event", stream), ("event of 100 streams × 100", streams),
+                               ("JSON invoke", invokes)):
                 srv, wrk, units = await _counted(server, out_dir, load)
                 rows.append((name, what, srv / units, wrk / units))
                 print(f"{name} {what}: server {srv / units:,.0f}  workers {wrk / units:,.0f} "

@@ -157,3 +157,20 @@ async def test_cancel_wakes_a_waiting_reader() -> None:
     await asyncio.sleep(0.01)
     await asyncio.to_thread(channel.cancel, "gone")
     assert await asyncio.wait_for(reading, 5) == []
+
+
+async def test_try_put_many_takes_what_fits_by_count_and_bytes_in_order() -> None:
+    loop = asyncio.get_running_loop()
+    by_count: OutputChannel[str] = OutputChannel(loop, 3)
+    assert by_count.try_put("a")
+    assert by_count.try_put_many(["b", "c", "d"]) == 2  # room for two more
+    assert by_count.try_put_many(["d"]) == 0
+    assert await by_count.get_batch() == ["a", "b", "c"]
+    by_bytes: OutputChannel[str] = OutputChannel(loop, 100, max_bytes=5)
+    assert by_bytes.try_put_many(["xx", "yy", "zz"]) == 2  # 2 + 2 bytes fit, 6 would not
+    assert by_bytes.queued_bytes == 4
+    assert await by_bytes.get_batch() == ["xx", "yy"]
+    assert by_bytes.try_put_many(["a much longer write"]) == 1  # alone, one larger item still passes
+    by_bytes.close()
+    with pytest.raises(StreamClosedError):
+        by_bytes.try_put_many(["late"])

@@ -44,6 +44,9 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 MAX_START_FAILURES = 3
 # A deploy waits at most this long (or the function's timeout, if shorter) for the code's import.
 MAX_LOAD_SECONDS = 120.0
+# A worker's start (a fresh interpreter, then the import) is not a call: on a busy host it takes
+# seconds, whatever the function's `timeout` (a 1.5 s one failed its deploys under load).
+MIN_LOAD_SECONDS = 30.0
 EXIT_MARGIN = 1.0  # s for a worker to exit once its preStop's time is up (stop(pre_stop_grace=...))
 
 
@@ -131,7 +134,7 @@ class WorkerPool(SlotScheduler):
         `minInstances: 0` that worker is the one the idle rule stops first.
         """
         if timeout is None:
-            timeout = min(float(self.spec.timeout), MAX_LOAD_SECONDS)
+            timeout = min(max(float(self.spec.timeout), MIN_LOAD_SECONDS), MAX_LOAD_SECONDS)
         if not self._loaded.wait(timeout):
             self.load_error = (f"function {self.name!r}: its worker process did not finish importing the code "
                                f"within {timeout:g} s")

@@ -97,6 +97,18 @@ async def test_def_default_is_one_invocation_per_worker(pclient, tmp_path):
     assert (await pool_status(pclient, "i-def1"))["instanceConcurrency"] == 1
 
 
+async def test_a_worker_start_slower_than_the_functions_timeout_still_deploys(pclient):
+    """The first worker's start (interpreter, then import) is not bounded by the function's
+    `timeout`: an import of 0.5 s deploys a function whose calls may take 0.2 s, its worker up (it
+    used to be refused, "did not finish importing the code within 0.2 s", as a busy host made a
+    1.5 s one)."""
+    manifest = {"name": "i-slowimp", "handler": "slow_import.handler", "codePath": ".", "executor": "process",
+                "instances": 1, "timeout": 0.2}
+    resp = await pclient.post("/admin/v1/functions", data=json.dumps(manifest))
+    assert resp.status == 201, await resp.text()
+    await wait_idle(pclient, "i-slowimp", 1)
+
+
 async def test_async_timeout_cancels_only_that_invocation(pclient):
     await deploy(pclient, "i-tmo", "nap", instances=1, timeout=1.5)
     (pid,) = await wait_idle(pclient, "i-tmo", 1)

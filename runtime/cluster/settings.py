@@ -25,6 +25,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from runtime.errors import FunctionServiceError, ServiceUnavailableError
 
+from .packing import use_hiredis_packing
+
 __all__ = ("Keys", "connect", "node_id", "ClusterUnavailableError", "WorkerLostError", "OutputLostError", "REDIS_DOWN",
            "Backoff", "describe_url", "is_cluster_url", "slot_of", "through_outage")
 
@@ -123,8 +125,11 @@ def connect(url: str, *, decode: bool = True) -> AnyRedis:
     if is_cluster_url(url):
         scheme, _, rest = url.partition("://")
         host = rest.partition("/")[0]          # a Redis Cluster has only database 0
-        return RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme.lower()]}://{host}", **common)
-    return aioredis.Redis.from_url(url, **common)
+        client: AnyRedis = RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme.lower()]}://{host}", **common)
+    else:
+        client = aioredis.Redis.from_url(url, **common)
+    use_hiredis_packing(client)   # its commands packed in C, not in Python (packing.py)
+    return client
 
 
 def slot_of(redis: AnyRedis, key: str) -> int:

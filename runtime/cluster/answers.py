@@ -4,9 +4,9 @@ A JSON invocation relays no output, only its answer; a pump of its own (a task a
 XREAD of the invocation's own stream, then a DEL of its keys) cost the frontend about a fifth of
 each queued call. So the queue entry names the frontend's answers stream (`reply`,
 `{answers:NODE}`), the worker XADDs the terminal entry there (`id` names the invocation; the
-script renews the stream's TTL, so a dead frontend's stream expires), and one task here reads
-every answer in batches, resolves each waiting invocation and trims what it read (one XTRIM per
-batch, sent with whatever else the loop turn sends).
+script gives a stream it creates a TTL, which the reader renews, so a dead frontend's stream
+expires), and one task here reads every answer in batches, resolves each waiting invocation and
+trims what it read (one XTRIM per batch, sent with whatever else the loop turn sends).
 
 Deadlines are swept here twice a second (no answer `DEADLINE_GRACE` after the deadline:
 FunctionTimeoutError, as the pump raises). Redis lost while reading is waited out, as each pump's
@@ -43,9 +43,13 @@ __all__ = ("AnswerReader", "Waiting", "ANSWER_SCRIPT", "DEADLINE_GRACE", "POLL_M
 log = logging.getLogger("fnstream.cluster")
 
 # KEYS: the answers stream; ARGV: its TTL in seconds, then the entry's field/value pairs.
+# A stream that exists has a TTL its reader renews (AnswerReader._read: it keeps the last entry,
+# so the stream lives on): only the XADD that creates it sets one (NOMKSTREAM: Redis >= 6.2).
 ANSWER_SCRIPT = """
-redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
+if not redis.call('XADD', KEYS[1], 'NOMKSTREAM', '*', unpack(ARGV, 2)) then
+  redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+  redis.call('EXPIRE', KEYS[1], ARGV[1])
+end
 return 1
 """
 

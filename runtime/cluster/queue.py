@@ -47,6 +47,7 @@ from .settings import (
     Keys,
     OutputLostError,
     WorkerLostError,
+    slot_of,
     through_outage,
 )
 from .wire import Data, Terminal, WireError, decode_output, encode_call
@@ -223,8 +224,9 @@ class RemoteInvocation:
                         fields.get("w"), exc.message)
             answer = Terminal(fields.get("w"), None, exc)
         self.worker = answer.worker or self.worker
-        if not self.resent:   # in the pipeline of the reader's XTRIM (this loop turn): no round trip of its own
-            self.queue.batch.call("DEL", self.queue.keys.taken(self.id)).add_done_callback(retrieve)
+        if not self.resent:   # in the pipeline of the reader's XTRIM (this loop turn): no round trip of its own,
+            taken = self.queue.keys.taken(self.id)   # one DEL for every answer of the batch (on one slot)
+            self.queue.batch.merge(("DEL",), taken, slot=slot_of(self.queue.redis, taken)).add_done_callback(retrieve)
         assert self.answer is not None
         if self.answer.done():
             return

@@ -341,7 +341,7 @@ class Intake(Runner):
 
     def _drop_entry(self, key: str, entry_id: str) -> None:
         """Ack and delete an entry without running it (if Redis is down it stays pending: reclaimed, dropped)."""
-        for call in (self.batch.call("XACK", key, Keys.GROUP, entry_id), self.batch.call("XDEL", key, entry_id)):
+        for call in (self._send(("XACK", key, Keys.GROUP, entry_id)), self._send(("XDEL", key, entry_id))):
             call.add_done_callback(_ignore_outcome)
 
 

@@ -189,7 +189,7 @@ class Runner:
         # so what is sent again is all of it, in order.
         until, backoff = time.monotonic() + self.ttl, Backoff(0.05, 0.5)
         while True:
-            outcomes = await asyncio.gather(*(self.batch.call(*c) for c in commands), return_exceptions=True)
+            outcomes = await asyncio.gather(*map(self._send, commands), return_exceptions=True)
             for outcome in outcomes:
                 if isinstance(outcome, Exception) and not isinstance(outcome, REDIS_DOWN):
                     log.warning("worker %s: finishing invocation %s: %s", self.id, inv_id, outcome)
@@ -202,6 +202,15 @@ class Runner:
                 return
             commands = down
             await backoff.sleep()
+
+    def _send(self, command: tuple[EncodableT, ...]) -> asyncio.Future[Any]:
+        """A command through the Batcher; XACK and XDEL merged with the loop turn's others of their
+        queue (one XACK, one XDEL for every entry that finished together), after its answers."""
+        if command[0] == "XACK":
+            return self.batch.merge(command[:3], *command[3:])
+        if command[0] == "XDEL":
+            return self.batch.merge(command[:2], *command[2:])
+        return self.batch.call(*command)
 
     # -- running -----------------------------------------------------------------------------
     async def _run_entry(self, key: str, entry_id: str, call: Call, reclaimed: bool, cancelled: bool) -> None:

@@ -53,6 +53,35 @@ async def test_a_failing_command_fails_only_its_caller(redis_server):
         await r.aclose()
 
 
+def calls(client, command: str) -> int:
+    return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def test_merged_commands_are_one_command_sent_last(redis_server):
+    """The DELs (XACKs...) of one loop turn are one command, after every other command of the
+    turn even when issued first (an ack follows its answer); each caller gets its reply or error."""
+    sync = redis_server.client()
+    r = connect(redis_server.url)
+    try:
+        batch = Batcher(r)
+        await r.ping()
+        before = calls(sync, "del")
+        merged = [batch.merge(("DEL",), f"key{i}") for i in range(20)]
+        writes = [batch.call("SET", f"key{i}", "x") for i in range(20)]
+        assert await asyncio.gather(*merged) == [20] * 20    # all twenty written first, then deleted
+        assert await asyncio.gather(*writes) == [True] * 20
+        assert calls(sync, "del") - before == 1
+        assert await r.exists(*(f"key{i}" for i in range(20))) == 0
+        await r.set("plain", "x")
+        bad = [batch.merge(("XACK", "plain", "g"), f"{i}-0") for i in range(3)]
+        other = batch.merge(("XDEL", "plain"), "1-0")
+        results = await asyncio.gather(*bad, other, return_exceptions=True)
+        assert all(isinstance(x, aioredis.ResponseError) and "WRONGTYPE" in str(x) for x in results), results
+        assert await r.get("plain") == "x"
+    finally:
+        await r.aclose()
+
+
 async def test_lost_connection_fails_every_caller_of_the_batch(redis_server):
     r = connect(redis_server.url)
     try:

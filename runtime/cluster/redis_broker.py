@@ -238,10 +238,12 @@ class RedisBroker(AbstractBroker):
         """Add `by` to a counter of the stream (if it still exists); returns its terminator."""
         return _text(await self._call(self._count(keys=[self.keys(name)[1]], args=[field, by])))
 
-    async def _ensure(self, name: str) -> tuple[str, str]:
+    async def _ensure(self, name: str, terminator: str | None = None) -> tuple[str, str]:
         keys = self.keys(validate_stream_name(name, MAX_QUALIFIED_NAME_LENGTH))
         # Idempotent steps, so no transaction (the index and the stream are on different cluster slots).
         async with self.redis.pipeline(transaction=False) as pipe:
+            if terminator is not None:  # first: whoever sees the stream exist sees how it ends (find_shared)
+                pipe.hset(keys[1], "terminator", terminator)
             pipe.hsetnx(keys[1], "seq", 0)
             pipe.hsetnx(keys[1], "retain_num", self.settings.defaults.retain_num)
             pipe.sadd(self.index, name)
@@ -297,13 +299,11 @@ class RedisBroker(AbstractBroker):
         if options.policy == "block":
             raise BadRequestError(f"stream {shown(name)!r}: slow-subscriber policy 'block' is not offered in "
                                   "cluster mode (a producer cannot see subscribers on other nodes); use 'cut'")
-        keys = await self._ensure(name)
+        keys = await self._ensure(name, options.terminator)
         current, cap = await self._call(self.redis.hmget(keys[1], "retain_num", "max_stream_size"))
         fields: dict[FieldT, EncodableT] = {"retain_num": max(int(current or 0), options.retain_num)}
         if options.max_stream_size is not None:  # a cap on retained bytes only lowers, as the memory broker's
             fields["max_stream_size"] = min(int(cap or options.max_stream_size), options.max_stream_size)
-        if options.terminator is not None:
-            fields["terminator"] = options.terminator
         await self._call(self.redis.hset(keys[1], mapping=fields))
 
     async def attach_producer(self, name: str, options: StreamOptions | None = None) -> None:

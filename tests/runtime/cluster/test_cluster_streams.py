@@ -162,6 +162,27 @@ async def test_stats_count_delivered_dropped_and_retained_bytes(broker, redis_se
         await broker.stats("counted")
 
 
+async def test_a_stream_is_never_seen_without_its_terminator(broker, redis_server):
+    """Another frontend replays a kept OpenAI answer in its framing when the stream's terminator is
+    `[DONE]` (runtime/durable.py find_shared): a reader that sees the stream exist while it is still
+    being configured must see the terminator already. The configure is held after its first step."""
+    reached, release = asyncio.Event(), asyncio.Event()
+    hmget = broker.redis.hmget
+
+    async def held_hmget(*args, **kwargs):
+        reached.set()
+        await release.wait()
+        return await hmget(*args, **kwargs)
+
+    broker.redis.hmget = held_hmget
+    configuring = asyncio.create_task(broker.configure("chat", StreamOptions(terminator="[DONE]")))
+    await reached.wait()  # the stream exists in Redis now
+    assert (await broker.stats("chat")).terminator == "[DONE]"
+    release.set()
+    await configuring
+    assert (await broker.stats("chat")).terminator == "[DONE]"
+
+
 async def test_block_policy_is_refused_in_cluster_mode(broker):
     with pytest.raises(BadRequestError, match="'block' is not offered in cluster mode"):
         await broker.configure("blocky", StreamOptions(policy="block"))

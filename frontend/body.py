@@ -12,7 +12,7 @@ from runtime.errors import BadRequestError, BodyTooLargeError
 from . import safe_json
 from .keys import CONFIG
 
-__all__ = ("arrived_body", "read_body", "parse_json_body", "read_json_body", "max_body_bytes", "max_body_containers",
+__all__ = ("arrived_body", "read_body", "parse_json_body", "read_json_body", "max_body_bytes", "max_body_values",
            "refuse_rest_of_body")
 
 
@@ -68,17 +68,17 @@ async def read_body(request: web.BaseRequest, limit: int | None = None) -> bytes
         raise BadRequestError(f"request body could not be read: {exc}") from None
 
 
-def max_body_containers(app: web.Application) -> int:
-    return app[CONFIG].frontend.args.maxBodyContainers
+def max_body_values(app: web.Application) -> int:
+    return app[CONFIG].frontend.args.maxBodyValues
 
 
-def parse_json_body(raw: bytes, max_containers: int | None = None) -> Any:
-    """A request body as JSON (400 when it is not; 413 past `max_containers` arrays and objects,
-    before it is parsed); an empty body is `{}`."""
+def parse_json_body(raw: bytes, max_values: int | None = None) -> Any:
+    """A request body as JSON (400 when it is not; 413 past `max_values` values (arrays,
+    objects, their elements and members), before it is parsed); an empty body is `{}`."""
     if not raw or raw.isspace():
         return {}
     try:
-        return safe_json.loads(raw, max_containers=max_containers)
+        return safe_json.loads(raw, max_values=max_values)
     except json.JSONDecodeError as exc:
         raise BadRequestError(f"request body is not valid JSON: {exc.msg} at line {exc.lineno} "
                               f"column {exc.colno}") from None
@@ -86,4 +86,4 @@ def parse_json_body(raw: bytes, max_containers: int | None = None) -> Any:
 
 async def read_json_body(request: web.Request) -> Any:
     """The parsed JSON body; an empty body is `{}`."""
-    return parse_json_body(await read_body(request), max_body_containers(request.app))
+    return parse_json_body(await read_body(request), max_body_values(request.app))

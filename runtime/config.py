@@ -47,9 +47,10 @@ class FrontendArgs(_Strict):
                               description="SSE on invoke when `Accept` admits `text/event-stream`; false (as in "
                                           "openYuanrong) answers JSON only")
     maxRequestBodySize: float = Field(6, gt=0, description="MB of a request body, counted decompressed; 413 beyond")
-    maxBodyContainers: int = Field(100_000, ge=1, description="arrays and objects in one JSON or msgpack request "
-                                                              "body; 413 beyond, before it is parsed (each costs "
-                                                              "the event loop time)")
+    maxBodyValues: int = Field(100_000, ge=1, description="values in one JSON or msgpack request body: arrays, "
+                                                          "objects and every element and member (JSON: counted as "
+                                                          "its `,` `[` `{` outside strings); 413 beyond, before it "
+                                                          "is parsed (each value costs the event loop time)")
     heartbeatSeconds: float = Field(15, gt=0,
                                     description="`: ping` comment after this long without an event (up to 1.25× "
                                                 "this on invoke and OpenAI streams: one clock per process beats "

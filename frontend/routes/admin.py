@@ -25,7 +25,7 @@ from runtime.manifest import FunctionSpec
 from runtime.principal import may_manage
 
 from ..auth import principal_of
-from ..body import max_body_containers, parse_json_body, read_body
+from ..body import max_body_values, parse_json_body, read_body
 from ..jobs import forget_function
 from ..keys import REGISTRY
 from ..tenancy import TENANT_HEADER, function_tenant, owned_specs
@@ -63,12 +63,12 @@ def _yr_name(request: web.Request) -> bool:
     return is_yr_name(request.match_info["name"])
 
 
-def _yr_body(raw: bytes, max_containers: int) -> Any:
+def _yr_body(raw: bytes, max_values: int) -> Any:
     """The openYuanrong registration `raw` is, or None (a fnstream manifest, YAML or JSON)."""
     if not raw.lstrip().startswith(b"{"):
         return None
     try:
-        body = parse_json_body(raw, max_containers)
+        body = parse_json_body(raw, max_values)
     except BadRequestError:
         return None  # the manifest parser says what is wrong
     return body if is_registration(body) else None
@@ -77,7 +77,7 @@ def _yr_body(raw: bytes, max_containers: int) -> Any:
 @routes.post("/admin/v1/functions")
 async def create_functions(request: web.Request) -> web.Response:
     raw = await read_body(request)
-    registration = _yr_body(raw, max_body_containers(request.app))
+    registration = _yr_body(raw, max_body_values(request.app))
     if registration is not None:  # yrcli deploy: answered as openYuanrong's meta-service answers
         return await register_body(request, registration)
     specs = await _specs_from_body(request, raw)

@@ -33,7 +33,7 @@ from runtime.sessions import SessionRequest, parse_session_header
 from runtime.surface import InvocationInfo, InvocationSurface, Mode
 
 from ..auth import principal_of
-from ..body import arrived_body, max_body_bytes, max_body_containers, parse_json_body, read_body
+from ..body import arrived_body, max_body_bytes, max_body_values, parse_json_body, read_body
 from ..errors import traced_error_response
 from ..keys import CONFIG, DISPATCHER, OUTPUTS, TRACE_ID
 from ..metrics_counters import CLIENT_GONE, DISCONNECTED, INVOCATION, METRICS, count_answered, count_refused
@@ -53,8 +53,8 @@ _INVOKE_TYPE, _SESSION, _ACCEPT = (istr(name) for name in ("X-Invoke-Type", "X-I
 class Invoker:
     """The invoke of one app, behind both doors (built by build_app once its metrics are installed)."""
 
-    __slots__ = ("_body_limit", "_containers", "_dispatcher", "_enable_event", "_executor", "_heartbeat",
-                 "_outputs", "_stats")
+    __slots__ = ("_body_limit", "_dispatcher", "_enable_event", "_executor", "_heartbeat", "_outputs", "_stats",
+                 "_values")
 
     def __init__(self, app: web.Application) -> None:
         args = app[CONFIG].frontend.args
@@ -63,7 +63,7 @@ class Invoker:
         self._enable_event = args.enableEvent
         self._heartbeat = args.heartbeatSeconds
         self._body_limit = max_body_bytes(app)
-        self._containers = max_body_containers(app)
+        self._values = max_body_values(app)
         self._stats = app.get(METRICS)  # None with metrics.enabled: false
         self._outputs = app[OUTPUTS]  # kept SSE output (runtime/durable.py)
 
@@ -82,7 +82,7 @@ class Invoker:
             function = dispatcher.find(principal, ref)  # 404/403 before the body is read
             raw = arrived_body(request, self._body_limit)
             event = parse_json_body(raw if raw is not None else await read_body(request, self._body_limit),
-                                    self._containers)
+                                    self._values)
             del raw  # (not held while a stream stays open)
             session = None
             if mode is None:  # the app path's: what the fast lane leaves to it

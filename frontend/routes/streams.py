@@ -307,10 +307,11 @@ def _refuse_ext(code: int, data: bytes) -> Any:
                           "numbers, booleans, arrays and maps with str keys")
 
 
-def _msgpack_values(raw: bytes, max_elements: int, max_containers: int) -> Any:
+def _msgpack_values(raw: bytes, max_elements: int, max_values: int) -> Any:
     """The msgpack body unpacked: a top-level array of more than `max_elements` (read from its
-    header) and more than `max_containers` arrays and maps in all are refused before (or as soon
-    as) they are made, with the garbage collector paused."""
+    header) and more than `max_values` values in all (each array and map and the items in it; no
+    one array or map of more) are refused before (or as soon as) they are made, with the garbage
+    collector paused."""
     head = raw[:1]
     if head in (b"\xdc", b"\xdd"):  # array 16 / array 32: the element count, before anything is unpacked
         _refuse_count(int.from_bytes(raw[1:3] if head == b"\xdc" else raw[1:5], "big"), max_elements)
@@ -318,33 +319,33 @@ def _msgpack_values(raw: bytes, max_elements: int, max_containers: int) -> Any:
 
     def counted(value: Any) -> Any:
         nonlocal made
-        made += 1
-        if made > max_containers:
-            raise BodyTooLargeError(f"body holds more than {max_containers} arrays and maps "
-                                    "(frontend.args.maxBodyContainers): send fewer per request")
+        made += 1 + len(value)
+        if made > max_values:
+            raise BodyTooLargeError(f"body holds more than {max_values} values (arrays, maps and their items; "
+                                    "frontend.args.maxBodyValues): send fewer per request")
         return value
     try:
         with safe_json.gc_paused():
             return msgpack.unpackb(raw, raw=False, strict_map_key=True, ext_hook=_refuse_ext, timestamp=0,
                                    list_hook=counted, object_hook=counted,
-                                   max_array_len=max_containers, max_map_len=max_containers)
+                                   max_array_len=max_values, max_map_len=max_values)
     except ValueError as exc:
         if "exceeds max_" in str(exc):
-            raise BodyTooLargeError(f"body holds an array or map of more than {max_containers} items "
-                                    "(frontend.args.maxBodyContainers)") from None
+            raise BodyTooLargeError(f"body holds an array or map of more than {max_values} items "
+                                    "(frontend.args.maxBodyValues)") from None
         raise BadRequestError(f"body is not msgpack: {exc}") from None
     except msgpack.UnpackException as exc:
         raise BadRequestError(f"body is not msgpack: {exc}") from None
 
 
 def parse_elements(raw: bytes, content_type: str, max_elements: int = 10000,
-                   max_containers: int = 100_000) -> list[bytes]:
+                   max_values: int = 100_000) -> list[bytes]:
     """A JSON array, NDJSON (one JSON value per line) or a msgpack array; strings are sent as
     their UTF-8 text, other JSON values as their JSON text, msgpack bin as is. More than
     `max_elements` is refused (413) before any element is encoded: each costs loop time; more
-    than `max_containers` arrays and objects in the body before it is parsed."""
+    than `max_values` values (arrays, objects, their elements and members) before it is parsed."""
     if content_type == MSGPACK:
-        values = _msgpack_values(raw, max_elements, max_containers)
+        values = _msgpack_values(raw, max_elements, max_values)
         if not isinstance(values, list):
             raise BadRequestError("a msgpack body must be an array of elements")
     else:
@@ -353,7 +354,7 @@ def parse_elements(raw: bytes, content_type: str, max_elements: int = 10000,
         except UnicodeDecodeError:
             raise BadRequestError("body is not UTF-8; send binary elements as msgpack "
                                   f"(Content-Type: {MSGPACK})") from None
-        safe_json.check_containers(raw, max_containers, "body")
+        safe_json.check_values(raw, max_values, "body")
         try:
             whole = safe_json.loads(text, "body", max_items=max_elements)  # stops past max_elements
             values = whole if isinstance(whole, list) else [whole]
@@ -419,7 +420,7 @@ async def publish(request: web.Request) -> web.Response:
     timeout_ms = _int_param(request, "X-Timeout-Ms", "timeout_ms", 0)
     config = request.app[CONFIG]
     elements = parse_elements(await read_body(request), request.content_type, config.streams.maxElementsPerPublish,
-                              config.frontend.args.maxBodyContainers)
+                              config.frontend.args.maxBodyValues)
     broker = request.app[BROKER]
     broker.check_elements(elements)  # all or nothing: refuse before anything is published
     if options is not None:

@@ -1,7 +1,7 @@
-"""One request body cannot hold the event loop: a body of more arrays and objects than
-`frontend.args.maxBodyContainers` is a 413 in the route's JSON shape before it is parsed (brackets
-inside strings do not count), msgpack too, and a large body is parsed with the garbage collector
-paused (frontend/safe_json.py)."""
+"""One request body cannot hold the event loop: a body of more values than
+`frontend.args.maxBodyValues` (arrays, objects and their elements and members: scalars count) is a
+413 in the route's JSON shape before it is parsed (separators inside strings do not count), msgpack
+too, and a large body is parsed with the garbage collector paused (frontend/safe_json.py)."""
 from __future__ import annotations
 
 import gc
@@ -17,6 +17,8 @@ from tests.support.servers import FUNCTIONS, test_config
 
 LIMIT = 1000
 NESTED = b"[" + b"[]," * LIMIT + b"[]]"  # LIMIT + 2 arrays: the probe's 1.4 M `[]` body, smaller
+SCALARS = b"[" + b"1," * LIMIT + b"1]"  # LIMIT + 1 numbers in one array: the probe's 2 M `1` body, smaller
+STRINGS = b"[" + b'"",' * LIMIT + b'""]'  # and its 1.4 M `""`
 IN_STRINGS = json.dumps({"code": "f(x) { return [x[0], {a: x}]; } \\\" [{" * (LIMIT // 2)}).encode()
 MSGPACK = {"Content-Type": "application/x-msgpack"}
 
@@ -25,14 +27,14 @@ MSGPACK = {"Content-Type": "application/x-msgpack"}
 async def cclient(make_client, deploy_dir):
     deploy = deploy_dir({"name": "echo", "handler": "echo.handler", "codePath": str(FUNCTIONS)},
                         {"name": "chat", "handler": "chat.handler", "codePath": str(FUNCTIONS), "models": ["m"]})
-    return await make_client(test_config(deploy, **{"frontend.args.maxBodyContainers": LIMIT}))
+    return await make_client(test_config(deploy, **{"frontend.args.maxBodyValues": LIMIT}))
 
 
 async def _refused(resp) -> str:
     assert resp.status == 413, await resp.text()
     body = await resp.json()
     message = body["error"]["message"] if isinstance(body.get("error"), dict) else body.get("message", str(body))
-    assert "frontend.args.maxBodyContainers" in message, body
+    assert "frontend.args.maxBodyValues" in message, body
     return message
 
 
@@ -51,25 +53,42 @@ async def test_too_many_containers_is_413_on_every_json_route(cclient):
                                       headers=MSGPACK))
 
 
-async def test_brackets_inside_strings_do_not_count(cclient):
-    assert IN_STRINGS.count(b"[") + IN_STRINGS.count(b"{") > LIMIT
+async def test_too_many_scalars_is_413_before_the_parse(cclient):
+    """Two containers, LIMIT + 1 numbers (or strings): refused as the containers cap let them through."""
+    for values in (SCALARS, STRINGS):
+        await _refused(await cclient.post("/v2/echo/run", data=b'{"input": ' + values + b"}"))
+        await _refused(await cclient.post("/serverless/v1/functions/echo/invocations", data=values))
+        await _refused(await cclient.post("/serverless/v1/streams/s", data=b"[" + values + b"]"))
+    await _refused(await cclient.post("/serverless/v1/streams/s", data=msgpack.packb([list(range(LIMIT // 2))] * 3),
+                                      headers=MSGPACK))
+    with pytest.raises(BodyTooLargeError, match="maxBodyValues"):
+        safe_json.loads(b'{"a": ' + STRINGS.replace(b'""', rb'"x\\,["') + b"}", max_values=LIMIT)
+
+
+async def test_separators_inside_strings_do_not_count(cclient):
+    assert IN_STRINGS.count(b",") + IN_STRINGS.count(b"[") + IN_STRINGS.count(b"{") > LIMIT
     resp = await cclient.post("/serverless/v1/functions/echo/invocations", data=IN_STRINGS)
     assert resp.status == 200 and await resp.json() == json.loads(IN_STRINGS)
-    under = b"[" + b"[]," * (LIMIT - 2) + b"[]]"  # exactly LIMIT arrays
+    under = b"[" + b"1," * (LIMIT - 2) + b"1]"  # LIMIT - 2 commas and 1 bracket: LIMIT - 1 numbers, just under
+    resp = await cclient.post("/v2/echo/run", data=b'{"input": ' + under + b"}")
+    assert resp.status == 200, await resp.text()
     resp = await cclient.post("/serverless/v1/functions/echo/invocations", data=under)
     assert resp.status == 200 and len(await resp.json()) == LIMIT - 1
+    many = [f"a,b[c{{{i}" for i in range(LIMIT // 4)]  # LIMIT // 4 strings of 3 separators each
+    resp = await cclient.post("/serverless/v1/functions/echo/invocations", data=json.dumps(many).encode())
+    assert resp.status == 200 and await resp.json() == many
 
 
 def test_msgpack_counts_are_read_before_the_work():
     # The probe's 5 M `{}` in one array: refused on the array header, before any map is made.
     with pytest.raises(Exception, match="maxElementsPerPublish"):
         parse_elements(msgpack.packb([{}] * 20_000), MSGPACK["Content-Type"], 10_000, LIMIT)
-    with pytest.raises(BodyTooLargeError, match="maxBodyContainers"):
+    with pytest.raises(BodyTooLargeError, match="maxBodyValues"):
         parse_elements(msgpack.packb([[{}] * 100] * 11), MSGPACK["Content-Type"], 10_000, LIMIT)
-    with pytest.raises(BodyTooLargeError, match="maxBodyContainers"):
+    with pytest.raises(BodyTooLargeError, match="maxBodyValues"):
         parse_elements(msgpack.packb([list(range(LIMIT + 1))]), MSGPACK["Content-Type"], 10_000, LIMIT)
-    ok = parse_elements(msgpack.packb([[{}] * 100] * 9), MSGPACK["Content-Type"], 10_000, LIMIT)
-    assert ok[0] == b"[" + b",".join([b"{}"] * 100) + b"]"
+    ok = parse_elements(msgpack.packb([[{}] * 40] * 9), MSGPACK["Content-Type"], 10_000, LIMIT)  # 739 values
+    assert ok[0] == b"[" + b",".join([b"{}"] * 40) + b"]"
 
 
 def test_a_large_body_is_parsed_with_the_collector_paused():
@@ -82,7 +101,7 @@ def test_a_large_body_is_parsed_with_the_collector_paused():
             passes.append(info["generation"])
     gc.callbacks.append(seen)
     try:
-        value = safe_json.loads(body, max_containers=100_000)
+        value = safe_json.loads(body, max_values=1_000_000)
     finally:
         gc.callbacks.remove(seen)
     # none while it parsed (about 30 before); the one owed may run as the collector is turned back on

@@ -13,8 +13,8 @@ wildcard (`0.0.0.0`, `::`) the server's names are unknown: with auth on any Host
 rebinding page has no token), with auth off only those. `["*"]` turns the guard off.
 
 A Host is read strictly, `host[:port]` (a name of letters, digits, `.-_~`, an IPv4 address or a
-bracketed IPv6 one; the port digits): anything else (`127.0.0.1:80@evil.example`, a second
-colon, a zone, spaces) is a 400 rather than a guess at which part is the host. An absolute-form
+bracketed IPv6 one; the port digits, at most 65535): anything else (`127.0.0.1:80@evil.example`,
+a second colon, a zone, spaces, `:99999`) is a 400 rather than a guess at which part is the host. An absolute-form
 target (`GET http://127.0.0.1/... HTTP/1.1`, RFC 9112 3.2.2) names the host aiohttp serves as the
 request's; the guard judges it and the Host header alike, and both must be allowed.
 """
@@ -49,8 +49,9 @@ def host_name(host: str) -> str:
 
 
 # host [":" port]: a reg-name of unreserved characters (no pct-encoding or sub-delims: no
-# server's name has them) or an IPv4 address, or "[" IPv6 "]"; port = *DIGIT (RFC 9110 7.2).
-_HOST_GRAMMAR = re.compile(r"(?:(?P<name>[a-z0-9._~-]+)|\[(?P<v6>[0-9a-f:.]+)\])(?::[0-9]{0,5})?")
+# server's name has them) or an IPv4 address, or "[" IPv6 "]"; port = *DIGIT (RFC 9110 7.2), at
+# most 65535 (a TCP port).
+_HOST_GRAMMAR = re.compile(r"(?:(?P<name>[a-z0-9._~-]+)|\[(?P<v6>[0-9a-f:.]+)\])(?::(?P<port>[0-9]{0,5}))?")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -64,6 +65,8 @@ def parse_host(value: str) -> str | None:
     match = _HOST_GRAMMAR.fullmatch(value)
     if match is None:
         return _bare_ipv6(value)
+    if match["port"] and int(match["port"]) > 65535:
+        return None
     if match["v6"] is not None:
         return _bare_ipv6(match["v6"])
     name = match["name"].rstrip(".")

@@ -104,7 +104,8 @@ async def _raw(port: int, head: str) -> tuple[int, dict]:
 
 @pytest.mark.parametrize("host", ["127.0.0.1:80@evil.example", "evil.example@127.0.0.1", "127.0.0.1:80:81",
                                   "127.0.0.1 evil.example", "[::1]evil", "[::1%25eth0]:80", "127.0.0.1:x",
-                                  "127.0.0.1/evil", "localhost:80,evil.example", ":80", ""])
+                                  "127.0.0.1/evil", "localhost:80,evil.example", ":80", "", "127.0.0.1:99999",
+                                  "[::1]:65536"])
 async def test_a_host_that_is_not_host_port_is_400(host_client, host):
     client = await host_client()
     port = client.server.port
@@ -138,5 +139,7 @@ def test_host_grammar():
     assert parse_host("LOCALHOST.:8080") == "localhost"
     assert parse_host("[::1]:1") == parse_host("::1") == parse_host("[0:0::1]") == "::1"
     assert parse_host("fn.example.com") == "fn.example.com"
-    for bad in ("a@b", "a:1:2", "[::1", "[fe80::1%eth0]", "a b", "a%41", "x" * 400, "[evil.example]"):
+    assert parse_host("127.0.0.1:65535") == parse_host("127.0.0.1:") == "127.0.0.1"
+    for bad in ("a@b", "a:1:2", "[::1", "[fe80::1%eth0]", "a b", "a%41", "x" * 400, "[evil.example]", "a:65536",
+                "[::1]:99999"):
         assert parse_host(bad) is None, bad

@@ -4,10 +4,13 @@ Any user can give a job a webhook URL, and the server POSTs to it: without this 
 enough to make the server call its own routes (publishing to a stream), the cloud's metadata
 service or anything on the private network. Refused: loopback, private, link-local, multicast,
 unspecified, reserved and every other non-global range, IPv4-mapped IPv6 judged as its IPv4, and
-6to4, Teredo and NAT64 addresses refused when the IPv4 they embed is (then judged by range too).
+6to4, Teredo and NAT64 addresses refused when the IPv4 they embed is (then judged by range too),
+and ranges Python's `is_global` (3.11) takes for public: site-local `fec0::/10`, the IETF protocol
+assignments `192.0.0.0/24`, the retired 6to4 relay anycast `192.88.99.0/24`, documentation
+`3fff::/20` and SRv6 SIDs `5f00::/16`.
 
 Two checks: at submit, a URL whose host is a literal address (in any form the resolver would
-read as one: `127.1`, `2130706433`, `0177.0.0.1`, `[::ffff:127.0.0.1]`) is refused with 400; at
+read as one: `127.1`, `2130706433`, `0177.0.0.1`, `127.0.0.1.`, `[::ffff:127.0.0.1]`) is refused with 400; at
 delivery, a name is resolved and refused when ANY of its addresses is, and the connection goes
 to the addresses that were checked (`GuardedResolver` is the session's resolver), so a name
 cannot resolve to a public address for the check and a private one for the connect.
@@ -31,8 +34,9 @@ class WebhookRefused(OSError):
 
 def literal_address(host: str) -> Address | None:
     """`host` as the address it literally is (brackets and IPv6 zone allowed, legacy IPv4 forms
-    read as inet_aton reads them), or None for a name."""
-    host = host.strip("[]")
+    read as inet_aton reads them, a trailing dot too: the resolver reads `127.0.0.1.` as
+    127.0.0.1), or None for a name."""
+    host = host.strip("[]").rstrip(".")
     try:
         return ipaddress.ip_address(host)
     except ValueError:
@@ -46,6 +50,14 @@ def literal_address(host: str) -> Address | None:
 
 
 _NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
+# Not public, though Python 3.11's is_global says they are (IANA special-purpose registries).
+_NOT_GLOBAL: tuple[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str], ...] = (
+    (ipaddress.IPv6Network("fec0::/10"), "a site-local (deprecated, RFC 3879)"),
+    (ipaddress.IPv4Network("192.0.0.0/24"), "an IETF protocol assignment (RFC 6890)"),
+    (ipaddress.IPv4Network("192.88.99.0/24"), "a retired 6to4 relay anycast (RFC 7526)"),
+    (ipaddress.IPv6Network("3fff::/20"), "a documentation (RFC 9637)"),
+    (ipaddress.IPv6Network("5f00::/16"), "an SRv6 SID (RFC 9602)"),
+)
 
 
 def _embedded(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
@@ -75,6 +87,9 @@ def refusal(address: Address) -> str | None:
     for kind in ("loopback", "private", "link_local", "multicast", "unspecified", "reserved"):
         if getattr(address, f"is_{kind}"):
             return f"{address} is a {kind.replace('_', '-')} address"
+    for network, kind in _NOT_GLOBAL:
+        if address.version == network.version and address in network:
+            return f"{address} is {kind} address"
     if not address.is_global:
         return f"{address} is not a public address"
     return None

@@ -64,8 +64,10 @@ class JobsConfig(_Strict):
                                                            "that tenant only, so one tenant's backlog never "
                                                            "refuses another's jobs")
     maxInputBytes: int = Field(10 * 1024 * 1024, ge=1, description="input bytes (its JSON) per job, RunPod's "
-                                                                   "`/run` limit; beyond, 413 at submit (the body "
-                                                                   "is also bounded by "
+                                                                   "`/run` limit; beyond, 413 at submit (a `/v2` "
+                                                                   "body over it is refused before it is parsed, "
+                                                                   "as RunPod counts the payload; the body is also "
+                                                                   "bounded by "
                                                                    "`frontend.args.maxRequestBodySize`)")
     maxInputBytesSync: int = Field(20 * 1024 * 1024, ge=1,
                                    description="the same for `/runsync` (RunPod's limit)")

@@ -15,12 +15,12 @@ from typing import Any
 from aiohttp import web
 
 from runtime.deployment import Deployment, FunctionRef
-from runtime.jobs.errors import JobBadRequestError
+from runtime.jobs.errors import JobBadRequestError, JobInputTooLargeError
 from runtime.jobs.key_store import KeyBind
 from runtime.jobs.model import Job, JobRequest
 
 from ..auth import principal_of
-from ..body import read_json_body
+from ..body import max_body_values, parse_json_body, read_body
 from ..idempotency import REPLAYED, submit_once
 from ..jobs import JOBS, WEBHOOKS, find_job, job_headers
 from ..keys import CONFIG, DISPATCHER
@@ -53,7 +53,14 @@ async def _submit(request: web.Request, *, sync: bool = False) -> tuple[Job, boo
     if "X-Instance-Session" in request.headers:  # a job runs later, outside any session: not silently dropped
         raise JobBadRequestError("header X-Instance-Session cannot be used with /v2 jobs "
                                  "(a background job runs outside any session)")
-    body = await read_json_body(request)
+    raw = await read_body(request)
+    jobs = request.app[CONFIG].jobs
+    limit, key = (jobs.maxInputBytesSync, "jobs.maxInputBytesSync") if sync else (jobs.maxInputBytes,
+                                                                                  "jobs.maxInputBytes")
+    if len(raw) > limit:  # RunPod's limit is on the payload: refused before the parse and the input's re-encode
+        raise JobInputTooLargeError(f"the request body is {len(raw)} bytes; at most {limit} ({key})")
+    body = parse_json_body(raw, max_body_values(request.app))
+    del raw
     if not isinstance(body, dict) or "input" not in body:
         raise JobBadRequestError('the request body must be a JSON object with an "input" key')
     policy = body.get("policy")

@@ -47,6 +47,9 @@ async def test_input_size_and_tenant_quota_are_answered_at_submit(make_client, d
     assert resp.status == 200 and (await resp.json())["status"] == "COMPLETED"
     resp = await client.post("/v2/alice-sleep/runsync", json={"input": {"pad": "x" * 2500}}, headers=ALICE)
     assert resp.status == 413 and "jobs.maxInputBytesSync" in (await resp.json())["error"]
+    # RunPod's limit is on the payload: a body over it is refused before it is parsed (this one is not JSON)
+    resp = await client.post("/v2/alice-sleep/run", data=b'{"input": "' + b"x" * 1000 + b'", "n": NaN}', headers=ALICE)
+    assert resp.status == 413 and "jobs.maxInputBytes" in (await resp.json())["error"]
     resp = await client.post("/serverless/v1/functions/alice-sleep/invocations", json=mid,
                              headers={**ALICE, "X-Invoke-Type": "async"})
     assert resp.status == 413 and (await resp.json())["code"] == 200413

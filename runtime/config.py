@@ -169,7 +169,7 @@ class RuntimeConfig(_Strict):
                                                                     "(empty: anywhere)")
     deployDir: Path | None = Field(None, description="manifests deployed at start; unset = none")
     maxWorkerProcesses: int | None = Field(64, ge=1, description="worker processes the process functions "
-                                           "of this node may keep running (their minInstances, summed; a "
+                                           "of this node may hold (max(minInstances, 1) each, summed; a "
                                            "deploy past it, or past what the others run, is a 429) and run at "
                                            "all, starting ones included: no worker starts past it; a function "
                                            "at it waits for a slot (null: no limit)")

@@ -88,7 +88,9 @@ def build_job_store(config: Config) -> JobStore:
 
 async def restore_functions(registry: Registry, store: JobStore) -> None:
     """Deploy again what the admin API deployed (a stored function replaces a `deployDir` manifest
-    of the same name: it is the later change); one that fails is logged and skipped."""
+    of the same name: it is the later change); one that fails is logged and skipped, never
+    deleted from the store (e.g. a runtime.maxWorkerProcesses lowered since: the next start with
+    room deploys it)."""
     for key, data in await store.load_functions():
         name = data.get("name", "?")
         try:
@@ -103,7 +105,9 @@ async def restore_functions(registry: Registry, store: JobStore) -> None:
             await registry.adeploy([spec])
         except (FunctionServiceError, ValueError) as exc:
             message = exc.message if isinstance(exc, FunctionServiceError) else str(exc)
-            log.error("function %s stored through the admin API could not be deployed again: %s", name, message)
+            log.error("function %s stored through the admin API could not be deployed again: %s (its stored "
+                      "deployment is kept: it comes back at the next start that has room for it, or "
+                      "deploy it again)", name, message)
 
 
 class Node:

@@ -1,15 +1,17 @@
 """The worker processes one node runs, across every process function (`runtime.maxWorkerProcesses`).
 
 A hard cap: every worker counts from the moment it is started (while it imports, starts, serves,
-retires or stops) until it exits, and no worker starts past the limit. Each pool holds its
-minimum (`minInstances`; while its code is imported, at least the one worker importing it): a
-deploy joins only if the workers held on the node — each pool's minimum, or what it runs if more
-— leave room for it (else 429, runtime/registry.py), so the workers a function keeps (its
-minimum, their replacements) always start. A scale-out or a cold start past a pool's minimum
-takes room the minimums leave free, while there is some; past it the function's calls wait for a
-slot on the workers it has (within their deadline), as they do at its maxInstances. While a
-function waits for room (a call, or a deploy), the others stop their idle workers above their
-minimum at once instead of after `scaleDownIdleSeconds`: idle scale-outs never starve it.
+retires or stops) until it exits, and no worker starts past the limit. Each pool holds
+max(minInstances, 1) from its deploy on, whether or not a worker runs: a scale-to-zero function
+keeps a slot for its cold start, so no other function's workers ever take it. A deploy joins
+only if the workers held on the node — each pool's hold, or what it runs if more — leave room for
+its own hold (else 429, runtime/registry.py): what was accepted always fits again, in any order
+(a restart). A scale-out past a pool's hold takes only room no pool holds, while there is some;
+past it the function's calls wait for a slot on the workers it has (within their deadline), as
+they do at its maxInstances. While a function waits for room (a call, or a deploy), the others
+stop their idle workers above their hold at once instead of after `scaleDownIdleSeconds`, and a
+busy one above its hold exits after its current calls when the waiting function has fewer
+scale-outs than it (`yields`): no function's scale-outs starve another's.
 
 The one overlap: a redeploy starts the new code's workers before the replaced ones stop (calls
 never wait on a deploy), so for that moment the replaced ones count on top.
@@ -28,12 +30,16 @@ class _Held:
     __slots__ = ("left", "live", "reserved")
 
     def __init__(self, reserved: int) -> None:
-        self.reserved = reserved  # workers held for the pool whether or not they run (its minimum)
+        self.reserved = reserved  # workers held for the pool whether or not they run (max(minInstances, 1))
         self.live = 0             # its workers started and not yet exited
-        self.left = False         # stopped: its minimum is given back; its live workers count until they exit
+        self.left = False         # stopped: its hold is given back; its live workers count until they exit
 
     def held(self) -> int:
         return max(self.reserved, self.live)
+
+    def extra(self) -> int:
+        """Its workers above its hold (scale-outs into room no pool holds)."""
+        return max(0, self.live - self.reserved)
 
 
 class WorkerBudget:
@@ -70,10 +76,10 @@ class WorkerBudget:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return (f"this node's worker processes are taken (runtime.maxWorkerProcesses "
-                            f"{self.limit}): {held} are held by other functions (their minInstances, or "
-                            f"what they scaled out to), and this one needs {reserved}; retry once "
-                            "they scale down, or lower minInstances")
-                self._joining += 1  # the others give back their idle workers above their minimum
+                            f"{self.limit}): {held} are held by other functions (max(minInstances, 1) "
+                            f"each, or what they scaled out to), and this one needs {reserved}; retry once "
+                            "they scale down, or lower minInstances; every process function holds one at least")
+                self._joining += 1  # the others give back their idle workers above their hold
                 try:
                     self._changed.wait(min(left, 0.1))
                 finally:
@@ -81,7 +87,7 @@ class WorkerBudget:
         return None
 
     def keep(self, pool: Any, reserved: int) -> None:
-        """The pool's minimum from now on (its code is imported: `minInstances`)."""
+        """What the pool holds from now on (its code is imported: max(minInstances, 1))."""
         with self._changed:
             held = self._pools.get(pool)
             if held is not None and not held.left:
@@ -89,7 +95,7 @@ class WorkerBudget:
             self._changed.notify_all()
 
     def leave(self, pool: Any) -> None:
-        """The pool stopped: its minimum is free; its workers count until they exit."""
+        """The pool stopped: its hold is free; its workers count until they exit."""
         with self._changed:
             self._wanting.discard(pool)
             held = self._pools.get(pool)
@@ -100,13 +106,16 @@ class WorkerBudget:
             self._changed.notify_all()
 
     def take(self, pool: Any) -> bool:
-        """Count a worker `pool` is about to start: within its minimum always; past it only while the
+        """Count a worker `pool` is about to start: within its hold always; past it only while the
         node has room (False: not counted, not to be started)."""
         with self._changed:
             held = self._pools.get(pool)
             if held is None:
                 held = self._pools[pool] = _Held(0)
-            if held.live >= held.reserved and self.limit is not None and self._held() >= self.limit:
+            if held.live >= held.reserved and self.limit is not None and (
+                    self._held() >= self.limit or self._joining > 0 or self._owed(pool, held.extra())):
+                # Past its hold, only into free room no deploy, nor a function with fewer
+                # scale-outs, waits for (what `yields` gave back goes to them).
                 self._wanting.add(pool)
                 return False
             self._wanting.discard(pool)
@@ -120,9 +129,23 @@ class WorkerBudget:
 
     def pressed(self, pool: Any) -> bool:
         """Whether another pool, or a deploy, waits for room: `pool` should stop its idle workers
-        above its minimum now."""
+        above its hold now."""
         with self._changed:
             return self._joining > 0 or bool(self._wanting - {pool})
+
+    def _owed(self, pool: Any, extra: int) -> bool:
+        """Another pool waits for room with fewer than `extra` workers above its hold."""
+        return any(self._pools[w].extra() < extra for w in self._wanting if w is not pool and w in self._pools)
+
+    def yields(self, pool: Any) -> bool:
+        """Whether a busy worker of `pool` above its hold should exit after its current calls: a
+        deploy waits for room, or another pool does with fewer workers above its own hold (one
+        fewer would only move the contention back and forth)."""
+        with self._changed:
+            if self._joining > 0:
+                return True
+            own = self._pools.get(pool)
+            return own is not None and self._owed(pool, own.extra() - 1)
 
     def ended(self, pool: Any) -> None:
         """A counted worker of `pool` exited (or never started)."""
@@ -135,7 +158,7 @@ class WorkerBudget:
             self._changed.notify_all()
 
     def room_for(self, pool: Any) -> float:
-        """How many more workers `pool` could start now: what is left of its minimum, plus the
+        """How many more workers `pool` could start now: what is left of its hold, plus the
         node's free room (inf: no limit)."""
         if self.limit is None:
             return float("inf")

@@ -115,7 +115,7 @@ class WorkerPool(SlotScheduler):
     def start(self) -> None:
         """Start the first worker: it imports the code, which `wait_loaded` checks before the rest start.
 
-        The pool holds its minimum on the node (at least that first worker) first: DeployError
+        The pool holds max(minInstances, 1) on the node first: DeployError
         429 when the node has no room (the registry joins it first, naming what it replaces)."""
         why = self.budget.join(self, self.reserved())
         if why is not None:
@@ -123,7 +123,8 @@ class WorkerPool(SlotScheduler):
         self._spawn()
 
     def reserved(self) -> int:
-        """Workers the node holds for this pool while its code is imported: its minimum, or the one importing."""
+        """Workers the node holds for this pool from its deploy on: its minimum, and at least one —
+        the importing worker's, then the cold start's of a scale-to-zero function (process/budget.py)."""
         return max(self.min_instances, 1)
 
     def wait_loaded(self, timeout: float | None = None) -> str:
@@ -145,7 +146,7 @@ class WorkerPool(SlotScheduler):
             self.slots = instance_slots(self.spec, self.kind)
             self.validated = True
             missing = self.min_instances - len(self.workers) if not self.stopping else 0
-        self.budget.keep(self, self.min_instances)  # no longer the importing worker's, if it is a scale-out
+        self.budget.keep(self, self.reserved())
         for _ in range(missing):
             self._spawn()
         threading.Thread(target=self._supervise, name=f"fnstream-scale-{self.name}", daemon=True).start()
@@ -164,7 +165,7 @@ class WorkerPool(SlotScheduler):
 
     def _spawn(self, counted: bool = False) -> None:
         """Start one worker (`counted`: already taken from the node's budget)."""
-        if not counted and not self.budget.take(self):  # within the pool's minimum: always
+        if not counted and not self.budget.take(self):  # within the pool's hold: always
             raise DeployError(f"function {self.name!r}: no room on this node for another worker process "
                               f"(runtime.maxWorkerProcesses {self.budget.limit})", code=200429, status=429)
         try:
@@ -268,7 +269,7 @@ class WorkerPool(SlotScheduler):
         if unplanned and was != "killed":
             log.error("function %s: worker %d %s", self.name, worker.pid, how)
         if replace and not self.budget.take(self):
-            replace = False  # past its minimum: only while the node has room (process/budget.py)
+            replace = False  # past its hold: only while the node has room (process/budget.py)
         if replace:
             try:
                 self._spawn(counted=True)
@@ -290,10 +291,12 @@ class WorkerPool(SlotScheduler):
                     self._maybe_scale_up()  # calls that waited for room on the node (process/budget.py)
                 else:
                     self.budget.satisfied(self)
-                # Another function waits for room on the node: idle workers above the minimum go now.
-                idle_for = 0.0 if self.budget.pressed(self) else self.idle_seconds
+                # Another function waits for room on the node: idle workers above the hold go now
+                # (stopping the one a scale-to-zero function holds anyway would free nothing).
+                pressed = self.budget.pressed(self)
+                idle_for = 0.0 if pressed else self.idle_seconds
                 live = self._live()
-                spare = len(live) - self.min_instances
+                spare = len(live) - (self.reserved() if pressed else self.min_instances)
                 for worker in sorted(live, key=lambda w: w.idle_since):
                     if spare <= 0:
                         break
@@ -341,6 +344,12 @@ class WorkerPool(SlotScheduler):
     async def aclose(self, grace: float = 10.0, pre_stop_grace: float | None = None) -> None:
         reaper = self.stop(grace, pre_stop_grace)
         await asyncio.to_thread(reaper.join)
+
+    def _gives_way(self, worker: WorkerProcess) -> bool:
+        """Called with the lock held, `worker` idle after a call: should it exit, its room being
+        wanted by another function (or a deploy) with fewer scale-outs (process/budget.py)?"""
+        return (self.validated and len(self._live()) > self.reserved() and self.budget.yields(self)
+                and not worker.live_sessions(time.monotonic()))
 
     def describe(self) -> dict[str, Any]:
         with self.lock:

@@ -65,6 +65,10 @@ class SlotScheduler(abc.ABC):
     def _maybe_scale_up(self) -> None:
         """Called with the lock held: one more worker when invocations wait (the pool's scaling)."""
 
+    def _gives_way(self, worker: WorkerProcess) -> bool:
+        """Called with the lock held, `worker` idle after a call: should it exit to make room?"""
+        return False
+
     @abc.abstractmethod
     def _live(self) -> list[WorkerProcess]:
         """Called with the lock held: workers that serve or will serve."""
@@ -265,7 +269,7 @@ class SlotScheduler(abc.ABC):
 
     def release(self, worker: WorkerProcess, job: PooledCall | None) -> None:
         """A slot on `worker` is free again: hand it on, or stop the worker if it should go."""
-        stop = False
+        stop = give_way = False
         with self.lock:
             if job is not None:
                 if job.released:
@@ -279,10 +283,17 @@ class SlotScheduler(abc.ABC):
             if worker.state == "ready":
                 if self.stopping and worker.busy == 0:
                     stop = True
+                elif worker.busy == 0 and self._gives_way(worker):
+                    worker.state = "stopping"  # a scale-out whose room another function waits for
+                    give_way = True
                 else:
                     self._dispatch()
         if stop:
             worker.stop()
+        elif give_way:
+            log.info("function %s: worker %d gives its room to a function waiting for one", self.name, worker.pid)
+            if worker.send_soon({"t": "stop"}) is None:  # the socket is busy: never wait on the loop
+                threading.Thread(target=worker.send, args=({"t": "stop"},), daemon=True).start()
 
     def only_job(self, worker: WorkerProcess, job: PooledCall) -> bool:
         """Whether `job` is the only invocation on `worker` (killing it then harms nobody else)."""

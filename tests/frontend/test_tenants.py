@@ -356,7 +356,7 @@ async def test_process_instances_are_capped_per_function_and_per_node(make_clien
     assert resp.status == 429 and "runtime.maxWorkerProcesses" in (await resp.json())["message"]
     assert (await client.get(f"{FUNCS}/pw2")).status == 404  # refused before a worker was started
     resp = await client.post(FUNCS, data=yaml.safe_dump({**spec, "name": "pw2", "minInstances": 0}))
-    assert resp.status == 201, await resp.text()  # scale-to-zero keeps none running
+    assert resp.status == 201, await resp.text()  # scale-to-zero holds one, for its cold start
 
 
 async def test_scaling_out_under_load_stops_at_the_nodes_worker_limit(make_client):

@@ -126,21 +126,75 @@ async def test_an_exclusive_session_shares_its_worker_once_the_cap_leaves_no_oth
     assert resp.status == 200 and (await resp.json())["pid"] == owner  # the session keeps its worker
 
 
-async def test_idle_scale_outs_give_way_to_a_cold_start_and_a_deploy(capped):
-    # pa scaled out to the whole node (2) and went idle, with a long scaleDownIdleSeconds: pb's
-    # cold start and pc's deploy each get a worker of pa's back instead of waiting for it.
-    client = await capped(2)
+async def test_idle_scale_outs_give_way_to_a_deploy(capped):
+    # pa scaled out to the room nobody holds (pb holds 1 of 3 for its cold start) and went idle,
+    # with a long scaleDownIdleSeconds: pb's cold start takes the slot it holds, and pc's deploy
+    # gets a worker of pa's back instead of waiting for it.
+    client = await capped(3)
     await deploy(client, "pb", "nap", minInstances=0, maxInstances=1, scaleDownIdleSeconds=0.2, timeout=20)
     await eventually(lambda: workers(client), "pb scaled to zero", accept=lambda n: n == 0)
-    await deploy(client, "pa", minInstances=0, maxInstances=2, instanceConcurrency=1, timeout=60)
-    gate = [asyncio.ensure_future(invoke(client, "pa", {"seconds": 1})) for _ in range(2)]
+    await deploy(client, "pa", minInstances=0, maxInstances=3, instanceConcurrency=1, timeout=60)
+    gate = [asyncio.ensure_future(invoke(client, "pa", {"seconds": 1})) for _ in range(3)]
     await eventually(lambda: workers(client), "pa scaled out to 2", accept=lambda n: n == 2)
-    assert [r.status for r in await asyncio.gather(*gate)] == [200, 200]
-    resp = await invoke(client, "pb", {"seconds": 0})
+    resp = await invoke(client, "pb", {"seconds": 0})  # its held slot: no wait for pa
     assert resp.status == 200, await resp.text()
-    await eventually(lambda: workers(client), "pb scaled to zero again", accept=lambda n: n == 1)
-    gate = [asyncio.ensure_future(invoke(client, "pa", {"seconds": 1})) for _ in range(2)]
-    await eventually(lambda: workers(client), "pa scaled out to 2 again", accept=lambda n: n == 2)
-    assert [r.status for r in await asyncio.gather(*gate)] == [200, 200]
+    assert [r.status for r in await asyncio.gather(*gate)] == [200] * 3
     await deploy(client, "pc", "nap", instances=1)
-    assert await workers(client) <= 2
+    assert await workers(client) <= 3
+
+
+async def test_a_scale_to_zero_function_keeps_its_slot_for_its_cold_start(capped):
+    # Issue 24 B/C(i): lazy holds one of 2 from its deploy on, though it runs no worker: another
+    # function's minimums cannot take it (w2 is refused), and lazy's call is answered.
+    client = await capped(2)
+    await deploy(client, "lazy", "nap", minInstances=0, maxInstances=1, scaleDownIdleSeconds=0.2, timeout=20)
+    await eventually(lambda: workers(client), "lazy scaled to zero", accept=lambda n: n == 0)
+    await deploy(client, "w1", "nap", minInstances=1)
+    body = await deploy(client, "w2", "nap", expect=429, minInstances=1, timeout=5)
+    assert "runtime.maxWorkerProcesses" in body["message"]
+    resp = await invoke(client, "lazy", {"seconds": 0})
+    assert resp.status == 200, await resp.text()
+
+
+async def test_a_backlog_scaled_out_leaves_another_functions_call_its_slot(capped):
+    # Issue 24 C(ii): tb's backlog scales out over every worker it may have; `one` (scale to zero)
+    # is answered while that backlog still runs, not once it drained.
+    client = await capped(3)
+    await deploy(client, "slow", minInstances=0, maxInstances=20, instanceConcurrency=1, timeout=120)
+    await deploy(client, "one", "nap", minInstances=0, maxInstances=1, scaleDownIdleSeconds=0.2, timeout=120)
+    await eventually(lambda: workers(client), "one scaled to zero", accept=lambda n: n == 1)
+    calls = [asyncio.ensure_future(invoke(client, "slow", {"seconds": 1})) for _ in range(16)]
+    try:
+        seen: list[bool] = []
+
+        async def scaled_out() -> bool:
+            # as far as the node lets it: every worker busy, calls waiting, none starting (twice running)
+            pool = (await (await client.get(f"{FUNCS}/slow")).json())["function"]["status"]["pool"]
+            seen.append(pool["waiting"] > 0 and len(pool["workers"]) >= 2
+                        and all(w["state"] == "busy" for w in pool["workers"]))
+            return seen[-2:] == [True, True]
+        await eventually(scaled_out, "slow scaled out as far as it may")
+        resp = await invoke(client, "one", {"seconds": 0})
+        assert resp.status == 200, await resp.text()
+        # slow's backlog still waited: more calls undone than the node could run at once
+        assert len(calls) - sum(c.done() for c in calls) > 3
+        assert [r.status for r in await asyncio.gather(*calls)] == [200] * len(calls)
+    finally:
+        for call in calls:
+            call.cancel()
+
+
+async def test_busy_scale_outs_give_way_to_a_deploy(capped):
+    # slow scaled out over the whole node (3) with a backlog that keeps every worker busy past a
+    # deploy's wait for room: a worker above slow's hold exits after its call, and pc fits.
+    client = await capped(3)
+    await deploy(client, "slow", minInstances=0, maxInstances=3, instanceConcurrency=1, timeout=120)
+    calls = [asyncio.ensure_future(invoke(client, "slow", {"seconds": 0.5})) for _ in range(60)]
+    try:
+        await eventually(lambda: workers(client), "slow scaled out to 3", accept=lambda n: n == 3)
+        await deploy(client, "pc", "nap", instances=1)
+        assert sum(c.done() for c in calls) < len(calls)  # the backlog still ran
+        assert [r.status for r in await asyncio.gather(*calls)] == [200] * len(calls)
+    finally:
+        for call in calls:
+            call.cancel()

@@ -136,12 +136,12 @@ class Executor:
             dep.acquire()
             run = self._run(inv) if inv.session is None else self._run_in_session(inv)
             task = inv.task = inv.loop.create_task(run, name=f"invocation-{inv.id}")
-            task.add_done_callback(lambda _t: self._ended(inv))
+            task.add_done_callback(functools.partial(self._ended, inv))  # (a partial: smaller than a closure)
         self.active.add(inv)
         self._watch_deadlines()
         return task
 
-    def _ended(self, inv: Invocation) -> None:
+    def _ended(self, inv: Invocation, _task: object = None) -> None:
         self.active.discard(inv)
         if not inv.entered:
             # Cancelled before its first step, so `_run`'s own cleanup never ran.

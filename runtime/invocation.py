@@ -76,7 +76,7 @@ class Invocation:
             None if mode == "json" else OutputChannel(loop, buffer_events, buffer_bytes))
         self.max_write_size = max_write_size
         self.max_response_size = max_response_size
-        self.aggregate: list[Any] = []  # a plain JSON call's generator items
+        self.aggregate: list[Any] = [] if mode == "json" else _NO_ITEMS  # a plain JSON call's generator items
         self._aggregate_bytes = 0
         self._output_closed = False
         self._stream: StreamWriter | None = None
@@ -227,6 +227,9 @@ class Invocation:
         if self._aggregate_bytes > self.max_response_size:
             raise ResponseTooLargeError(f"aggregated stream result exceeds {self.max_response_size} bytes")
         self.aggregate.append(item)
+
+
+_NO_ITEMS: list[Any] = []  # what a streaming invocation aggregates: nothing (never appended to)
 
 
 class StreamWriter:

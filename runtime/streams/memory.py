@@ -141,6 +141,9 @@ class MemorySubscription(AbstractSubscription):
         self._stream.remove(self)
 
 
+_NO_SUBSCRIPTIONS: frozenset[MemorySubscription] = frozenset()
+
+
 class _Stream:
     """One named stream: ids, live subscriptions, retention and counters."""
 
@@ -159,7 +162,8 @@ class _Stream:
         self.max_stream_size = settings.max_stream_size
         self.policy = settings.policy
         self.terminator: str | None = None
-        self.subscriptions: set[MemorySubscription] = set()
+        # Made on the first subscribe: most kept invocation outputs never get a subscriber.
+        self.subscriptions: set[MemorySubscription] | frozenset[MemorySubscription] = _NO_SUBSCRIPTIONS
         self.subscriptions_made = 0
         self.producers = 0
         self.last_id = 0
@@ -280,7 +284,7 @@ class _Stream:
             if sub._offer(element):
                 reached += 1
             else:  # only under 'cut': 'block' made room first
-                self.subscriptions.discard(sub)
+                self.remove(sub)
                 sub._finish(SubscriptionCutError("cut", last_id=sub.last_id))
         if not self._retain(element, now) and not reached:
             self.dropped += 1
@@ -308,13 +312,16 @@ class _Stream:
             replay = [e for e, _ in kept if e.id > from_id]
             start = from_id
         sub = MemorySubscription(self, capacity, replay, lost, start)
+        if isinstance(self.subscriptions, frozenset):
+            self.subscriptions = set()
         self.subscriptions.add(sub)
         self.subscriptions_made += 1
         self._evict(now)  # the last consumer awaited by retain_for_num_consumers releases the hold
         return sub
 
     def remove(self, sub: MemorySubscription) -> None:
-        self.subscriptions.discard(sub)
+        if isinstance(self.subscriptions, set):
+            self.subscriptions.discard(sub)
 
     def stats(self) -> StreamStats:
         self._evict(time.monotonic())
@@ -412,7 +419,7 @@ class MemoryBroker(AbstractBroker):
         self._forget(name)
         for sub in list(stream.subscriptions):
             sub._finish(StreamDeletedError(f"stream {shown(name)!r} was deleted", last_id=sub.last_id))
-        stream.subscriptions.clear()
+        stream.subscriptions = _NO_SUBSCRIPTIONS
 
     async def close(self) -> None:
         for name in list(self._streams):

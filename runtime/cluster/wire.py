@@ -75,6 +75,17 @@ def _check_version(what: str, value: object) -> None:
     raise WireError(f"{what} names no valid protocol version ({value!r})")
 
 
+def _json_object(what: str, text: str | bytes) -> dict[str, Any]:
+    """The JSON object `text` holds (WireError naming `what` for anything else)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise WireError(f"{what} is not JSON") from None
+    if not isinstance(value, dict):
+        raise WireError(f"{what} is not a JSON object")
+    return value
+
+
 def _int(what: str, fields: Mapping[str, str], name: str, default: int | None) -> int | None:
     text = fields.get(name)
     if text is None:
@@ -246,12 +257,7 @@ def encode_heartbeat(running: int, completed: int, functions: list[str]) -> str:
 def decode_heartbeat(worker_id: str, text: str | bytes) -> dict[str, Any]:
     """A worker's heartbeat (its key's value) as /cluster/v1/status shows it."""
     what = f"the heartbeat of worker {worker_id}"
-    try:
-        info = json.loads(text)
-    except ValueError:
-        raise WireError(f"{what} is not JSON") from None
-    if not isinstance(info, dict):
-        raise WireError(f"{what} is not a JSON object")
+    info = _json_object(what, text)
     _check_version(what, info.get("protocol"))
     functions = info.get("functions", [])
     if not isinstance(functions, list) or not all(isinstance(f, str) for f in functions):
@@ -277,12 +283,7 @@ def encode_record(spec: dict[str, Any], version: int, node: str, code_path_rel: 
 
 def decode_record(field: str, text: str | bytes) -> Record:
     what = f"registry record {field!r}"
-    try:
-        rec = json.loads(text)
-    except ValueError:
-        raise WireError(f"{what} is not JSON") from None
-    if not isinstance(rec, dict):
-        raise WireError(f"{what} is not a JSON object")
+    rec = _json_object(what, text)
     _check_version(f"{what} (stored by node {rec.get('node')})", rec.get("protocol"))
     spec, version, node, rel = rec.get("spec"), rec.get("version"), rec.get("node"), rec.get("codePathRel")
     if not isinstance(spec, dict):

@@ -119,3 +119,22 @@ def test_a_publish_reads_no_further_than_its_element_limit():
     assert safe_json.loads(b"[]", max_items=0) == [] and safe_json.loads(b"[ 1 ]", max_items=0) == [1]
     with pytest.raises(json.JSONDecodeError):
         safe_json.loads(b"[1, 2", max_items=5)
+
+
+@pytest.mark.parametrize("text", [False, True])
+def test_separators_are_counted_by_json_escape_rules(text):
+    """Escapes are pairs read from the left: `\\\\` ends a string's escape, `\\"` stays inside it."""
+    cases = {b'[1,2,{"a":"x,y"}]': 4, b'["a\\",b", 1]': 2, b'["a\\\\", 1, 2]': 3, b'["\\\\\\"", 3]': 2,
+             b'{"a": "never closed,,,': 1, b'"\\': 0}
+    for body, separators in cases.items():
+        assert safe_json._separators_outside_strings(body.decode() if text else body, 100) == separators, body
+
+
+async def test_a_string_that_never_closes_is_counted_in_one_pass(cclient):
+    """The probe's body: escaped quotes in a string that never closes, then commas. The count used
+    to retry from every escaped quote to the end of the body (quadratic: 10 s of a blocked loop for
+    115 KB, hours near the body limit); it is one pass now, and the body a 400 for its JSON."""
+    body = b'{"input":"' + b'\\",' * 40_000 + b"," * (LIMIT + 1)
+    assert safe_json._separators_outside_strings(body, LIMIT) == 1  # the `{`: the rest is in the string
+    resp = await cclient.post("/serverless/v1/functions/echo/invocations", data=body)
+    assert resp.status == 400, await resp.text()

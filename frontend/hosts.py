@@ -30,22 +30,12 @@ from aiohttp import web
 from runtime.config import Config
 from runtime.errors import BadRequestError, FunctionServiceError, MisdirectedRequestError
 
-__all__ = ("HostPolicy", "HOST_POLICY", "host_middleware", "host_name", "parse_host")
+__all__ = ("HostPolicy", "HOST_POLICY", "host_middleware", "parse_host")
 
 _WILDCARDS = frozenset(("", "0.0.0.0", "::", "*"))
 _DEFAULT_NAMES = ("localhost", "127.0.0.1", "::1")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def host_name(host: str) -> str:
-    """The name or address of a Host header value, without port, brackets or trailing dot, lowercased."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        host = host[1:].partition("]")[0]
-    elif host.count(":") == 1:
-        host = host.partition(":")[0]
-    return host.rstrip(".")
 
 
 # host [":" port]: a reg-name of unreserved characters (no pct-encoding or sub-delims: no
@@ -106,7 +96,8 @@ class HostPolicy:
             self.any = "*" in frontend.allowedHosts
             self.addresses = False
             names = list(frontend.allowedHosts)
-        self.names = frozenset(parse_host(n) or host_name(n) for n in names)
+        # Read as a request's Host is (an entry that is no host[:port], `*` say, names nothing).
+        self.names = frozenset(name for name in (parse_host(n.strip()) for n in names) if name is not None)
 
     def trusts(self, remote: str | None) -> bool:
         """`remote` (a peer address) is a trusted proxy: its X-Forwarded-* headers are believed."""

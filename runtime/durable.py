@@ -9,9 +9,9 @@ ids 1, 2, ... are the answer's `id:`s), then the result or error event, then an 
 Kept while it runs (bounded by `streams.invocationRetentionBytes`) and for
 `streams.invocationRetentionSeconds` after it ends; at most `invocationRetentionCount` ended ones
 (so retention never fills `streams.maxStreams`). Past that count the oldest record of the tenant
-keeping the most goes first: one tenant's flood of invocations cannot evict another's output. Only SSE invocations are
-kept: a plain JSON call costs nothing here (not a task, not a record), and neither does a
-streaming one until it writes (its named stream is made by the first publish).
+keeping the most goes first: one tenant's flood of invocations cannot evict another's output.
+Only SSE invocations are kept: a plain JSON call costs nothing here (not a task, not a record),
+and neither does a streaming one until it writes (its named stream is made by the first publish).
 
 With the manifest's `onDisconnect: continue`, an answer whose client left is not cancelled: a pump
 task takes over reading its output into the stream (the handler never notices), until the end.

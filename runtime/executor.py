@@ -31,7 +31,7 @@ from .logs import set_log_context
 from .plain import PlainCall
 from .streams.tenancy import current_tenant
 from .thread_stop import run_stoppable, stop_thread
-from .threadpool import DaemonThreadPool
+from .threadpool import DaemonThreadPool, settle
 
 __all__ = ("Executor",)
 
@@ -328,26 +328,47 @@ class Executor:
         _run so that loop-run handlers carry none of this per call; gives the slot back itself."""
         dep = inv.deployment
         gate = dep.thread_gate or self._gate(dep)
-        thread_future: asyncio.Future[Any] | None = None
+        loop: asyncio.AbstractEventLoop | None = None
+        waiter: asyncio.Future[Any] | None = None
         started: list[int] = [0]  # the thread's ident, set as the handler starts
-        overran: list[bool] = [False]
+        # Whether the thread ended, whether it outlived its call, and the future an abandoned
+        # thread's end resolves (made only then): what `asyncio.shield` of one future gave, without
+        # its second future and callbacks per call.
+        ended = False
+        overran = False
+        thread_done: asyncio.Future[Any] | None = None
+
+        def _ended(result: Any, exc: BaseException | None) -> None:
+            nonlocal ended
+            ended = True
+            gate.release(overran)
+            assert waiter is not None
+            settle(waiter, result, exc)
+            if thread_done is not None:
+                settle(thread_done, result, exc)
+
         try:
             if not gate.try_acquire():
                 await gate.acquire()  # cancellable: a deadline passing here ends the call before it starts
-            thread_future = self.run_sync(self._call_in_thread, inv, ctx, started)
-            thread_future.add_done_callback(lambda _f: gate.release(overran[0]))
-            return await asyncio.shield(thread_future)
+            running = asyncio.get_running_loop()
+            waiter = running.create_future()
+            # In a copy of the caller's context, as run_sync: the log tags and tenant of the call.
+            self._pool.run_then(running, _ended, contextvars.copy_context().run, self._call_in_thread, inv, ctx,
+                                started)
+            loop = running  # submitted: from here the thread will end, and say so
+            return await waiter
         finally:
-            if thread_future is not None and not thread_future.done():
+            if loop is not None and not ended:
                 # The thread cannot be killed. After a timeout the answer went out and the slot is
                 # free: the thread holds one of the function's threads (ThreadGate) until it really
                 # ends, and the status says so. A thread whose client left keeps its slot till it ends.
+                thread_done = loop.create_future()
                 timed_out = inv.timed_out is not None
                 if started[0]:
-                    overran[0] = True
+                    overran = True
                     gate.mark_overran(inv.id, _why_ended(inv), stopping=timed_out)
                     if timed_out:
-                        self._stop(inv, started[0], thread_future)
+                        self._stop(inv, started[0], thread_done)
 
                 def _thread_ended(future: asyncio.Future[Any]) -> None:
                     if not timed_out:
@@ -356,7 +377,7 @@ class Executor:
                         log.info("function %s: abandoned invocation %s ended: %r", dep.name, inv.id,
                                  future.exception())
 
-                thread_future.add_done_callback(_thread_ended)
+                thread_done.add_done_callback(_thread_ended)
                 if timed_out:
                     dep.release()
             else:

@@ -18,14 +18,15 @@ from typing import Any, ParamSpec, TypeVar
 
 from .fork_guard import lasting_thread
 
-__all__ = ("DaemonThreadPool", "call_threadsafe")
+__all__ = ("DaemonThreadPool", "call_threadsafe", "settle")
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 # (function, its arguments, the future its outcome goes to, and that future's loop: None for a
 # concurrent Future). A plain tuple: no closure or partial per call.
-_Work = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any] | asyncio.Future[Any] | None",
+# The third is Any: a concurrent Future, an asyncio Future, run_then's callback, or None.
+_Work = tuple[Callable[..., Any], tuple[Any, ...], Any,
               "asyncio.AbstractEventLoop | None"]
 
 
@@ -60,6 +61,13 @@ class DaemonThreadPool(Executor):
         self._put((fn, args, future, loop))
         return future
 
+    def run_then(self, loop: asyncio.AbstractEventLoop, done: Callable[[Any, BaseException | None], object],
+                 fn: Callable[..., Any], /, *args: Any) -> None:
+        """`fn(*args)` in a pool thread, then `done(result, None)` or `done(None, exc)` on `loop`: no
+        future at all, for a caller that needs to know when the thread ends apart from its own
+        (cancellable) wait for the result."""
+        self._put((fn, args, done, loop))
+
     def call(self, fn: Callable[..., Any], /, *args: Any) -> None:
         """`fn(*args)` in a pool thread, its outcome wanted by nobody (`fn` reports it itself; what
         it raises is dropped): no future per call."""
@@ -87,9 +95,11 @@ class DaemonThreadPool(Executor):
                 if future is None:
                     _run_detached(fn, args)
                 elif loop is None:
-                    _run_to_future(future, fn, args)  # type: ignore[arg-type]
+                    _run_to_future(future, fn, args)
+                elif not isinstance(future, asyncio.Future):  # run_then's callback
+                    _run_then(loop, future, fn, args)
                 else:
-                    _run_to_loop(loop, future, fn, args)  # type: ignore[arg-type]
+                    _run_to_loop(loop, future, fn, args)
                 del fn, args, future, loop  # drop the call's references while idle
                 with self._lock:
                     self._idle += 1
@@ -110,8 +120,10 @@ class DaemonThreadPool(Executor):
                         _fn, _args, future, loop = work
                         if loop is None and future is not None:
                             future.cancel()
-                        elif loop is not None and future is not None:
+                        elif loop is not None and isinstance(future, asyncio.Future):
                             call_threadsafe(loop, future.cancel)
+                        elif loop is not None and future is not None:  # run_then's callback
+                            call_threadsafe(loop, future, None, asyncio.CancelledError())
             for _ in self._threads:
                 self._work.put(None)
         if wait:
@@ -148,6 +160,16 @@ def _run_to_loop(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], f
         call_threadsafe(loop, _set_result, future, result)
 
 
+def _run_then(loop: asyncio.AbstractEventLoop, done: Callable[[Any, BaseException | None], object],
+              fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    try:
+        result = fn(*args)
+    except BaseException as exc:  # delivered to the caller's callback
+        call_threadsafe(loop, done, None, exc)
+    else:
+        call_threadsafe(loop, done, result, None)
+
+
 def call_threadsafe(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: Any) -> None:
     """`loop.call_soon_threadsafe`, from a thread whose loop may have closed meanwhile."""
     try:
@@ -159,6 +181,16 @@ def call_threadsafe(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], 
 def _set_result(future: asyncio.Future[Any], result: Any) -> None:
     if not future.done():
         future.set_result(result)
+
+
+def settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    """Give `future` (if still pending) the outcome a `run_then` callback got."""
+    if exc is None:
+        _set_result(future, result)
+    elif isinstance(exc, asyncio.CancelledError):  # the pool shut down before it ran
+        future.cancel()
+    else:
+        _set_exception(future, exc)
 
 
 def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:

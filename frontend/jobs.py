@@ -55,7 +55,7 @@ async def remember_functions(app: web.Application, deps: Iterable[Deployment]) -
     store = app.get(JOB_STORE)
     if store is not None:
         for dep in deps:
-            await store.save_function(dep.key, dep.spec.model_dump(mode="json"))
+            await store.save_function(dep.key, dep.spec.record())
 
 
 async def forget_function(app: web.Application, key: str) -> None:

@@ -173,6 +173,11 @@ class FunctionSpec(BaseModel):
     def urn(self) -> str:
         return function_urn(self.tenant, self.namespace, self.name, self.version)
 
+    def record(self) -> dict[str, Any]:
+        """The fields the deployer set, as JSON: the form stored and shared between nodes, so a
+        restored spec sets what was set and no more (a default is not read as a choice)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
     def public(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")
         data["urn"] = self.urn

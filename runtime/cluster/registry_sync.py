@@ -102,7 +102,7 @@ class RegistrySync:
         rel = None if spec is None else await asyncio.to_thread(_relative_code_path, spec, self.registry.code_roots)
         version = int(await self.redis.incr(self.keys.version))
         old = self._fields.pop(name, "")  # a record of an older node, under the bare name: moved to its key
-        record = "" if spec is None else encode_record(spec.model_dump(mode="json"), version, self.node, rel)
+        record = "" if spec is None else encode_record(spec.record(), version, self.node, rel)
         # One script, atomic on one key: not a MULTI pipeline, which redis-py runs on a Redis Cluster
         # from a thread of its own that the event loop waits for (each command: a thread, joined).
         await self.redis.eval(_STORE, 1, self.keys.functions, old, name, record)
@@ -119,7 +119,7 @@ class RegistrySync:
             rec = records.get(dep.key)
             if dep.key in self._refused:
                 continue   # a record of another protocol version: neither read nor overwritten
-            if rec is not None and rec.spec == dep.spec.model_dump(mode="json") and dep.key not in self._fields:
+            if rec is not None and rec.spec == dep.spec.record() and dep.key not in self._fields:
                 self._applied[dep.key] = rec.version
             elif self.publish:
                 self._pending[dep.key] = dep.spec

@@ -108,6 +108,21 @@ async def test_memory_on_an_in_process_function_warns_at_deploy(make_client, dep
     assert "'memory: 256' is not enforced" in caplog.text and "executor: process" in caplog.text
 
 
+async def test_a_restored_function_warns_of_memory_only_when_it_was_set(make_client, tmp_path, caplog):
+    """The stored deployment keeps what the deployer set: a default `memory` is no choice to warn of."""
+    config = test_config(**{"jobs.path": str(tmp_path / "jobs.sqlite3")})
+    client = await make_client(config)
+    for spec in (fn("plain", "runaway_fns.record"), fn("sized", "runaway_fns.record", memory=256)):
+        resp = await client.post("/admin/v1/functions", json=spec)
+        assert resp.status == 201, await resp.text()
+    await client.close()
+    with caplog.at_level(logging.WARNING, logger="fnstream.runtime"):
+        client = await make_client(config)  # restores both from the store
+        assert (await client.post(INVOKE.format("plain"), json={"mark": str(tmp_path / "m")})).status == 200
+    assert "function sized: 'memory: 256' is not enforced" in caplog.text
+    assert "function plain:" not in caplog.text
+
+
 async def test_sigterm_exits_after_the_grace_with_a_stuck_thread(start_server, deploy_dir):
     deploy = deploy_dir(fn("spin", "runaway_fns.stuck", timeout=1))
     server = start_server("--deploy-dir", str(deploy), "-s", "frontend.args.shutdownGraceSeconds=1",

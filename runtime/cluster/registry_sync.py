@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,10 @@ __all__ = ("RegistrySync",)
 
 log = logging.getLogger("fnstream.cluster")
 
-# A function's record stored or deleted. KEYS: the functions hash; ARGV: a field to drop first (''
-# for none), the field, its record ('' to delete the field).
+# A function's record stored or deleted. KEYS: the functions hash, the epoch; ARGV: a field to drop
+# first ('' for none), the field, its record ('' to delete the field), the epoch to set if none is.
 _STORE = """
+redis.call('SET', KEYS[2], ARGV[4], 'NX')
 if ARGV[1] ~= '' then redis.call('HDEL', KEYS[1], ARGV[1]) end
 if ARGV[3] == '' then redis.call('HDEL', KEYS[1], ARGV[2]) else redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) end
 return 1
@@ -67,6 +69,7 @@ class RegistrySync:
         self._listener: asyncio.Task[Any] | None = None
         self.connected = False
         self._pushed = False
+        self._epoch: bytes | str | None = None     # the registry's epoch when this node last synced
         registry.on_change.append(self._on_local_change)
 
     # -- local changes -----------------------------------------------------------------------
@@ -105,7 +108,7 @@ class RegistrySync:
         record = "" if spec is None else encode_record(spec.record(), version, self.node, rel)
         # One script, atomic on one key: not a MULTI pipeline, which redis-py runs on a Redis Cluster
         # from a thread of its own that the event loop waits for (each command: a thread, joined).
-        await self.redis.eval(_STORE, 1, self.keys.functions, old, name, record)
+        await self.redis.eval(_STORE, 2, self.keys.functions, self.keys.epoch, old, name, record, uuid.uuid4().hex)
         # Announced once stored.
         await self.redis.publish(self.keys.registry_channel, str(version))
         return version
@@ -124,6 +127,7 @@ class RegistrySync:
             elif self.publish:
                 self._pending[dep.key] = dep.spec
         await self.flush()
+        self._epoch = await self.redis.get(self.keys.epoch)  # the one these records are (now) in
 
     async def _records(self) -> dict[str, Record]:
         """The shared registry's records by key. One this node does not read (malformed, or stored by
@@ -148,12 +152,18 @@ class RegistrySync:
         return out
 
     async def sync(self) -> None:
-        """Make the local registry match Redis (changes not yet flushed win locally)."""
-        if self._applied and not await self.redis.exists(self.keys.version):
-            # Redis came back empty (restarted without persistence): give it this node's functions again.
-            log.warning("cluster: the registry in Redis is gone; re-publishing this node's functions")
+        """Make the local registry match Redis (changes not yet flushed win locally).
+
+        A registry of another epoch than the one this node applied is a Redis that came back empty
+        (restarted without persistence) and that some node has begun to fill again: this node's
+        functions missing from it are published again, never taken for deleted."""
+        epoch = await self.redis.get(self.keys.epoch)
+        if self._applied and epoch != self._epoch:
+            log.warning("cluster: the registry in Redis was lost; re-publishing this node's functions")
             self._applied.clear()
             await self.push_initial()
+        else:
+            self._epoch = epoch
         records = await self._records()
         for name, rec in records.items():
             if name not in self._pending and self._applied.get(name) != rec.version:

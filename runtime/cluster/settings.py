@@ -60,6 +60,7 @@ class Keys:
         self.prefix = prefix
         self.functions = f"{prefix}:{{registry}}:functions"   # hash name -> JSON record
         self.version = f"{prefix}:{{registry}}:version"       # counter bumped on every change
+        self.epoch = f"{prefix}:{{registry}}:epoch"           # set by the first store into an empty Redis
         self.registry_channel = f"{prefix}:registry"          # pub/sub: "something changed"
         self.cancel_channel = f"{prefix}:cancel"              # pub/sub: invocation ids to cancel
 

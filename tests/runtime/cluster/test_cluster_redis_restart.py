@@ -48,3 +48,32 @@ async def test_every_request_succeeds_after_a_redis_restart(redis_server, start_
         await asyncio.sleep(6)   # past health_check_interval: every pooled connection is idle and stale
         codes = await _burst(s, frontend.url)
     assert codes.count(200) == len(codes), codes
+
+
+async def test_functions_not_yet_back_in_a_refilled_registry_are_published_not_deleted(redis_server):
+    """Redis came back empty and node A has begun to publish again. Node B, which had applied both
+    functions, publishes the one not back yet instead of taking it for deleted (it used to delete
+    it, until A's next store brought it back: a window of 404s after a Redis restart)."""
+    from runtime.cluster.registry_sync import RegistrySync
+    from runtime.cluster.settings import Keys, connect
+    from runtime.manifest import FunctionSpec
+    from runtime.registry import Registry
+    from tests.support.cluster import CLUSTER_FUNCTIONS
+
+    specs = [FunctionSpec.model_validate({**RELAY, "name": name}) for name in ("f1", "f2")]
+    a, b = (RegistrySync(connect(redis_server.url), Keys(), Registry([CLUSTER_FUNCTIONS]), node) for node in "ab")
+    try:
+        await a.registry.adeploy(specs)
+        await a.push_initial()
+        await b.push_initial()
+        await b.sync()
+        assert "f1" in b.registry and "f2" in b.registry
+        redis_server.client().flushall()  # what a restart without persistence leaves
+        await a._store("f1", specs[0])  # A has begun to publish again
+        await b.sync()
+        assert "f1" in b.registry and "f2" in b.registry
+        assert set(redis_server.client().hkeys(Keys().functions)) == {"f1", "f2"}
+    finally:
+        for node in (a, b):
+            await node.registry.stop_workers()
+            await node.redis.aclose()

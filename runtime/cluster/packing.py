@@ -18,25 +18,31 @@ from redis.asyncio.connection import AbstractConnection, Connection
 from redis.exceptions import DataError
 from redis.typing import EncodableT
 
-__all__ = ("use_hiredis_packing",)
+__all__ = ("pack", "use_hiredis_packing")
 
 _made: dict[type[Any], type[Any]] = {}
 
 
+def pack(args: tuple[EncodableT, ...]) -> bytes:
+    """One command, packed by hiredis; the command name split as redis-py splits it."""
+    first = args[0]
+    if isinstance(first, str):
+        if " " in first:   # e.g. "CONFIG GET": the server wants the words as arguments
+            args = (*first.encode().split(), *args[1:])
+    elif isinstance(first, bytes) and b" " in first:
+        args = (*first.split(), *args[1:])
+    try:
+        packed: bytes = hiredis.pack_command(args)  # type: ignore[arg-type]  # (its stub: one-tuples)
+        return packed
+    except TypeError as exc:
+        raise DataError(str(exc)) from None
+
+
 class _HiredisPacking(AbstractConnection):
-    """The mixin: hiredis packs, in one buffer; the command name split as redis-py splits it."""
+    """The mixin: hiredis packs, in one buffer."""
 
     def pack_command(self, *args: EncodableT) -> list[bytes]:
-        first = args[0]
-        if isinstance(first, str):
-            if " " in first:   # e.g. "CONFIG GET": the server wants the words as arguments
-                args = (*first.encode().split(), *args[1:])
-        elif isinstance(first, bytes) and b" " in first:
-            args = (*first.split(), *args[1:])
-        try:
-            return [hiredis.pack_command(args)]  # type: ignore[arg-type]  # (its stub: one-tuples)
-        except TypeError as exc:
-            raise DataError(str(exc)) from None
+        return [pack(args)]
 
 
 def _fast(cls: type[Any]) -> type[Any]:

@@ -73,6 +73,7 @@ class WorkQueue:
 
     async def close(self) -> None:
         await self.answers.close()
+        await self.batch.close()
 
     async def submit(self, spec: FunctionSpec, event: Any, *, mode: Mode, buffer_events: int, max_write_size: int,
                      max_response_size: int, trace_id: str | None, timeout: float | None = None,

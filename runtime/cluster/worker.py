@@ -67,6 +67,7 @@ class QueueConsumer(Intake):
             await self.redis.delete(self.keys.worker(self.id))
         except REDIS_DOWN:
             pass
+        await self.batch.close()
 
     def _cancel_running(self) -> None:
         for inv in list(self._running.values()):

@@ -3,10 +3,12 @@ order, and a failing command fails only its own caller."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 
 import aiohttp
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from runtime.cluster.batch import Batcher
@@ -37,6 +39,7 @@ async def test_one_loop_turn_is_one_round_trip_in_order(redis_server):
         apart = reads(sync) - before - 1
         assert batched <= 2 and apart >= 50, (batched, apart)   # 1, or 2 with a connection health check
     finally:
+        await batch.close()
         await r.aclose()
 
 
@@ -53,6 +56,7 @@ async def test_a_failing_command_fails_only_its_caller(redis_server):
             await batch.call("LPUSH", "plain", "y")
         assert await batch.call("GET", "plain") == "x"
     finally:
+        await batch.close()
         await r.aclose()
 
 
@@ -82,6 +86,7 @@ async def test_merged_commands_are_one_command_sent_last(redis_server):
         assert all(isinstance(x, aioredis.ResponseError) and "WRONGTYPE" in str(x) for x in results), results
         assert await r.get("plain") == "x"
     finally:
+        await batch.close()
         await r.aclose()
 
 
@@ -94,6 +99,7 @@ async def test_lost_connection_fails_every_caller_of_the_batch(redis_server):
         results = await asyncio.gather(batch.call("GET", "a"), batch.call("GET", "b"), return_exceptions=True)
         assert all(isinstance(x, (aioredis.ConnectionError, OSError)) for x in results), results
     finally:
+        await batch.close()
         await r.aclose()
 
 
@@ -116,7 +122,7 @@ async def test_a_queued_invocation_costs_few_round_trips(redis_server, start_ser
     async with aiohttp.ClientSession() as s:
         await workers_serving(s, a.url, "echo")
         async with s.post(url, json={}, headers={"Accept": accept}) as resp:   # connections warm
-            assert resp.status == 200
+            assert resp.status == 200, await resp.text()
         idle0, t0 = reads(sync), time.monotonic()
         await asyncio.sleep(1.0)
         background = (reads(sync) - idle0 - 1) / (time.monotonic() - t0)
@@ -128,3 +134,61 @@ async def test_a_queued_invocation_costs_few_round_trips(redis_server, start_ser
         await asyncio.sleep(0.1)    # the worker's ack and the frontend's DEL follow the answer
         trips = (reads(sync) - before - 1 - background * (time.monotonic() - t0)) / n
     assert trips <= limit, f"{trips:.1f} round trips per invocation ({background:.0f}/s in the background)"
+
+
+async def test_a_user_and_a_database_of_the_url_are_used(redis_server):
+    """The Batcher's own connection (lean.py) logs in as the URL's user and selects its database."""
+    admin = redis_server.client()
+    admin.acl_setuser("lean", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all"])
+    r = connect(f"redis://lean:pw@127.0.0.1:{redis_server.port}/3")
+    try:
+        batch = Batcher(r)
+        assert await batch.call("SET", "where", "db3") is True
+        assert await batch.call("ACL", "WHOAMI") == "lean"
+        assert admin.get("where") is None
+        third = redis.Redis(port=redis_server.port, db=3, decode_responses=True)
+        assert third.get("where") == "db3"
+        third.close()
+        await batch.close()
+        wrong = connect(f"redis://lean:nope@127.0.0.1:{redis_server.port}/0")
+        refused = Batcher(wrong)
+        with pytest.raises(aioredis.AuthenticationError):
+            await refused.call("GET", "where")
+        await refused.close()
+        await wrong.aclose()
+    finally:
+        await r.aclose()
+
+
+async def test_a_restarted_redis_is_reconnected_to(redis_server):
+    """A connection Redis dropped is not reused: the next loop turn's commands go out on a new one."""
+    r = connect(redis_server.url)
+    try:
+        batch = Batcher(r)
+        assert await batch.call("SET", "k", "1") is True
+        redis_server.kill()
+        redis_server.start()
+        assert await batch.call("SET", "k", "2") is True
+        assert await batch.call("GET", "k") == "2"
+    finally:
+        await batch.close()
+        await r.aclose()
+
+
+async def test_a_reply_that_does_not_come_fails_at_the_socket_timeout(redis_server):
+    """A Redis that stops answering (SIGSTOP) fails the batch with TimeoutError, as redis-py would,
+    instead of leaving its callers waiting; once it answers again, so does the Batcher."""
+    r = aioredis.Redis.from_url(redis_server.url, decode_responses=True, socket_timeout=0.3)
+    batch = Batcher(r)
+    try:
+        assert await batch.call("SET", "k", "1") is True
+        redis_server.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(aioredis.TimeoutError):
+                await batch.call("GET", "k")
+        finally:
+            redis_server.proc.send_signal(signal.SIGCONT)
+        assert await batch.call("GET", "k") == "1"
+    finally:
+        await batch.close()
+        await r.aclose()

@@ -23,11 +23,12 @@ __all__ = ("DaemonThreadPool", "call_threadsafe", "settle")
 P = ParamSpec("P")
 T = TypeVar("T")
 
-# (function, its arguments, the future its outcome goes to, and that future's loop: None for a
-# concurrent Future). A plain tuple: no closure or partial per call.
-# The third is Any: a concurrent Future, an asyncio Future, run_then's callback, or None.
-_Work = tuple[Callable[..., Any], tuple[Any, ...], Any,
-              "asyncio.AbstractEventLoop | None"]
+# What gets a call's outcome: `deliver(result, None)` or `deliver(None, exc)`.
+Deliver = Callable[[Any, BaseException | None], object]
+# (function, its arguments, what gets its outcome, and the loop `deliver` runs on: None to run it in
+# the pool thread; no deliver for a call whose outcome nobody wants). A plain tuple: no closure or
+# partial per call.
+_Work = tuple[Callable[..., Any], tuple[Any, ...], "Deliver | None", "asyncio.AbstractEventLoop | None"]
 
 
 class DaemonThreadPool(Executor):
@@ -47,7 +48,9 @@ class DaemonThreadPool(Executor):
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         future: Future[T] = Future()
-        self._put((functools.partial(fn, **kwargs) if kwargs else fn, args, future, None))
+        call = functools.partial(fn, **kwargs) if kwargs else fn
+        self._put((_unless_cancelled, (future.set_running_or_notify_cancel, call, args),
+                   functools.partial(_settle_concurrent, future), None))
         return future
 
     def run_soon(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., T], /, *args: Any) -> asyncio.Future[T]:
@@ -58,15 +61,15 @@ class DaemonThreadPool(Executor):
         one, just one `call_soon_threadsafe` when the call returns.
         """
         future: asyncio.Future[T] = loop.create_future()
-        self._put((fn, args, future, loop))
+        self._put((_unless_cancelled, (_pending(future), fn, args), functools.partial(settle, future), loop))
         return future
 
-    def run_then(self, loop: asyncio.AbstractEventLoop, done: Callable[[Any, BaseException | None], object],
-                 fn: Callable[..., Any], /, *args: Any) -> None:
-        """`fn(*args)` in a pool thread, then `done(result, None)` or `done(None, exc)` on `loop`: no
-        future at all, for a caller that needs to know when the thread ends apart from its own
-        (cancellable) wait for the result."""
-        self._put((fn, args, done, loop))
+    def run_then(self, loop: asyncio.AbstractEventLoop, deliver: Deliver, fn: Callable[..., Any], /,
+                 *args: Any) -> None:
+        """`fn(*args)` in a pool thread, then `deliver(result, None)` or `deliver(None, exc)` on `loop`
+        (`exc` a CancelledError if the pool shut down before it ran): no future at all, for a caller
+        that needs to know when the thread ends apart from its own (cancellable) wait for the result."""
+        self._put((fn, args, deliver, loop))
 
     def call(self, fn: Callable[..., Any], /, *args: Any) -> None:
         """`fn(*args)` in a pool thread, its outcome wanted by nobody (`fn` reports it itself; what
@@ -90,17 +93,19 @@ class DaemonThreadPool(Executor):
         lasting_thread()  # a handler's fork from here dies with the process (runtime/fork_guard.py)
         try:
             while (work := self._work.get()) is not None:
-                fn, args, future, loop = work
+                fn, args, deliver, loop = work
                 del work
-                if future is None:
-                    _run_detached(fn, args)
-                elif loop is None:
-                    _run_to_future(future, fn, args)
-                elif not isinstance(future, asyncio.Future):  # run_then's callback
-                    _run_then(loop, future, fn, args)
+                try:
+                    result = fn(*args)
+                except BaseException as exc:  # delivered to the caller, as ThreadPoolExecutor does
+                    if deliver is not None:
+                        _deliver(loop, deliver, None, exc)
+                    del exc
                 else:
-                    _run_to_loop(loop, future, fn, args)
-                del fn, args, future, loop  # drop the call's references while idle
+                    if deliver is not None:
+                        _deliver(loop, deliver, result, None)
+                    del result
+                del fn, args, deliver, loop  # drop the call's references while idle
                 with self._lock:
                     self._idle += 1
         finally:
@@ -116,14 +121,8 @@ class DaemonThreadPool(Executor):
                         work = self._work.get_nowait()
                     except queue.Empty:
                         break
-                    if work is not None:
-                        _fn, _args, future, loop = work
-                        if loop is None and future is not None:
-                            future.cancel()
-                        elif loop is not None and isinstance(future, asyncio.Future):
-                            call_threadsafe(loop, future.cancel)
-                        elif loop is not None and future is not None:  # run_then's callback
-                            call_threadsafe(loop, future, None, asyncio.CancelledError())
+                    if work is not None and work[2] is not None:
+                        _deliver(work[3], work[2], None, asyncio.CancelledError())
             for _ in self._threads:
                 self._work.put(None)
         if wait:
@@ -131,43 +130,35 @@ class DaemonThreadPool(Executor):
                 thread.join()
 
 
-def _run_detached(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    try:
-        fn(*args)
-    except BaseException:  # nobody waits for it; the pool thread lives on)
-        pass
+def _deliver(loop: asyncio.AbstractEventLoop | None, deliver: Deliver, result: Any,
+             exc: BaseException | None) -> None:
+    if loop is None:
+        deliver(result, exc)
+    else:
+        call_threadsafe(loop, deliver, result, exc)
 
 
-def _run_to_future(future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    if future.set_running_or_notify_cancel():
-        try:
-            result = fn(*args)
-        except BaseException as exc:  # delivered to the awaiting caller, as ThreadPoolExecutor does
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
+def _unless_cancelled(start: Callable[[], bool], fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """`fn(*args)` if `start()` says its future still waits for it (a benign race for an asyncio
+    future, read from this thread: it may still run), else CancelledError (its deliver ignores it)."""
+    if not start():
+        raise asyncio.CancelledError
+    return fn(*args)
 
 
-def _run_to_loop(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], fn: Callable[..., Any],
-                 args: tuple[Any, ...]) -> None:
-    if future.cancelled():  # cancelled while it waited for a thread (a benign race: it may still run)
+def _pending(future: asyncio.Future[Any]) -> Callable[[], bool]:
+    return lambda: not future.cancelled()
+
+
+def _settle_concurrent(future: Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.done():  # cancelled before it ran
         return
-    try:
-        result = fn(*args)
-    except BaseException as exc:  # delivered to the awaiting caller, as run_in_executor does
-        call_threadsafe(loop, _set_exception, future, exc)
+    if exc is None:
+        future.set_result(result)
+    elif isinstance(exc, asyncio.CancelledError) and not future.running():  # the pool shut down first
+        future.cancel()
     else:
-        call_threadsafe(loop, _set_result, future, result)
-
-
-def _run_then(loop: asyncio.AbstractEventLoop, done: Callable[[Any, BaseException | None], object],
-              fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    try:
-        result = fn(*args)
-    except BaseException as exc:  # delivered to the caller's callback
-        call_threadsafe(loop, done, None, exc)
-    else:
-        call_threadsafe(loop, done, result, None)
+        future.set_exception(exc)
 
 
 def call_threadsafe(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: Any) -> None:
@@ -184,7 +175,7 @@ def _set_result(future: asyncio.Future[Any], result: Any) -> None:
 
 
 def settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-    """Give `future` (if still pending) the outcome a `run_then` callback got."""
+    """Give `future` (if still pending) the outcome a `run_then` deliver got."""
     if exc is None:
         _set_result(future, result)
     elif isinstance(exc, asyncio.CancelledError):  # the pool shut down before it ran

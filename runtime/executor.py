@@ -12,11 +12,11 @@ import asyncio
 import contextlib
 import contextvars
 import functools
-import inspect
 import logging
 import time
 import traceback
 from collections.abc import Awaitable, Callable
+from types import GeneratorType
 from typing import Any
 
 from .codec import encode_result
@@ -30,7 +30,7 @@ from .limits import LoopLagMonitor, TenantShares, ThreadGate
 from .logs import set_log_context
 from .plain import PlainCall
 from .streams.tenancy import current_tenant
-from .thread_stop import run_stoppable, stop_thread
+from .thread_stop import run_stoppable, stop_thread, thread_running
 from .threadpool import DaemonThreadPool, settle
 
 __all__ = ("Executor",)
@@ -328,9 +328,8 @@ class Executor:
         _run so that loop-run handlers carry none of this per call; gives the slot back itself."""
         dep = inv.deployment
         gate = dep.thread_gate or self._gate(dep)
-        loop: asyncio.AbstractEventLoop | None = None
+        submitted = False
         waiter: asyncio.Future[Any] | None = None
-        started: list[int] = [0]  # the thread's ident, set as the handler starts
         # Whether the thread ended, whether it outlived its call, and the future an abandoned
         # thread's end resolves (made only then): what `asyncio.shield` of one future gave, without
         # its second future and callbacks per call.
@@ -338,7 +337,7 @@ class Executor:
         overran = False
         thread_done: asyncio.Future[Any] | None = None
 
-        def _ended(result: Any, exc: BaseException | None) -> None:
+        def deliver(result: Any, exc: BaseException | None) -> None:
             nonlocal ended
             ended = True
             gate.release(overran)
@@ -350,38 +349,45 @@ class Executor:
         try:
             if not gate.try_acquire():
                 await gate.acquire()  # cancellable: a deadline passing here ends the call before it starts
-            running = asyncio.get_running_loop()
-            waiter = running.create_future()
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
             # In a copy of the caller's context, as run_sync: the log tags and tenant of the call.
-            self._pool.run_then(running, _ended, contextvars.copy_context().run, self._call_in_thread, inv, ctx,
-                                started)
-            loop = running  # submitted: from here the thread will end, and say so
+            self._pool.run_then(loop, deliver, contextvars.copy_context().run, _call_in_thread, inv, ctx)
+            submitted = True  # from here the thread will end, and say so
             return await waiter
         finally:
-            if loop is not None and not ended:
+            if not submitted:
+                dep.release()
+            elif not ended:
                 # The thread cannot be killed. After a timeout the answer went out and the slot is
                 # free: the thread holds one of the function's threads (ThreadGate) until it really
                 # ends, and the status says so. A thread whose client left keeps its slot till it ends.
                 thread_done = loop.create_future()
-                timed_out = inv.timed_out is not None
-                if started[0]:
-                    overran = True
-                    gate.mark_overran(inv.id, _why_ended(inv), stopping=timed_out)
-                    if timed_out:
-                        self._stop(inv, started[0], thread_done)
-
-                def _thread_ended(future: asyncio.Future[Any]) -> None:
-                    if not timed_out:
-                        dep.release()
-                    if not future.cancelled() and future.exception() is not None:
-                        log.info("function %s: abandoned invocation %s ended: %r", dep.name, inv.id,
-                                 future.exception())
-
-                thread_done.add_done_callback(_thread_ended)
-                if timed_out:
-                    dep.release()
+                overran = self._abandon(inv, gate, thread_done)
             else:
                 dep.release()
+
+    def _abandon(self, inv: Invocation | PlainCall, gate: ThreadGate, thread_done: asyncio.Future[Any]) -> bool:
+        """The call ended while its thread has not: whether the handler runs (it overran; stopped if
+        it timed out), the slot given back now (a timeout) or when `thread_done` resolves."""
+        dep = inv.deployment
+        timed_out = inv.timed_out is not None
+        ident = thread_running(inv)
+        if ident:
+            gate.mark_overran(inv.id, _why_ended(inv), stopping=timed_out)
+            if timed_out:
+                self._stop(inv, ident, thread_done)
+
+        def _thread_ended(future: asyncio.Future[Any]) -> None:
+            if not timed_out:
+                dep.release()
+            if not future.cancelled() and future.exception() is not None:
+                log.info("function %s: abandoned invocation %s ended: %r", dep.name, inv.id, future.exception())
+
+        thread_done.add_done_callback(_thread_ended)
+        if timed_out:
+            dep.release()
+        return bool(ident)
 
     def _stop(self, inv: Invocation | PlainCall, ident: int, thread_future: asyncio.Future[Any]) -> None:
         """Stop the thread of a timed-out invocation; again every STOP_RETRY_SECONDS while it runs."""
@@ -390,21 +396,6 @@ class Executor:
         if stop_thread(ident, inv):
             log.info("function %s: stopping the thread of timed-out invocation %s", inv.spec.name, inv.id)
         asyncio.get_running_loop().call_later(STOP_RETRY_SECONDS, self._stop, inv, ident, thread_future)
-
-    @staticmethod
-    def _call_in_thread(inv: Invocation | PlainCall, ctx: Context, started: list[int]) -> Any:
-        if inv.cancel_reason is not None or time.monotonic() >= inv.deadline:
-            # It waited for a free thread past its deadline (or its client left): never start. A
-            # timeout, even if the watchdog has not said so yet (never a 200 for a call never made).
-            raise FunctionTimeoutError(f"function {inv.spec.name!r} timed out after {inv.spec.timeout:g} s "
-                                       "waiting for a thread")
-        gate = inv.deployment.thread_gate
-        assert gate is not None
-        started[0] = gate.enter()
-        try:
-            return run_stoppable(inv, _call_handler, inv, ctx)
-        finally:
-            gate.leave(started[0])
 
 
 def _why_ended(inv: Invocation | PlainCall) -> str:
@@ -416,10 +407,27 @@ def _why_ended(inv: Invocation | PlainCall) -> str:
     return f"was cancelled: {inv.cancel_reason or 'its caller went away'}"
 
 
+def _call_in_thread(inv: Invocation | PlainCall, ctx: Context) -> Any:
+    gate = inv.deployment.thread_gate
+    assert gate is not None
+    ident = gate.enter()
+    try:
+        return run_stoppable(inv, _call_handler, inv, ctx)
+    finally:
+        gate.leave(ident)
+
+
 def _call_handler(inv: Invocation | PlainCall, ctx: Context) -> Any:
+    # Checked once this thread is known to run `inv` (`thread_running`): a call abandoned before
+    # then never starts, one abandoned after is stopped (a timeout) or marked overran.
+    if inv.cancel_reason is not None or time.monotonic() >= inv.deadline:
+        # It waited for a free thread past its deadline (or its client left): never start. A
+        # timeout, even if the watchdog has not said so yet (never a 200 for a call never made).
+        raise FunctionTimeoutError(f"function {inv.spec.name!r} timed out after {inv.spec.timeout:g} s "
+                                   "waiting for a thread")
     code = inv.deployment.code
     assert code is not None
     result = code.handler(inv.event, ctx)
-    if inspect.isgenerator(result):
+    if type(result) is GeneratorType:  # (not inspect.isgenerator: one call less per call)
         return drain_generator(result, inv.add_item_blocking)
     return result

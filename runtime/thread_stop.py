@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ("InvocationStopped", "run_stoppable", "stop_thread")
+__all__ = ("InvocationStopped", "run_stoppable", "stop_thread", "thread_running")
 
 
 class InvocationStopped(BaseException):
@@ -65,3 +65,11 @@ def stop_thread(ident: int, token: object) -> bool:
             return False
         _stopped.add(ident)
         return bool(_set_async_exc(ident, ctypes.py_object(InvocationStopped)) == 1)
+
+
+def thread_running(token: object) -> int:
+    """The ident of the thread in `run_stoppable` for `token` now, or 0 (not yet, or no more)."""
+    for ident, running in list(_running.items()):  # (a copy: other threads add and remove theirs)
+        if running is token:
+            return ident
+    return 0

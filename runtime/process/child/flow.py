@@ -57,7 +57,6 @@ class WorkerInvocation:
         self.thread: int | None = None                    # def handlers: the thread running it
         self.cancellable = False
         self.interrupted = False                          # Cancelled was raised in its thread
-        self.inline = False                               # run by a reader thread (child/main.py)
         self.credit_waiter: asyncio.Future[None] | None = None
         self.pending: asyncio.Task[None] | None = None    # an async write waiting for a credit
         self.stream = WorkerStream(self, worker)

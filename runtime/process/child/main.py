@@ -31,7 +31,7 @@ from ...codec import encode_json
 from ...context import Context
 from ...deployment import Kind, handler_kind
 from ...errors import FunctionServiceError, ResultNotSerializableError, handler_failure
-from ...fork_guard import become_subreaper, end_descendants, lasting_thread, release_in_forked_children
+from ...fork_guard import become_subreaper, end_descendants, release_in_forked_children
 from ...invocation import drain_generator
 from ...loader import LoadedCode, load_code
 from ...logs import set_log_context
@@ -78,13 +78,6 @@ class ChildProgram(FlowControl):
         self._invs: dict[str, WorkerInvocation] = {}
         self._early_cancels: dict[str, str] = {}  # a cancel that overtook its invoke frame
         self._threads: DaemonThreadPool | None = None
-        # One-slot def handlers run on the reader thread that read their invoke (no hand-off to a
-        # pool thread: a wake-up less per call); a second reader takes the socket meanwhile, so
-        # cancels, credits, stream replies and stop are still read while the handler runs.
-        self._inline = False
-        self._inline_busy = False      # a reader thread is running a handler (under _cond)
-        self._read_turn = threading.Lock()  # held by the thread reading the socket
-        self._second_reader = False
         self._retiring = False
         self._stop_requested = False
         self._stream_replies: dict[int, StreamReply] = {}
@@ -115,7 +108,6 @@ class ChildProgram(FlowControl):
         self.slots = instance_slots(self.spec, self.kind)
         if self.kind in ("sync", "gen"):
             self._threads = DaemonThreadPool(self.slots, thread_name_prefix="fnstream-handler")
-            self._inline = self.slots == 1
         runpod = None if options is None else {"concurrency": options.concurrency,
                                                "aggregate_stream": options.aggregate_stream}
         if options is not None:
@@ -155,18 +147,6 @@ class ChildProgram(FlowControl):
 
     # -- reader thread -------------------------------------------------------------------------
     def _read_loop(self) -> None:
-        lasting_thread()  # it may run handlers: a handler's fork from here dies with the worker
-        while True:
-            with self._read_turn:
-                inv = self._read_until_inline()
-            # The socket is the other reader's now; this thread runs the handler, then reads again.
-            try:
-                contextvars.copy_context().run(self._run_in_thread, inv)
-            except BaseException:  # _run_in_thread reports the handler's own; this thread lives on
-                pass
-
-    def _read_until_inline(self) -> WorkerInvocation:
-        """Read and dispatch frames until an invoke this thread should run itself (`_inline`)."""
         while True:
             try:
                 msg = self.conn.recv()
@@ -178,17 +158,6 @@ class ChildProgram(FlowControl):
                 self._on_stream_reply(msg)
             elif msg["t"] == "hello":
                 continue  # only the first frame is a hello (main reads it)
-            elif msg["t"] == "invoke" and self._inline and not self._inline_busy:
-                inv = WorkerInvocation(msg, self)
-                inv.inline = True
-                with self._cond:
-                    self._invs[inv.id] = inv
-                    inv.cancel_reason = self._early_cancels.pop(inv.id, None)
-                    self._inline_busy = True
-                if not self._second_reader:
-                    self._second_reader = True
-                    threading.Thread(target=self._read_loop, name="fnstream-worker-reader", daemon=True).start()
-                return inv
             elif msg["t"] != "stop" and self._threads is not None:
                 self._on_command(msg)  # def handlers: straight to the thread pool, no hop through the loop
             else:
@@ -281,8 +250,6 @@ class ChildProgram(FlowControl):
             finally:
                 with self._cond:
                     inv.cancellable = False
-                    if inv.inline:
-                        self._inline_busy = False  # its thread reads again soon: the next invoke may run there
                     if inv.interrupted:
                         raise_in_thread(threading.get_ident(), None)  # not raised yet: withdraw it
         except BaseException as exc:  # classified in _report, including our Cancelled

@@ -39,11 +39,10 @@ async def test_every_request_succeeds_after_a_redis_restart(redis_server, start_
         assert set(await _burst(s, frontend.url)) == {200}   # fills the connection pools
         redis_server.kill()
         redis_server.start()
-        await deploy(s, frontend.url, RELAY, method="PUT")  # the registry is back too
-
         async def ready():
             return (await status(s, frontend.url))["redisReachable"]
         await wait_until(ready, "the frontend to see Redis again")
+        await deploy(s, frontend.url, RELAY, method="PUT")  # the registry is back too
         await workers_serving(s, frontend.url, "relay")
         await asyncio.sleep(6)   # past health_check_interval: every pooled connection is idle and stale
         codes = await _burst(s, frontend.url)

@@ -156,9 +156,10 @@ class RegistrySync:
 
         A registry of another epoch than the one this node applied is a Redis that came back empty
         (restarted without persistence) and that some node has begun to fill again: this node's
-        functions missing from it are published again, never taken for deleted."""
+        functions missing from it are published again, never taken for deleted. A node that knew
+        no epoch yet (it began with an empty Redis) takes the first it sees."""
         epoch = await self.redis.get(self.keys.epoch)
-        if self._applied and epoch != self._epoch:
+        if self._applied and self._epoch is not None and epoch != self._epoch:
             log.warning("cluster: the registry in Redis was lost; re-publishing this node's functions")
             self._applied.clear()
             await self.push_initial()

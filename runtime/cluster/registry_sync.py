@@ -38,6 +38,12 @@ if ARGV[3] == '' then redis.call('HDEL', KEYS[1], ARGV[2]) else redis.call('HSET
 return 1
 """
 
+# The registry read in one step: the epoch and every record (KEYS: the functions hash, the epoch).
+# Two commands could straddle a Redis restart and pair the old epoch with a half-refilled hash.
+_READ = """
+return {redis.call('GET', KEYS[2]), redis.call('HGETALL', KEYS[1])}
+"""
+
 
 def _relative_code_path(spec: FunctionSpec, roots: list[Path]) -> str | None:
     for root in roots:
@@ -70,6 +76,7 @@ class RegistrySync:
         self.connected = False
         self._pushed = False
         self._epoch: bytes | str | None = None     # the registry's epoch when this node last synced
+        self._republishing = False                 # a lost registry seen, this node's functions not all back
         registry.on_change.append(self._on_local_change)
 
     # -- local changes -----------------------------------------------------------------------
@@ -116,7 +123,7 @@ class RegistrySync:
     # -- remote changes ----------------------------------------------------------------------
     async def push_initial(self) -> None:
         """At start: store this node's deploy-dir functions unless Redis already has the same spec."""
-        records = await self._records()
+        _, records = await self._read()
         for dep in self.registry.list():
             self.specs[dep.key] = dep.spec
             rec = records.get(dep.key)
@@ -129,13 +136,14 @@ class RegistrySync:
         await self.flush()
         self._epoch = await self.redis.get(self.keys.epoch)  # the one these records are (now) in
 
-    async def _records(self) -> dict[str, Record]:
-        """The shared registry's records by key. One this node does not read (malformed, or stored by
-        a node of another protocol version) is left as it is, in `_refused`, and logged once."""
-        raw: dict[str, str] = await self.redis.hgetall(self.keys.functions)  # type: ignore[assignment]
+    async def _read(self) -> tuple[bytes | str | None, dict[str, Record]]:
+        """The shared registry's epoch and records by key, read atomically. A record this node does
+        not read (malformed, or stored by a node of another protocol version) is left as it is, in
+        `_refused`, and logged once."""
+        epoch, flat = await self.redis.eval(_READ, 2, self.keys.functions, self.keys.epoch)
         out: dict[str, Record] = {}
         refused: dict[str, str] = {}
-        for field, text in raw.items():
+        for field, text in zip(flat[::2], flat[1::2], strict=True):
             try:
                 rec = decode_record(field, text)
             except WireError as exc:
@@ -149,7 +157,7 @@ class RegistrySync:
                 self._fields[key] = field
             out[key] = rec
         self._refused = refused
-        return out
+        return epoch, out
 
     async def sync(self) -> None:
         """Make the local registry match Redis (changes not yet flushed win locally).
@@ -158,14 +166,18 @@ class RegistrySync:
         (restarted without persistence) and that some node has begun to fill again: this node's
         functions missing from it are published again, never taken for deleted. A node that knew
         no epoch yet (it began with an empty Redis) takes the first it sees."""
-        epoch = await self.redis.get(self.keys.epoch)
-        if self._applied and self._epoch is not None and epoch != self._epoch:
-            log.warning("cluster: the registry in Redis was lost; re-publishing this node's functions")
+        epoch, records = await self._read()
+        if self._republishing or (self._applied and self._epoch is not None and epoch != self._epoch):
+            if not self._republishing:
+                log.warning("cluster: the registry in Redis was lost; re-publishing this node's functions")
+            # Until every function is back (Redis may fail again midway), later syncs keep at it
+            # rather than take the functions not yet back for deleted.
+            self._republishing = True
             self._applied.clear()
             await self.push_initial()
-        else:
-            self._epoch = epoch
-        records = await self._records()
+            self._republishing = False
+            epoch, records = await self._read()
+        self._epoch = epoch
         for name, rec in records.items():
             if name not in self._pending and self._applied.get(name) != rec.version:
                 await self._apply(name, rec)

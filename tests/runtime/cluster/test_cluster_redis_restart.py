@@ -79,3 +79,43 @@ async def test_functions_not_yet_back_in_a_refilled_registry_are_published_not_d
         for node in (a, b):
             await node.registry.stop_workers()
             await node.redis.aclose()
+
+
+async def test_a_republish_cut_short_by_redis_is_finished_by_the_next_sync(redis_server):
+    """Redis failed again while node B re-published its functions into a refilled registry. B's next
+    sync finishes the job: it used to forget that the registry had been lost, adopt the new epoch
+    and leave the functions it had not stored yet out of Redis for good."""
+    import pytest
+
+    from runtime.cluster.registry_sync import RegistrySync
+    from runtime.cluster.settings import Keys, connect
+    from runtime.manifest import FunctionSpec
+    from runtime.registry import Registry
+    from tests.support.cluster import CLUSTER_FUNCTIONS
+
+    specs = [FunctionSpec.model_validate({**RELAY, "name": name}) for name in ("f1", "f2")]
+    a, b = (RegistrySync(connect(redis_server.url), Keys(), Registry([CLUSTER_FUNCTIONS]), node) for node in "ab")
+    try:
+        await a.push_initial()
+        await a.registry.adeploy(specs)
+        await a.flush()
+        await b.push_initial()
+        await b.sync()
+        redis_server.client().flushall()
+        await a._store("f1", specs[0])
+        push_initial = b.push_initial
+
+        async def redis_gone() -> None:
+            raise ConnectionError("Redis went away again")
+
+        b.push_initial = redis_gone  # type: ignore[method-assign]
+        with pytest.raises(ConnectionError):
+            await b.sync()
+        b.push_initial = push_initial  # type: ignore[method-assign]
+        await b.sync()
+        assert "f1" in b.registry and "f2" in b.registry
+        assert set(redis_server.client().hkeys(Keys().functions)) == {"f1", "f2"}
+    finally:
+        for node in (a, b):
+            await node.registry.stop_workers()
+            await node.redis.aclose()

@@ -285,4 +285,4 @@ class RegistrySync:
             except REDIS_DOWN:
                 await backoff.sleep()
             finally:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()

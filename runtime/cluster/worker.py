@@ -126,4 +126,4 @@ class QueueConsumer(Intake):
             except REDIS_DOWN:
                 await backoff.sleep()
             finally:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()

@@ -7,12 +7,11 @@ status. Events already queued are written in one call (coalesced); a lone event 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -21,10 +20,8 @@ from .tracing import trace_headers
 if TYPE_CHECKING:
     from runtime.channel import OutputChannel
 
-__all__ = ("encode_event", "encode_comment", "EventStream", "relay", "Pump", "frame_raw", "SSE_HEADERS", "DONE_EVENT",
-           "PING", "CURRENT_STREAM")
-
-log = logging.getLogger("fnstream.frontend")
+__all__ = ("encode_event", "encode_comment", "EventStream", "relay", "frame_raw", "SSE_HEADERS", "DONE_EVENT", "PING",
+           "CURRENT_STREAM")
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
@@ -64,18 +61,13 @@ def frame_raw(batch: list[str]) -> bytes:
     return "".join(batch).encode()
 
 
-class _Reader(Protocol):
-    def interrupt_reader(self) -> bool: ...  # a heartbeat is due: ping now (False: it is not waiting)
-
-
 class _Beat:
-    """One relayed stream's heartbeat: its reader (a channel a relay waits on, or a Pump), its
-    period, and since when it has been quiet."""
+    """One relayed stream's heartbeat: its channel, its period, and since when it has been quiet."""
 
-    __slots__ = ("every", "quiet_since", "reader")
+    __slots__ = ("channel", "every", "quiet_since")
 
-    def __init__(self, reader: _Reader, every: float) -> None:
-        self.reader, self.every, self.quiet_since = reader, every, time.monotonic()
+    def __init__(self, channel: OutputChannel[str], every: float) -> None:
+        self.channel, self.every, self.quiet_since = channel, every, time.monotonic()
 
 
 class _HeartbeatClock:
@@ -94,8 +86,8 @@ class _HeartbeatClock:
         self._tick = math.inf
         self._task: asyncio.Task[None] | None = None
 
-    def join(self, reader: _Reader, every: float) -> _Beat:
-        beat = _Beat(reader, every)
+    def join(self, channel: OutputChannel[str], every: float) -> _Beat:
+        beat = _Beat(channel, every)
         self._beats.add(beat)
         self._periods[every] = self._periods.get(every, 0) + 1
         if every / 4 < self._tick:  # the first stream (no task: the tick is inf) or a faster one
@@ -124,7 +116,7 @@ class _HeartbeatClock:
             await asyncio.sleep(self._tick)
             now = time.monotonic()
             for beat in self._beats:
-                if now - beat.quiet_since >= beat.every and beat.reader.interrupt_reader():
+                if now - beat.quiet_since >= beat.every and beat.channel.interrupt_reader():
                     beat.quiet_since = now
 
 
@@ -165,108 +157,15 @@ async def relay(stream: EventStream, channel: OutputChannel[str], heartbeat: flo
                 continue
             if not batch:
                 return
-            await _send(stream, batch, frame, tee)
+            if stream.first_event_at is None:
+                stream.first_event_at = time.monotonic()
+            stream.events += len(batch)
+            if tee is not None:
+                await tee(batch)
+            await stream.write(frame(batch))
             beat.quiet_since = time.monotonic()
     finally:
         clock.leave(beat)
-
-
-async def _send(stream: EventStream, batch: list[str], frame: Callable[[list[str]], bytes],
-                tee: Callable[[list[str]], Awaitable[None]] | None) -> None:
-    """One batch as one socket write, kept first (`tee`), counted for the metrics."""
-    if stream.first_event_at is None:
-        stream.first_event_at = time.monotonic()
-    stream.events += len(batch)
-    if tee is not None:
-        await tee(batch)
-    await stream.write(frame(batch))
-
-
-class Pump:
-    """`relay` for an answer whose handler runs in the answer's own task (Executor.start's
-    `inline`): the channel calls it back when there is something to write, and only then does it
-    run a task, until the channel is empty again. An idle open stream thus holds no task, no
-    coroutine and no future for its output — thousands of them may idle at once.
-
-    `finish()` once the handler has returned (or failed) writes the rest in the answer's task, as
-    `relay` would; `close()` when the answer ends otherwise. A write that fails (the client left)
-    cancels the answer's task, and with it the handler, as aiohttp's handler cancellation would.
-    """
-
-    __slots__ = ("_answer", "_beat", "_clock", "_stopped", "_task", "channel", "frame", "heartbeat", "stream", "tee")
-
-    def __init__(self, stream: EventStream, channel: OutputChannel[str], heartbeat: float,
-                 frame: Callable[[list[str]], bytes], tee: Callable[[list[str]], Awaitable[None]] | None) -> None:
-        self.stream, self.channel, self.heartbeat, self.frame, self.tee = stream, channel, heartbeat, frame, tee
-        self._answer = asyncio.current_task()
-        self._task: asyncio.Task[None] | None = None
-        self._stopped = False  # no more writes of its own (finished, closed, or a write failed)
-        self._clock = _clock()
-        self._beat: _Beat | None = self._clock.join(self, heartbeat)
-        self._arm()
-
-    def _arm(self) -> None:
-        if not self.channel.when_ready(self._wake):
-            self._wake()
-
-    def _wake(self) -> None:
-        if self._task is None and not self._stopped:
-            self._task = self._clock.loop.create_task(self._drain(False))
-
-    def interrupt_reader(self) -> bool:
-        """The heartbeat clock: quiet for a whole period; ping unless a write is under way."""
-        if self._task is not None or self._stopped:
-            return False
-        self._task = self._clock.loop.create_task(self._drain(True))
-        return True
-
-    async def _drain(self, ping: bool) -> None:
-        batch: list[str] | None = None
-        try:
-            if ping:
-                await self.stream.ping()
-            while batch := self.channel.take():
-                await _send(self.stream, batch, self.frame, self.tee)
-                if self._beat is not None:
-                    self._beat.quiet_since = time.monotonic()
-        except asyncio.CancelledError:  # close(): the answer is already on its way out
-            self._stopped = True
-            raise
-        except BaseException as exc:  # (a task of its own: nobody else would see it)
-            self._stopped = True
-            if not isinstance(exc, ConnectionError):
-                log.error("the relay of a stream failed: %r", exc)
-            answer = self._answer
-            if answer is not None and not answer.done():
-                answer.cancel()  # its client is gone: so is the invocation (onDisconnect: cancel)
-            return
-        finally:
-            self._task = None
-        if batch is None and not self._stopped:
-            self._arm()  # idle again: no task until the next write
-
-    async def finish(self) -> None:
-        """The handler is done: the write under way, then what is left, from the answer's task."""
-        failed = self._stopped
-        self._stop()
-        task = self._task
-        if task is not None:
-            await asyncio.wait([task])
-        if not failed:  # (a failed write cancelled this task: it is on its way out)
-            await relay(self.stream, self.channel, self.heartbeat, self.frame, self.tee)
-
-    def close(self) -> None:
-        """The answer ends without the rest of its output (it was cancelled)."""
-        self._stop()
-        if self._task is not None:
-            self._task.cancel()
-
-    def _stop(self) -> None:
-        self._stopped = True
-        self.channel.forget_listener()
-        if self._beat is not None:
-            self._clock.leave(self._beat)
-            self._beat = None
 
 
 class EventStream:

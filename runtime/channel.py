@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from .errors import StreamClosedError
@@ -33,7 +32,6 @@ class OutputChannel(Generic[T]):
         # pays for what its channel holds.
         self._space: threading.Condition | None = None
         self._reader: asyncio.Future[None] | None = None
-        self._listener: Callable[[], None] | None = None  # when_ready's: a reader with no coroutine
         self._async_writers: list[asyncio.Future[None]] = []
         self._closed = False
         self._cancel_reason: str | None = None
@@ -66,13 +64,6 @@ class OutputChannel(Generic[T]):
                 _resolve(reader)
             else:
                 self._loop.call_soon_threadsafe(_resolve, reader)
-        listener = self._listener
-        if listener is not None:
-            self._listener = None
-            if _on_loop(self._loop):
-                listener()
-            else:
-                self._loop.call_soon_threadsafe(listener)
 
     def _room_for(self, size: int) -> bool:
         """Called with the lock held."""
@@ -194,22 +185,6 @@ class OutputChannel(Generic[T]):
             else:
                 self._reader = reader
         return reader
-
-    def when_ready(self, listener: Callable[[], None]) -> bool:
-        """`ready()` as a callback: call `listener` once, on the loop, when `take()` has something
-        to give; False (and no call) when it has something now. For a reader that is no coroutine
-        while it waits (frontend/sse.py's Pump): an idle stream then holds no frame and no future.
-        `listener` is called with the channel's lock held: it must not call back into the channel."""
-        with self._lock:
-            if self._items or self._closed or self._cancel_reason is not None:
-                return False
-            self._listener = listener
-            return True
-
-    def forget_listener(self) -> None:
-        """The reader gave up waiting (its answer ended): `when_ready`'s listener is not called."""
-        with self._lock:
-            self._listener = None
 
     def interrupt_reader(self) -> bool:
         """Wake a waiting reader with TimeoutError (a heartbeat is due); False if none waits."""

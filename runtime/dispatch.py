@@ -58,8 +58,6 @@ class InvokeOptions(NamedTuple):
     accepted: bool = False
     # The invocation's id when it was named before it ran (a job's, answered at submit time).
     invocation_id: str | None = None
-    # `inline` for a streaming one too, for a caller that relays its channel without awaiting it (frontend/sse.py Pump).
-    stream_inline: bool = False
 
 
 _PLAIN_KINDS = frozenset(("async", "sync"))  # handlers a plain call runs (not generators)
@@ -142,7 +140,7 @@ class Dispatcher:
                          buffer_bytes=limits.buffer_bytes, invocation_id=options.invocation_id)
         if options.session is not None:
             inv.session = function.sessions.open(options.session)  # 429 when the table is full
-        self.executor.start(inv, inline=options.inline, stream_inline=options.stream_inline)
+        self.executor.start(inv, inline=options.inline)
         return inv
 
     def plain(self, principal: Principal | None, function: FunctionRef, event: Any,

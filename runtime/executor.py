@@ -116,20 +116,16 @@ class Executor:
         # tags, and its tenant scopes the handler's named streams.
         return self._pool.run_soon(asyncio.get_running_loop(), contextvars.copy_context().run, fn, *args)
 
-    def start(self, inv: Invocation, *, inline: bool = False, stream_inline: bool = False) -> asyncio.Task[Any] | None:
+    def start(self, inv: Invocation, *, inline: bool = False) -> asyncio.Task[Any] | None:
         """Take a concurrency slot (429 when full) and run the invocation in its own task.
 
         With `inline`, a plain-JSON call of an in-process handler does not get a task: it runs in
         the caller's own task when the caller awaits `inv.outcome()` (one task and one loop turn
-        less per request). `stream_inline` does the same for a streaming one, for a caller that
-        reads its channel meanwhile without awaiting (frontend/sse.py's Pump): an open stream then
-        holds no task of its own; `onDisconnect: continue` keeps its task (its handler must outlive
-        the caller's). A `def` handler still runs in the thread pool; the caller's task awaits
-        its thread.
+        less per request; nothing reads its output concurrently anyway). A `def` handler still
+        runs in the thread pool; the caller's task awaits its thread.
         """
         dep = inv.deployment
-        if (inline or stream_inline) and inv.session is None and dep.in_process and (
-                inline if inv.mode == "json" else stream_inline and dep.spec.onDisconnect != "continue"):
+        if inline and inv.session is None and inv.mode == "json" and dep.in_process:
             dep.acquire()
             inv.defer(self._run_inline)
             return None

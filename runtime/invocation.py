@@ -157,12 +157,6 @@ class Invocation:
         raises `abort_error` itself when an abort cancels it."""
         self._deferred = run
 
-    @property
-    def deferred(self) -> bool:
-        """Its handler runs in the task that awaits `outcome()` (Executor.start's `inline`), which
-        has not awaited it yet."""
-        return self._deferred is not None
-
     def outcome(self) -> Awaitable[Any]:
         """The handler's result; its error; or the abort error if fnstream stopped it.
 
@@ -203,10 +197,7 @@ class Invocation:
 
     async def encoded_result(self) -> str | None:
         """The outcome as JSON text (see InvocationSurface); generator items of a plain JSON call."""
-        return self.encoded(await self.outcome())
-
-    def encoded(self, result: Any) -> str | None:
-        """`encoded_result` of an outcome already awaited."""
+        result = await self.outcome()
         if result is None:
             if self.mode == "json" and self.deployment.kind in ("gen", "asyncgen"):
                 return encode_result(self.aggregate, self.max_response_size)

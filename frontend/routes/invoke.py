@@ -26,7 +26,6 @@ from multidict import istr
 from runtime.dispatch import InvokeOptions
 from runtime.durable import DurableOutputs, error_text
 from runtime.errors import BadRequestError, FunctionServiceError
-from runtime.invocation import Invocation
 from runtime.manifest import function_urn
 from runtime.plain import PlainCall
 from runtime.principal import Principal
@@ -40,7 +39,7 @@ from ..keys import CONFIG, DISPATCHER, OUTPUTS, TRACE_ID
 from ..metrics_counters import CLIENT_GONE, DISCONNECTED, INVOCATION, METRICS, count_answered, count_refused
 from ..negotiation import negotiate_mode
 from ..respond import client_left
-from ..sse import DONE_EVENT, EventStream, Pump, encode_event, frame_raw, relay
+from ..sse import DONE_EVENT, EventStream, encode_event, frame_raw, relay
 from ..tracing import TRACE_FLAGS, answer_trace_headers
 from .jobs import submit_async
 
@@ -105,8 +104,7 @@ class Invoker:
                 if self._stats is not None:
                     self._stats.record(spec, 0, monotonic() - started, None, 0, call.id)
                 return answer
-            options = InvokeOptions(mode, trace_id, True, session, stream_inline=True)  # (stream_response pumps it)
-            inv = await dispatcher.dispatch(principal, function, event, options)
+            inv = await dispatcher.dispatch(principal, function, event, InvokeOptions(mode, trace_id, True, session))
             if inv.streaming:
                 request[INVOCATION] = inv
                 request[TRACE_FLAGS] = flags  # the stream sets its trace headers as it starts
@@ -194,29 +192,12 @@ async def stream_response(request: web.BaseRequest, inv: InvocationSurface, hear
     raw = inv.mode == "raw"
     kept = outputs.open(inv) if outputs is not None else None
     tee = outputs.tee(kept) if outputs is not None and kept is not None else None
-    frame = frame_raw if raw else stream.frame_with_ids
+    await relay(stream, inv.channel, heartbeat, frame_raw if raw else stream.frame_with_ids, tee)
+    next_id = stream.next_id
     last: str | None = None
     try:
-        if isinstance(inv, Invocation) and inv.deferred:
-            # Its handler runs here, in this task, while the pump relays its writes (no task, and
-            # no coroutine beyond the handler's own, for an open stream to hold); a failure too
-            # waits for its writes: they come before its error.
-            pump = Pump(stream, inv.channel, heartbeat, frame, tee)
-            try:
-                outcome = await inv.outcome()
-            except FunctionServiceError:
-                await pump.finish()
-                raise
-            except BaseException:
-                pump.close()
-                raise
-            await pump.finish()
-            last = inv.encoded(outcome)
-        else:
-            await relay(stream, inv.channel, heartbeat, frame, tee)
-            last = await (inv.encoded_result() if outputs is None else outputs.result(kept, inv))
+        last = await (inv.encoded_result() if outputs is None else outputs.result(kept, inv))
     except FunctionServiceError as exc:
-        next_id = stream.next_id
         log.info("invocation %s of %s failed after %d events: %s", inv.id, inv.spec.name, next_id - 1, exc.message)
         if not stream.prepared:
             stream.set_status(exc.status)
@@ -229,6 +210,5 @@ async def stream_response(request: web.BaseRequest, inv: InvocationSurface, hear
         await outputs.finish(kept, last)
     if raw:
         return await stream.finish()
-    await stream.write(DONE_EVENT if last is None else encode_event(last, stream.next_id) + DONE_EVENT)
+    await stream.write(DONE_EVENT if last is None else encode_event(last, next_id) + DONE_EVENT)
     return await stream.finish()
-

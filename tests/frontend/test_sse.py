@@ -14,17 +14,7 @@ from httpx_sse import EventSource, ServerSentEvent
 from hypothesis import given
 from hypothesis import strategies as st
 
-from frontend.sse import (
-    DONE_EVENT,
-    PING,
-    SSE_HEADERS,
-    EventStream,
-    Pump,
-    encode_comment,
-    encode_event,
-    frame_raw,
-    relay,
-)
+from frontend.sse import DONE_EVENT, PING, SSE_HEADERS, EventStream, encode_comment, encode_event, frame_raw, relay
 from runtime.channel import OutputChannel
 
 # Any text a handler can write (no lone surrogates: those cannot be sent as UTF-8 at all), with
@@ -152,69 +142,6 @@ async def test_relay_writes_each_batch_once_and_pings_while_idle(aiohttp_client)
     assert writes[0] == first                       # the three queued events went out in one write
     assert writes[-1] == b"data: last\n\n"
     assert PING in writes
-
-
-async def test_a_pump_relays_live_from_the_answer_task_and_holds_no_task_while_idle(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
-    """The producer runs in the answer's own task (as an inline handler does): each write reaches
-    the client while it still runs, a quiet stream is pinged, and between writes the pump has no
-    task of its own; `finish` writes what is left."""
-    release = asyncio.Event()
-    pumps: list[Pump] = []
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        channel: OutputChannel[str] = OutputChannel(asyncio.get_running_loop(), 10)
-        stream = EventStream(request)
-        pump = Pump(stream, channel, 0.05, frame_raw, None)
-        pumps.append(pump)
-        await channel.put("data: first\n\n")
-        await release.wait()          # the producer is still running here
-        for i in range(3):
-            channel.try_put(f"data: {i}\n\n")
-        channel.close()
-        await pump.finish()
-        return await stream.finish()
-
-    app = web.Application()
-    app.router.add_get("/", handler)
-    client = await aiohttp_client(app)
-    resp = await client.get("/")
-    assert await resp.content.readuntil(b"\n\n") == b"data: first\n\n"  # before the producer goes on
-    assert await resp.content.readuntil(PING) == PING  # quiet past the heartbeat
-    assert pumps[0]._task is None  # idle: nothing of its own runs (the ping's task has ended)
-    release.set()
-    rest = (await resp.read()).replace(PING, b"")
-    assert rest == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
-
-
-async def test_a_pumped_stream_whose_client_leaves_cancels_its_answer(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
-    """A write that fails (the client is gone) cancels the task the producer runs in."""
-    ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    gone = asyncio.Event()
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        channel: OutputChannel[str] = OutputChannel(asyncio.get_running_loop(), 10)
-        stream = EventStream(request)
-        pump = Pump(stream, channel, 30, frame_raw, None)
-        try:
-            await channel.put("data: first\n\n")
-            await gone.wait()
-            while True:  # writes until one fails
-                await channel.put("data: more\n\n")
-                await asyncio.sleep(0.01)
-        except asyncio.CancelledError:
-            ended.set_result("cancelled")
-            pump.close()
-            raise
-        raise AssertionError("unreachable")
-
-    app = web.Application(handler_args={"handler_cancellation": False})
-    app.router.add_get("/", handler)
-    client = await aiohttp_client(app)
-    resp = await client.get("/")
-    assert await resp.content.readuntil(b"\n\n") == b"data: first\n\n"
-    resp.close()  # the client leaves
-    gone.set()
-    assert await asyncio.wait_for(ended, 30) == "cancelled"
 
 
 async def test_one_clock_beats_for_every_relay_and_ends_with_the_last(aiohttp_client) -> None:  # type: ignore[no-untyped-def]

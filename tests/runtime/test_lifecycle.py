@@ -3,7 +3,7 @@ import asyncio
 import json
 import socket
 
-from frontend.keys import EXECUTOR, REGISTRY
+from frontend.keys import REGISTRY
 from tests.support.servers import fn, read_events, test_config
 
 SSE = {"Accept": "text/event-stream"}
@@ -123,7 +123,8 @@ async def test_backpressure_reader_that_stops_reading(make_client, deploy_dir):
         assert current == previous, "the writer never stalled"
         # bounded: the channel's 16 + what the kernel and transport buffers hold (~a few MB)
         assert current < 2000, current
-        inv_channels = [len(inv.channel) for inv in client.server.app[EXECUTOR].active]
+        inv_channels = [len(t.get_coro().cr_frame.f_locals["inv"].channel)
+                        for t in asyncio.all_tasks() if t.get_name().startswith("invocation-")]
         assert inv_channels and max(inv_channels) <= 16
     finally:
         sock.close()
@@ -165,6 +166,7 @@ async def test_invocation_cancelled_before_its_first_step_frees_its_slot(make_cl
     app = client.server.app
     dep = app[REGISTRY].get("sleepy")
     inv = Invocation(dep, {"seconds": 5}, mode="sse", loop=asyncio.get_running_loop())
+    from frontend.keys import EXECUTOR
     task = app[EXECUTOR].start(inv)
     assert dep.inflight == 1
     task.cancel()  # before the task ever ran
@@ -177,6 +179,7 @@ async def test_invocation_cancelled_before_its_first_step_frees_its_slot(make_cl
 async def test_a_thread_call_aborted_by_shutdown_is_logged_as_such(make_client, deploy_dir, caplog):
     """A `def` call the drain aborts: the log says the shutdown aborted it (not that it "timed out
     after" its timeout, which it never reached); the client's answer is the shutdown's 200503."""
+    from frontend.keys import EXECUTOR
 
     client = await make_client(test_config(deploy_dir(fn("forever", "testfns.sync_forever", timeout=600))))
     resp = await client.post("/serverless/v1/functions/forever/invocations", headers=SSE, json={"marker": "s"})

@@ -16,21 +16,20 @@ from tests.support.cluster import (
     RELAY,
     deploy,
     frontend_args,
+    only_worker,
     serving,
     sse,
     status,
     wait_until,
     workers_serving,
 )
-from tests.support.servers import FUNCTIONS
+from tests.support.servers import FUNCTIONS, assert_live
 
 
 async def test_invoke_on_frontend_runs_on_worker_and_streams_as_produced(redis_server, start_server, start_worker):
     async with serving(redis_server.url, start_server, start_worker) as cluster:
         s, a, worker = cluster.session, cluster.frontend, cluster.worker
-        started = time.monotonic()
         status_code, got = await sse(s, a.url, "relay", {"count": 5, "delay_ms": 300})
-    total = got[-1][0] - started
     assert status_code == 200
     data = [d for _, d in got]
     assert data[-1] == "[DONE]"
@@ -38,7 +37,7 @@ async def test_invoke_on_frontend_runs_on_worker_and_streams_as_produced(redis_s
     assert [e["i"] for e in events] == [1, 2, 3, 4, 5]
     assert {e["pid"] for e in events} == {worker.pid}          # produced by the worker process
     assert json.loads(data[5]) == {"count": 5, "pid": worker.pid}
-    assert got[0][0] - started < 0.4 * total                   # the first event came while it ran
+    assert_live([t for t, _ in got[:5]], 1.2)                 # the events came while it ran
 
 
 async def test_json_invocation_and_generator_result_through_worker(redis_server, start_server, start_worker):
@@ -213,8 +212,8 @@ async def test_client_gone_cancels_on_the_worker_and_drops_keys(redis_server, st
                     break          # leave mid-stream
 
         async def stopped():
-            w = (await status(s, a.url))["workers"][0]
-            return w["running"] == 0 and w["completed"] == 1
+            w = await only_worker(s, a.url)
+            return w is not None and w["running"] == 0 and w["completed"] == 1
         await wait_until(stopped, "the worker to stop the abandoned invocation")
 
         async def no_invocation_keys():

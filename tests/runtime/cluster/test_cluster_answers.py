@@ -22,6 +22,7 @@ from tests.support.cluster import (
     WorkerNodeProcess,
     deploy,
     frontend_args,
+    only_worker,
     serving,
     status,
     wait_until,
@@ -180,8 +181,8 @@ async def test_a_json_client_that_leaves_stops_the_handler_on_the_worker(redis_s
                 pass
 
         async def stopped():
-            w = (await status(s, a.url))["workers"][0]
-            return w["running"] == 0 and w["completed"] == 1
+            w = await only_worker(s, a.url)
+            return w is not None and w["running"] == 0 and w["completed"] == 1
         await wait_until(stopped, "the worker to stop the abandoned JSON call", limit=10)   # not after 20 s
         assert [g["count"] for g in await _invoke_many(s, a.url, 3)] == [0] * 3   # and it serves on
 
@@ -200,7 +201,8 @@ async def test_a_worker_takes_no_more_of_a_queue_than_the_function_can_run(redis
         calls = [asyncio.ensure_future(_invoke(s, a.url, {"wait_ms": 1500, "count": 0})) for _ in range(4)]
 
         async def running():
-            return (await status(s, a.url))["workers"][0]["running"] == 1
+            w = await only_worker(s, a.url)
+            return w is not None and w["running"] == 1
         await wait_until(running, "the first call to run")
         await asyncio.sleep(0.3)   # (a worker that takes more takes it at once)
         assert r.xpending("fnstream:{queue:relay}", "workers")["pending"] == 1   # three wait in the queue
@@ -224,7 +226,8 @@ async def test_a_read_across_queues_that_takes_more_than_its_slots_leaves_no_ext
         def call(name: str, wait_ms: int) -> Awaitable[dict]:
             return _invoke(s, a.url, {"wait_ms": wait_ms, "count": 0}, name)
         async def running():
-            return (await status(s, a.url))["workers"][0]["running"] >= 1
+            w = await only_worker(s, a.url)
+            return w is not None and w["running"] >= 1
         for _ in range(3):   # while the one slot is busy, an entry comes on each queue: one read takes both
             busy = asyncio.ensure_future(call("relay", 600))
             await wait_until(running, "a call to run")

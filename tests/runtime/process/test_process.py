@@ -14,7 +14,7 @@ import pytest
 
 from frontend.keys import EXECUTOR
 from runtime.executors import kind_named
-from tests.support.servers import FUNCTIONS, PROCESS_FUNCTIONS
+from tests.support.servers import FUNCTIONS, PROCESS_FUNCTIONS, assert_live
 from tests.support.waiting import eventually
 
 PROC = PROCESS_FUNCTIONS
@@ -141,10 +141,9 @@ async def test_sse_events_arrive_while_the_worker_runs_real_server(start_server)
                 if line.startswith(b"data: "):
                     arrivals.append(time.monotonic() - started)
                     events.append(line[6:].strip().decode())
-        total = time.monotonic() - started
     assert [json.loads(e)["tick"] for e in events[:5]] == [1, 2, 3, 4, 5]
     assert events[-1] == "[DONE]"
-    assert arrivals[0] < 0.4 * total, (arrivals, total)
+    assert_live(arrivals[:5], 0.8)
 
 
 async def test_slow_client_blocks_the_worker_and_loses_nothing(make_client, tmp_path):

@@ -6,6 +6,7 @@ replay is a list of references to retained elements, so it costs no copy of the 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
@@ -168,9 +169,10 @@ class _Stream:
         self.producers = 0
         self.last_id = 0
         self.produced = self.delivered = self.dropped = 0
-        # Retained (element, when) from `_head` on: a list and an index, not a deque (an empty deque
+        # Retained (data, id, when) from `_head` on: a list and an index, not a deque (an empty deque
         # is 0.6 KB, and every kept invocation output has one); compacted as the head moves on.
-        self._retained: list[tuple[Element, float]] = []
+        # Plain tuples, not Elements: a batch is kept in one C-level pass (see `_append_all`).
+        self._retained: list[tuple[bytes, int, float]] = []
         self._head = 0
         self.retained_bytes = 0
         self._publish_lock: asyncio.Lock | None = None  # keeps a batch's ids together while its publish waits
@@ -194,8 +196,8 @@ class _Stream:
         """Nothing depends on it: no subscriber, no producer, nothing kept or awaited."""
         return not (self.subscriptions or self.producers or self._kept() or self._holding)
 
-    def _kept(self) -> list[tuple[Element, float]]:
-        """The retained (element, when) pairs, oldest first."""
+    def _kept(self) -> list[tuple[bytes, int, float]]:
+        """The retained (data, id, when) entries, oldest first."""
         return self._retained[self._head:] if self._head else self._retained
 
     @property
@@ -211,41 +213,45 @@ class _Stream:
     def _retain(self, element: Element, now: float) -> bool:
         if not self._retaining:
             return False
-        self._retained.append((element, now))
+        self._retained.append((element.data, element.id, now))
         self.retained_bytes += len(element.data)
         self._evict(now)
-        return self._head < len(self._retained) and self._retained[-1][0] is element
+        return self._head < len(self._retained) and self._retained[-1][1] == element.id
+
+    def _byte_limit(self) -> int:
+        """The bytes retention keeps at most (while it keeps anything): the stream's cap always,
+        `retain_bytes` too unless elements are held for consumers still to come."""
+        if self.retain_bytes and not self._holding:
+            return min(self.max_stream_size, self.retain_bytes)
+        return self.max_stream_size
 
     def _evict(self, now: float) -> None:
         """Drop the oldest retained elements beyond the limits; the byte cap always applies."""
-        limited = bool(self.retain_num or self.retain_bytes or self.retain_seconds)
-        holding = self._holding
         kept = self._retained
-        while self._head < len(kept):
-            element, at = kept[self._head]
-            if self.retained_bytes > self.max_stream_size:
-                over = True
-            elif holding:
-                over = False
-            elif not limited:
-                over = True
-            else:
-                over = bool((self.retain_num and len(kept) - self._head > self.retain_num)
-                            or (self.retain_bytes and self.retained_bytes > self.retain_bytes)
-                            or (self.retain_seconds and now - at > self.retain_seconds))
-            if not over:
+        head, size, end = self._head, self.retained_bytes, len(kept)
+        num, seconds = (0, 0.0) if self._holding else (self.retain_num, self.retain_seconds)  # held: bytes only
+        most = self._byte_limit()
+        if not (self._holding or self.retain_num or self.retain_bytes or self.retain_seconds):
+            head, size = end, 0  # nothing is retained
+        while head < end:
+            data, _, at = kept[head]
+            if not (size > most or (num and end - head > num) or (seconds and now - at > seconds)):
                 break
-            self._head += 1
-            self.retained_bytes -= len(element.data)
-        if self._head and self._head * 2 >= len(kept):  # amortized O(1) per element dropped
-            del kept[:self._head]
-            self._head = 0
+            head += 1
+            size -= len(data)
+        self.retained_bytes = size
+        if head and head * 2 >= end:  # amortized O(1) per element dropped
+            del kept[:head]
+            head = 0
+        self._head = head
 
     # -- publish -------------------------------------------------------------------------------
     async def publish(self, elements: Sequence[bytes], timeout: float) -> list[int]:
-        if (self._publish_lock is None and self.policy != "block"
-                and len(elements) * (1 + len(self.subscriptions)) < _WORK_PER_TURN):
-            return [self._append(data) for data in elements]  # it never waits: nothing can come between
+        if self._publish_lock is None and self.policy != "block":
+            if not self.subscriptions:  # (every SSE invocation's kept output: runtime/durable.py)
+                return self._append_all(elements)
+            if len(elements) * (1 + len(self.subscriptions)) < _WORK_PER_TURN:
+                return [self._append(data) for data in elements]  # it never waits: nothing can come between
         if self._publish_lock is None:
             self._publish_lock = asyncio.Lock()
         async with self._publish_lock:
@@ -274,6 +280,24 @@ class _Stream:
                     f"the producer waited {timeout:g} s and gave up "
                     f"(policy 'block'){done}", published=published)
 
+    def _append_all(self, elements: Sequence[bytes]) -> list[int]:
+        """Publish a batch no subscriber waits for: ids, retention and eviction once for the batch
+        (element by element, `_append` costs microseconds an event; this, a C-level pass)."""
+        ids = list(range(self.last_id + 1, self.last_id + 1 + len(elements)))
+        self.last_id += len(elements)
+        self.produced += len(elements)
+        if not self._retaining or not elements:
+            self.dropped += len(elements)
+            return ids
+        now = time.monotonic()
+        self._retained.extend(zip(elements, ids, itertools.repeat(now, len(elements)), strict=True))
+        self.retained_bytes += sum(map(len, elements))
+        most = self._byte_limit()
+        if max(map(len, elements)) > most:  # kept by none: evicted by its own arrival, as `_append` counts
+            self.dropped += sum(1 for data in elements if len(data) > most)
+        self._evict(now)
+        return ids
+
     def _append(self, data: bytes) -> int:
         now = time.monotonic()
         self.last_id += 1
@@ -299,17 +323,17 @@ class _Stream:
         self._evict(now)
         lost = None
         if from_id is None:
-            replay = [e for e, _ in self._kept()] if self._holding else []
+            replay = [Element(d, i) for d, i, _ in self._kept()] if self._holding else []
             start = replay[0].id - 1 if replay else self.last_id
         else:
             if from_id < 0 or from_id > self.last_id:
                 raise InvalidStreamIdError(f"stream {shown(self.name)!r}: id {from_id} is out of range; "
                                            f"ids so far are 1..{self.last_id}")
             kept = self._kept()
-            first_kept = kept[0][0].id if kept else self.last_id + 1
+            first_kept = kept[0][1] if kept else self.last_id + 1
             if from_id + 1 < first_kept:
                 lost = (from_id + 1, first_kept - 1)
-            replay = [e for e, _ in kept if e.id > from_id]
+            replay = [Element(d, i) for d, i, _ in kept if i > from_id]
             start = from_id
         sub = MemorySubscription(self, capacity, replay, lost, start)
         if isinstance(self.subscriptions, frozenset):
@@ -328,7 +352,7 @@ class _Stream:
         return StreamStats(
             name=self.name, producers=self.producers, consumers=len(self.subscriptions),
             produced=self.produced, delivered=self.delivered, dropped=self.dropped, last_id=self.last_id,
-            first_retained_id=self._retained[self._head][0].id if self._head < len(self._retained) else None,
+            first_retained_id=self._retained[self._head][1] if self._head < len(self._retained) else None,
             retained=len(self._retained) - self._head, retained_bytes=self.retained_bytes,
             policy=self.policy, terminator=self.terminator)
 

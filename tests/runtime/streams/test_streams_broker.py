@@ -114,6 +114,29 @@ async def test_retention_never_exceeds_its_byte_caps():
     assert (stats.retained, stats.retained_bytes, stats.first_retained_id) == (2, 200, 9)
 
 
+@pytest.mark.parametrize("options", [StreamOptions(retain_bytes=250), StreamOptions(retain_num=3),
+                                     StreamOptions(retain_seconds=3600), StreamOptions(retain_for_num_consumers=1)])
+async def test_a_batch_is_kept_as_its_elements_one_by_one_would_be(options):
+    """A batch no subscriber waits for is kept and evicted at once (the fast path every kept
+    invocation output takes): what stays, what counts as dropped, and a replay are as if each
+    element had come alone, an element too large for the caps included."""
+    sizes = [10, 120, 40, 400, 30, 90, 60, 5]
+    data = [bytes([97 + i]) * n for i, n in enumerate(sizes)]
+    broker = MemoryBroker(BrokerSettings(max_stream_size=300))
+    seen = []
+    for name, batches in (("whole", [data]), ("alone", [[d] for d in data])):
+        await broker.configure(name, options)
+        ids = [i for batch in batches for i in await broker.publish(name, batch)]
+        stats = await broker.stats(name)
+        sub = await broker.subscribe(name, from_id=0)
+        replay = await sub.next_batch(timeout=0.01) or []
+        await sub.close()
+        seen.append((ids, stats.retained, stats.retained_bytes, stats.first_retained_id, stats.dropped,
+                     [(e.id, e.data) for e in replay]))
+    assert seen[0] == seen[1]
+    assert seen[0][0] == list(range(1, 9)) and seen[0][2] <= 300
+
+
 async def test_retain_for_num_consumers_keeps_elements_for_the_first_consumers():
     broker = MemoryBroker()
     await broker.attach_producer("s", StreamOptions(retain_for_num_consumers=2))

@@ -97,6 +97,19 @@ async def test_the_kept_output_is_the_tenants_named_stream(client):
                                                 ("4", '"done"'), ("5", "[DONE]")]
 
 
+async def test_an_event_the_stream_refuses_breaks_the_kept_output_never_the_answer(make_client, deploy_dir):
+    """`{"tick":10}` is one byte over streams.maxElementSize: the live answer has every event, and a
+    reader of the kept output is told it is not whole (whichever publish, the first or a later one,
+    met the refusal)."""
+    client = await make_client(_config(deploy_dir, **{"streams.maxElementSize": 10}))
+    resp = await client.post(INVOKE("ticker"), json={"count": 10, "delay_ms": 1}, headers=SSE)
+    events = [ev async for ev in iter_sse(resp)]
+    assert [ev["data"] for ev in events[:10]] == [json.dumps({"tick": i}, separators=(",", ":")) for i in range(1, 11)]
+    again = await client.get(EVENTS(resp.headers["X-Invocation-Id"]))
+    body = await again.read()
+    assert again.status == 200 and b"is not kept whole" in body and b"streams.maxElementSize" in body, body
+
+
 async def test_a_window_that_no_longer_reaches_back_says_so(make_client, deploy_dir):
     client = await make_client(_config(deploy_dir, **{"streams.invocationRetentionBytes": 30}))
     resp = await client.post(INVOKE("ticker"), json={"count": 6, "delay_ms": 1}, headers=SSE)

@@ -1,7 +1,7 @@
 """The in-process broker: fnstream's embedded default. Everything runs on the server's loop.
 
 Memory is bounded per stream by the retention caps, and per subscription by its buffer; a
-replay is a list of references to retained elements, so it costs no copy of the data.
+replay makes an Element of each retained entry it gives, sharing its bytes: no copy of the data.
 """
 from __future__ import annotations
 

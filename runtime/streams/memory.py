@@ -231,7 +231,7 @@ class _Stream:
         head, size, end = self._head, self.retained_bytes, len(kept)
         num, seconds = (0, 0.0) if self._holding else (self.retain_num, self.retain_seconds)  # held: bytes only
         most = self._byte_limit()
-        if not (self._holding or self.retain_num or self.retain_bytes or self.retain_seconds):
+        if not self._retaining:
             head, size = end, 0  # nothing is retained
         while head < end:
             data, _, at = kept[head]

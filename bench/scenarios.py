@@ -74,7 +74,12 @@ async def one_stream(target: Target, server: ServerProc, scale: float) -> dict:
 
 
 async def streams_100(target: Target, server: ServerProc, scale: float) -> dict:
-    return await _streams(target, max(10, int(100 * scale)), 100)
+    """100 streams of 100 events last ~50 ms, in which a scheduler hiccup moved the ratio by 0.1 either way:
+    five bursts, the median one's figures kept."""
+    trials = [await _streams(target, max(10, int(100 * scale)), 100) for _ in range(5)]
+    trials.sort(key=lambda t: t["value"])
+    median = trials[len(trials) // 2]
+    return {**median, "errors": sum(t["errors"] for t in trials)}
 
 
 async def streams_1000(target: Target, server: ServerProc, scale: float) -> dict:

@@ -98,7 +98,7 @@ class ProcessExecutor:
                 session.leave(inv)
                 if refused:
                     dep.sessions.drop_refused(session)
-            inv.channel.close()
+            inv.close_output()  # (a JSON call never made its channel: none is made to be closed)
             if not handed_off:
                 if worker is not None:
                     pool.release(worker, job)

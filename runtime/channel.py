@@ -16,6 +16,7 @@ from .errors import StreamClosedError
 __all__ = ("OutputChannel",)
 
 T = TypeVar("T")
+_get_ident = threading.get_ident
 
 
 class OutputChannel(Generic[T]):
@@ -23,6 +24,10 @@ class OutputChannel(Generic[T]):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int, max_bytes: int | None = None) -> None:
         self._loop = loop
+        # The thread running `loop` (None: made elsewhere, unknown): whether a caller is on the loop
+        # is then a thread id compared, not asyncio's running-loop lookup (a getpid() system call
+        # each, and a RuntimeError raised and caught in a handler thread), on every write.
+        self.loop_thread = threading.get_ident() if asyncio._get_running_loop() is loop else None
         self.capacity = capacity
         self.max_bytes = max_bytes
         self._bytes = 0  # queued size, counted only with max_bytes
@@ -40,6 +45,11 @@ class OutputChannel(Generic[T]):
     @property
     def cancel_reason(self) -> str | None:
         return self._cancel_reason
+
+    def on_loop(self) -> bool:
+        """Whether the caller runs on the channel's loop (else: a handler thread)."""
+        loop_thread = self.loop_thread
+        return _get_ident() == loop_thread if loop_thread is not None else _on_loop(self._loop)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -60,7 +70,7 @@ class OutputChannel(Generic[T]):
         reader = self._reader
         if reader is not None:
             self._reader = None
-            if _on_loop(self._loop):
+            if self.on_loop():
                 _resolve(reader)
             else:
                 self._loop.call_soon_threadsafe(_resolve, reader)
@@ -224,10 +234,7 @@ class OutputChannel(Generic[T]):
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
+    return asyncio._get_running_loop() is loop  # (no RuntimeError raised and caught off the loop)
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

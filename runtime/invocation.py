@@ -266,14 +266,16 @@ class StreamWriter:
             if channel.cancel_reason is not None:
                 raise StreamClosedError(f"stream closed: {channel.cancel_reason}")
             return WRITTEN  # a plain JSON request has no stream; writes are dropped as in openYuanrong
-        if _running_loop() is self._loop:
-            task = asyncio.current_task()
-            pending = self._pending.get(task) if self._pending else None
-            if pending is not None and not pending.done():
-                raise StreamBufferFullError("stream buffer is full: use `await context.get_stream().write(...)` "
-                                            "in async handlers so the writer waits for the client")
+        if channel.on_loop():
+            waiting = self._pending
+            if waiting:  # (the task is looked up only when one of the handler's writes waits)
+                pending = waiting.get(asyncio.current_task(self._loop))
+                if pending is not None and not pending.done():
+                    raise StreamBufferFullError("stream buffer is full: use `await context.get_stream().write(...)` "
+                                                "in async handlers so the writer waits for the client")
             if channel.try_put(payload):
                 return WRITTEN
+            task = asyncio.current_task(self._loop)
             if self._pending is None:
                 self._pending = {}
             pending = self._pending[task] = asyncio.ensure_future(channel.put(payload))
@@ -306,10 +308,3 @@ def drain_generator(gen: Any, add_item: Callable[[Any], None]) -> Any:
             except StopIteration as stop:
                 return stop.value
             add_item(item)
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None

@@ -131,6 +131,9 @@ class FlowControl(abc.ABC):
     """Sending an invocation's writes and items as its credits allow (the worker's output half)."""
 
     loop: asyncio.AbstractEventLoop
+    # The thread that runs `loop` (the worker's main thread): a write compares thread ids to know
+    # where it runs (asyncio's running-loop lookup is a getpid() system call per write).
+    loop_thread: int
     max_credits: int
     post: Callable[[ToFrontend], None]
     _cond: threading.Condition
@@ -145,7 +148,7 @@ class FlowControl(abc.ABC):
         frame: Write | Item = ({"t": "write", "id": inv.id, "p": [value]} if kind == "write"
                                else {"t": "item", "id": inv.id, "v": [value]})
         size = len(value) if isinstance(value, str) else len(encode_payload(value))
-        if _on_loop(self.loop):
+        if threading.get_ident() == self.loop_thread:
             if inv.pending is not None and not inv.pending.done():
                 raise StreamBufferFullError("stream buffer is full: use `await context.get_stream().write(...)` "
                                             "in async handlers so the writer waits for the client")
@@ -210,10 +213,6 @@ class FlowControl(abc.ABC):
         payload = encode_payload(item)
         value = payload if isinstance(item, (str, bytes, bytearray, memoryview)) else json.loads(payload)
         return self.output(inv, "item", value)
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    return asyncio._get_running_loop() is loop  # no RuntimeError raised (and caught) per write of a thread
 
 
 def resolve(fut: asyncio.Future[Any], value: Any) -> None:

@@ -86,6 +86,7 @@ class ChildProgram(FlowControl):
         self.outbox = Outbox(conn)
         self.post = self.outbox.post  # bound once: called per frame
         self.loop = asyncio.new_event_loop()
+        self.loop_thread = threading.get_ident()  # serve() runs the loop on this (the main) thread
         self._done = asyncio.Event()
         # Named streams: every broker call goes to the frontend; the API runs on this worker's loop.
         self.streams = ProxyBroker(self.stream_call, self.astream_call, self.stream_post)

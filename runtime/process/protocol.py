@@ -49,7 +49,9 @@ _HEADER = struct.Struct(">I")
 # Bigger than any event (maxRequestBodySize) or write (maxWriteSize) fnstream accepts.
 MAX_FRAME = 64 * 1024 * 1024
 DEFAULT_CREDITS = 256
-READ_CHUNK = 256 * 1024
+# What one read asks of the socket. Under glibc's mmap threshold (128 KiB): a larger buffer was
+# mmap'd, shrunk and unmapped around every read (three system calls a frame, in the worker too).
+READ_CHUNK = 64 * 1024
 TRY_SEND_MAX = 64 * 1024  # frames up to this size may be sent straight from the event loop
 
 

@@ -11,6 +11,7 @@ from aiohttp.abc import AbstractAccessLogger
 
 from runtime.config import Config
 from runtime.eventloop import loop_name
+from runtime.heap import freeze_startup
 from runtime.lifecycle import wait_for_stop_signal
 from runtime.node import Node
 from runtime.registry import Registry
@@ -144,6 +145,7 @@ async def serve(app: web.Application, host: str, port: int) -> None:
         log.info("fnstream listening on http://%s:%d (%d functions, %s loop)", host, port, len(app[REGISTRY]),
                  loop_name(asyncio.get_running_loop()))
         print(f"fnstream listening on http://{host}:{port}", flush=True)
+        freeze_startup()  # full collections walk only what serving makes (runtime/heap.py)
         await wait_for_stop_signal()
     finally:
         log.info("shutting down")

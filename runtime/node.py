@@ -29,6 +29,7 @@ from .durable import DurableOutputs
 from .errors import ConfigError, FunctionServiceError
 from .executor import Executor
 from .executors import kind_named
+from .heap import freeze_startup
 from .java.build import java_unavailable
 from .jobs.idempotency import IdempotentSubmits
 from .jobs.model import Job
@@ -250,6 +251,7 @@ async def serve_worker(config: Config) -> int:
     assert cluster is not None
     async with node:
         print(f"fnstream worker {cluster.id} on {describe_url(cluster.url)}", flush=True)
+        freeze_startup()  # full collections walk only what serving makes (runtime/heap.py)
         await wait_for_stop_signal()
         log.info("worker %s: shutting down (grace %g s)", cluster.id, config.frontend.args.shutdownGraceSeconds)
     return node.abandoned_threads

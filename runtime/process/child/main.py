@@ -32,6 +32,7 @@ from ...context import Context
 from ...deployment import Kind, handler_kind
 from ...errors import FunctionServiceError, ResultNotSerializableError, handler_failure
 from ...fork_guard import become_subreaper, end_descendants, release_in_forked_children
+from ...heap import freeze_startup
 from ...invocation import drain_generator
 from ...loader import LoadedCode, load_code
 from ...logs import set_log_context
@@ -143,6 +144,7 @@ class ChildProgram(FlowControl):
 
     async def _serve(self, load_error: str | None) -> None:
         init_error = load_error or await self._initialize()
+        freeze_startup(collect=False)  # its code and what the initializer loaded: walked by no later collection
         self.post({"t": "ready", "pid": os.getpid(), "init_error": init_error})
         await self._done.wait()
 

@@ -5,22 +5,32 @@ manifests, the deployed code, a worker's initializer and what it loaded) is most
 as long as the process, yet every full collection walked it again: on the streaming path they took
 a tenth of a server's time (three in 2,000 streams of 100 events, 36 ms each). `freeze_startup`
 collects once and moves what is left to the permanent generation (`gc.freeze`), so later
-collections walk only what serving made. What start-up made and later drops is then never freed
-by the collector (a deployment replaced at run time keeps its first code's cycles in memory):
-bounded by what start-up made, once.
+collections walk only what serving made. What start-up made and later drops would then never be
+freed by the collector: a deployment replaced or deleted at run time gives it back (`thaw`, from
+the registry), so its first code's module and globals (a loaded model, say) go as they would
+have, and full collections walk start-up's objects again from then on. A worker process freezes
+without collecting first (see `freeze_startup`): garbage in cycles that its imports and
+initializer left stays for the worker's life, counted in its memory.
 """
 from __future__ import annotations
 
 import gc
 
-__all__ = ("freeze_startup",)
+__all__ = ("freeze_startup", "thaw")
 
 
 def freeze_startup(collect: bool = True) -> None:
     """Collect what start-up left as garbage, then freeze the rest (`fnstream serve` once it
     listens, `fnstream worker` once its node runs). A worker process, once its code is initialized,
-    freezes without the collection (its cold start would wait for it; `gc.freeze` alone is a
-    list splice), keeping what little garbage its start-up left."""
+    freezes without the collection (~7 ms its cold start would wait for; `gc.freeze` alone is a
+    list splice)."""
     if collect:
         gc.collect()
     gc.freeze()
+
+
+def thaw() -> None:
+    """Give what was frozen back to the collector: code loaded at start-up was retired, and what
+    it alone held must be collectable."""
+    if gc.get_freeze_count():
+        gc.unfreeze()

@@ -21,6 +21,7 @@ from pathlib import Path
 from .deployment import DEFAULT_TENANT, Deployment, check_ref, function_key, parse_function_ref
 from .errors import DeployError, FunctionNotFoundError, FunctionServiceError
 from .executors import kind_of
+from .heap import thaw
 from .loader import check_code_location, load_code
 from .manifest import FunctionSpec
 from .process.budget import WorkerBudget
@@ -180,6 +181,7 @@ class Registry:
         if dep.pool is not None:
             dep.pool.stop(self.stop_grace, self.pre_stop_grace)  # busy workers finish their invocation, then preStop
             return
+        thaw()  # its code, loaded here, may have been frozen at start-up (runtime/heap.py): collectable again
         if dep.code is None or dep.code.pre_stop is None:
             return
         try:

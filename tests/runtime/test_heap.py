@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import gc
+import json
 
 import pytest
 
 from runtime.heap import freeze_startup
+from runtime.manifest import FunctionSpec, parse_manifest
+from runtime.registry import Registry
+from tests.support.servers import HANDLERS
 
 
 def test_freeze_startup_moves_what_start_up_made_out_of_the_collector() -> None:
@@ -27,3 +31,25 @@ def test_a_worker_process_freezes_without_a_collection(monkeypatch: pytest.Monke
         assert gc.get_freeze_count() > 0 and collected == []
     finally:
         gc.unfreeze()
+
+
+@pytest.fixture
+def specs() -> list[FunctionSpec]:
+    """Parsed before the loop runs (resolving codePath touches the file system)."""
+    return parse_manifest(json.dumps([{"name": "frozen-d", "handler": "testfns.returns_none",
+                                       "codePath": str(HANDLERS)}]), "test", HANDLERS)
+
+
+async def test_retiring_code_loaded_at_start_up_gives_the_frozen_objects_back(specs: list[FunctionSpec]) -> None:
+    """A deployment replaced (or deleted) after the freeze: its first code's objects must be
+    collectable again, not kept for the process's life."""
+    registry = Registry([HANDLERS])
+    await registry.adeploy(specs)
+    try:
+        freeze_startup()
+        assert gc.get_freeze_count() > 0
+        await registry.adeploy(specs)          # replaced: the first revision retires
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+        await registry.stop_workers()

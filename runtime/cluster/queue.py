@@ -12,7 +12,8 @@ Flow control: the pump records how many events and characters it has taken (`{in
 `{inv:ID}:ackc`: two keys, so a node of the version before, which knows only the first, still
 agrees with this one) and trims what it has read from the output stream (all but the last entry, which
 tells a reclaiming worker the output had begun); a worker never runs more than two buffers of
-bytes (32 of events) ahead of it, so Redis holds about that much of a stream a client reads slowly.
+bytes (32 of events; eight for a frontend of the version before) ahead of it, so Redis holds
+about that much of a stream a client reads slowly.
 Every per-invocation key has a TTL and is deleted by the frontend at the end, many invocations' in one DEL
 (the worker's `taken` guard too, but when the enqueue was resent: see WorkQueue.submit).
 A plain JSON invocation relays nothing but its answer: when the workers know how, the worker puts

@@ -53,13 +53,18 @@ class _Window:
     much is unread, so Redis holds under three buffers of bytes (a batch is at most one; a single
     larger write alone). Events are many and small, and the bytes bound Redis's memory: a waiting
     worker looks again every few ms, so an event window of eight buffers held a fast stream to
-    ~120k events/s; at 32 it is the frontend's and Redis's CPU that does.
+    ~120k events/s; at 32 it is the frontend's and Redis's CPU that does. Without a bound in bytes
+    (a frontend of the version before acks events only, and may send no byte bound) the window
+    stays eight buffers of events, the bound that frontend was built with.
     The pump acks events (`{inv:ID}:ack`) and characters (`{inv:ID}:ackc`) and trims what it read;
     a frontend of the version before acks only events, and is then paced by events alone."""
 
     def __init__(self, events: int, max_bytes: int | None) -> None:
         self.max_events, self.max_chars = 32 * events, None if max_bytes is None else 2 * max_bytes
+        self._events = events
         self.written_events = self.written_chars = self.acked_events = self.acked_chars = 0
+        if self.max_chars is None:
+            self.max_events = 8 * events  # no bound in bytes: the events alone bound Redis, as before
 
     def full(self) -> bool:
         if self.written_events - self.acked_events >= self.max_events:
@@ -73,7 +78,8 @@ class _Window:
     def acked(self, events: str | bytes | None, chars: str | bytes | None) -> None:
         self.acked_events, acked_chars = decode_ack(events, chars)
         if acked_chars is None and self.acked_events:
-            self.max_chars = None  # acked events and no characters: an older frontend
+            self.max_chars = None  # acked events and no characters: an older frontend,
+            self.max_events = 8 * self._events  # paced by events alone, within its own bound
         self.acked_chars = acked_chars or 0
 
 

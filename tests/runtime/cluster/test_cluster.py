@@ -433,12 +433,21 @@ def test_a_frontend_acking_only_events_paces_the_worker_by_events():
     assert window.full()                                         # 2000 chars unread > 2 x 1000
     window.acked(b"3", None)                                     # an old frontend took 3 events
     assert not window.full()
+    window.wrote(797, 0)
+    assert not window.full()                                     # 799 events unread
+    window.wrote(1, 0)
+    assert window.full()                                         # 800: its bound, eight buffers of events
     window = _Window(events=100, max_bytes=1000)                 # this version acks both counts
     window.wrote(5, 2000)
     window.acked(b"3", b"1500")
     assert not window.full()
     window.wrote(1, 1600)
     assert window.full()                                         # 2100 chars unread
+    window = _Window(events=100, max_bytes=1000)                 # bounded in bytes: 32 buffers of events
+    window.wrote(3199, 0)
+    assert not window.full()
+    window.wrote(1, 0)
+    assert window.full()
 
 
 async def test_output_lost_on_its_way_through_redis_fails_the_invocation(redis_server, make_client, monkeypatch):

@@ -25,6 +25,7 @@ from ..protocol import Invoke, Item, ToFrontend, Write
 __all__ = ("WINDOW_BYTES", "Cancelled", "FlowControl", "WorkerInvocation", "WorkerStream", "raise_in_thread",
            "resolve")
 
+_get_ident = threading.get_ident
 WINDOW_BYTES = 256 * 1024  # stream bytes one invocation may have in flight (besides the credit count)
 
 
@@ -114,7 +115,7 @@ class WorkerStream:
             if inv.cancel_reason is not None:
                 raise StreamClosedError(f"stream closed: {inv.cancel_reason}")
             return WRITTEN  # a plain JSON request has no stream; writes are dropped as in-process
-        return self._worker.output(inv, "write", payload)
+        return self._worker.write(inv, payload)
 
     async def flush(self) -> None:
         """Wait for a last write the handler did not await."""
@@ -136,19 +137,29 @@ class FlowControl(abc.ABC):
     loop_thread: int
     max_credits: int
     post: Callable[[ToFrontend], None]
-    _cond: threading.Condition
+    _lock: threading.RLock
+    _cond: threading.Condition  # over `_lock`
     _invs: dict[str, WorkerInvocation]
 
     @abc.abstractmethod
     def _cancel(self, inv_id: str, reason: str) -> None:
         """Cancel one invocation (the frontend asked, or its stream closed)."""
 
+    def write(self, inv: WorkerInvocation, payload: str) -> Written | asyncio.Task[None]:
+        """Send one stream write (its JSON text) once its invocation has a credit: `output`, with
+        what a handler thread's every write would ask of it decided once."""
+        if _get_ident() == self.loop_thread:
+            return self.output(inv, "write", payload)
+        self._take_credit_blocking(inv, len(payload))
+        self.post({"t": "write", "id": inv.id, "p": [payload]})
+        return WRITTEN
+
     def output(self, inv: WorkerInvocation, kind: str, value: Any) -> Written | asyncio.Task[None]:
         """Send one write or item once its invocation has a credit (backpressure from the client)."""
         frame: Write | Item = ({"t": "write", "id": inv.id, "p": [value]} if kind == "write"
                                else {"t": "item", "id": inv.id, "v": [value]})
         size = len(value) if isinstance(value, str) else len(encode_payload(value))
-        if threading.get_ident() == self.loop_thread:
+        if _get_ident() == self.loop_thread:
             if inv.pending is not None and not inv.pending.done():
                 raise StreamBufferFullError("stream buffer is full: use `await context.get_stream().write(...)` "
                                             "in async handlers so the writer waits for the client")
@@ -159,8 +170,14 @@ class FlowControl(abc.ABC):
                     return WRITTEN
             inv.pending = self.loop.create_task(self._output_when_credited(inv, frame, size))
             return inv.pending
-        with self._cond:
-            # take_credit inlined: a handler thread's every write passes here
+        self._take_credit_blocking(inv, size)
+        self.post(frame)
+        return WRITTEN
+
+    def _take_credit_blocking(self, inv: WorkerInvocation, size: int) -> None:
+        """In a handler thread: take a credit for a write of `size`, waiting while there is none
+        (take_credit inlined, the lock taken directly: a thread's every write passes here)."""
+        with self._lock:
             while (inv.cancel_reason is not None or inv.credits <= 0
                    or (inv.unacked_bytes and inv.unacked_bytes + size > WINDOW_BYTES)):
                 self._check_open(inv)
@@ -169,8 +186,6 @@ class FlowControl(abc.ABC):
             inv.credits -= 1
             inv.unacked.append(size)
             inv.unacked_bytes += size
-        self.post(frame)
-        return WRITTEN
 
     @staticmethod
     def _check_open(inv: WorkerInvocation) -> None:
@@ -194,7 +209,7 @@ class FlowControl(abc.ABC):
 
     def _on_credit(self, inv_id: str, n: int) -> None:
         """Reader thread: give credits back; wake the writers waiting for one."""
-        with self._cond:
+        with self._lock:
             inv = self._invs.get(inv_id)
             if inv is None:
                 return

@@ -75,7 +75,10 @@ class ChildProgram(FlowControl):
         self._code: LoadedCode | None = None
         self.kind: Kind = "sync"
         self.slots = 1
-        self._cond = threading.Condition()
+        # One lock for the invocations' state; writes take it directly (a Condition's `with` is a
+        # Python-level call on every write), waits go through the Condition over it.
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._invs: dict[str, WorkerInvocation] = {}
         self._early_cancels: dict[str, str] = {}  # a cancel that overtook its invoke frame
         self._threads: DaemonThreadPool | None = None

@@ -60,11 +60,13 @@ class _Window:
     a frontend of the version before acks only events, and is then paced by events alone."""
 
     def __init__(self, events: int, max_bytes: int | None) -> None:
-        self.max_events, self.max_chars = 32 * events, None if max_bytes is None else 2 * max_bytes
-        self._events = events
+        self.events, self.max_chars = events, None if max_bytes is None else 2 * max_bytes
         self.written_events = self.written_chars = self.acked_events = self.acked_chars = 0
-        if self.max_chars is None:
-            self.max_events = 8 * events  # no bound in bytes: the events alone bound Redis, as before
+
+    @property
+    def max_events(self) -> int:
+        """32 buffers while the bytes bound Redis; eight when the events alone do, as before."""
+        return (8 if self.max_chars is None else 32) * self.events
 
     def full(self) -> bool:
         if self.written_events - self.acked_events >= self.max_events:
@@ -78,8 +80,7 @@ class _Window:
     def acked(self, events: str | bytes | None, chars: str | bytes | None) -> None:
         self.acked_events, acked_chars = decode_ack(events, chars)
         if acked_chars is None and self.acked_events:
-            self.max_chars = None  # acked events and no characters: an older frontend,
-            self.max_events = 8 * self._events  # paced by events alone, within its own bound
+            self.max_chars = None  # acked events and no characters: an older frontend
         self.acked_chars = acked_chars or 0
 
 

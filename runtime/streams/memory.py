@@ -6,7 +6,6 @@ replay makes an Element of each retained entry it gives, sharing its bytes: no c
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from .errors import (
     SubscriptionEndedError,
 )
 from .names import MAX_QUALIFIED_NAME_LENGTH, validate_stream_name
+from .retained import RetainedElements
 from .tenancy import shown, tenant_of
 
 __all__ = ("MemoryBroker", "MemorySubscription")
@@ -145,16 +145,17 @@ class MemorySubscription(AbstractSubscription):
 _NO_SUBSCRIPTIONS: frozenset[MemorySubscription] = frozenset()
 
 
-class _Stream:
-    """One named stream: ids, live subscriptions, retention and counters."""
+class _Stream(RetainedElements):
+    """One named stream: ids, live subscriptions, retention (its base's) and counters."""
 
     # Slots, and the lock made only when a publish may wait: every SSE invocation's kept output
     # (runtime/durable.py) is one of these, so each open stream pays for what an idle one holds.
-    __slots__ = ("_head", "_publish_lock", "_retained", "delivered", "dropped", "last_id", "max_stream_size", "name",
-                 "policy", "produced", "producers", "retain_bytes", "retain_for_num_consumers", "retain_num",
-                 "retain_seconds", "retained_bytes", "settings", "subscriptions", "subscriptions_made", "terminator")
+    __slots__ = ("_publish_lock", "delivered", "dropped", "last_id", "max_stream_size", "name", "policy", "produced",
+                 "producers", "retain_bytes", "retain_for_num_consumers", "retain_num", "retain_seconds", "settings",
+                 "subscriptions", "subscriptions_made", "terminator")
 
     def __init__(self, name: str, settings: BrokerSettings) -> None:
+        super().__init__()
         self.name = name
         self.settings = settings
         d = settings.defaults
@@ -169,12 +170,6 @@ class _Stream:
         self.producers = 0
         self.last_id = 0
         self.produced = self.delivered = self.dropped = 0
-        # Retained (data, id, when) from `_head` on: a list and an index, not a deque (an empty deque
-        # is 0.6 KB, and every kept invocation output has one); compacted as the head moves on.
-        # Plain tuples, not Elements: a batch is kept in one C-level pass (see `_append_all`).
-        self._retained: list[tuple[bytes, int, float]] = []
-        self._head = 0
-        self.retained_bytes = 0
         self._publish_lock: asyncio.Lock | None = None  # keeps a batch's ids together while its publish waits
 
     # -- settings ------------------------------------------------------------------------------
@@ -194,11 +189,7 @@ class _Stream:
     @property
     def idle(self) -> bool:
         """Nothing depends on it: no subscriber, no producer, nothing kept or awaited."""
-        return not (self.subscriptions or self.producers or self._kept() or self._holding)
-
-    def _kept(self) -> list[tuple[bytes, int, float]]:
-        """The retained (data, id, when) entries, oldest first."""
-        return self._retained[self._head:] if self._head else self._retained
+        return not (self.subscriptions or self.producers or self.retained or self._holding)
 
     @property
     def _holding(self) -> bool:
@@ -213,10 +204,9 @@ class _Stream:
     def _retain(self, element: Element, now: float) -> bool:
         if not self._retaining:
             return False
-        self._retained.append((element.data, element.id, now))
-        self.retained_bytes += len(element.data)
+        self.keep(element.id, (element.data,), now)
         self._evict(now)
-        return self._head < len(self._retained) and self._retained[-1][1] == element.id
+        return self.retained > 0  # (evicted by its own arrival: everything before it went too)
 
     def _byte_limit(self) -> int:
         """The bytes retention keeps at most (while it keeps anything): the stream's cap always,
@@ -227,23 +217,8 @@ class _Stream:
 
     def _evict(self, now: float) -> None:
         """Drop the oldest retained elements beyond the limits; the byte cap always applies."""
-        kept = self._retained
-        head, size, end = self._head, self.retained_bytes, len(kept)
         num, seconds = (0, 0.0) if self._holding else (self.retain_num, self.retain_seconds)  # held: bytes only
-        most = self._byte_limit()
-        if not self._retaining:
-            head, size = end, 0  # nothing is retained
-        while head < end:
-            data, _, at = kept[head]
-            if not (size > most or (num and end - head > num) or (seconds and now - at > seconds)):
-                break
-            head += 1
-            size -= len(data)
-        self.retained_bytes = size
-        if head and head * 2 >= end:  # amortized O(1) per element dropped
-            del kept[:head]
-            head = 0
-        self._head = head
+        self.drop_oldest(now, self._byte_limit(), num, seconds, everything=not self._retaining)
 
     # -- publish -------------------------------------------------------------------------------
     async def publish(self, elements: Sequence[bytes], timeout: float) -> list[int]:
@@ -290,8 +265,7 @@ class _Stream:
             self.dropped += len(elements)
             return ids
         now = time.monotonic()
-        self._retained.extend(zip(elements, ids, itertools.repeat(now, len(elements)), strict=True))
-        self.retained_bytes += sum(map(len, elements))
+        self.keep(ids[0], elements, now)
         most = self._byte_limit()
         if max(map(len, elements)) > most:  # kept by none: evicted by its own arrival, as `_append` counts
             self.dropped += sum(1 for data in elements if len(data) > most)
@@ -323,17 +297,16 @@ class _Stream:
         self._evict(now)
         lost = None
         if from_id is None:
-            replay = [Element(d, i) for d, i, _ in self._kept()] if self._holding else []
+            replay = self.kept_after(0) if self._holding else []
             start = replay[0].id - 1 if replay else self.last_id
         else:
             if from_id < 0 or from_id > self.last_id:
                 raise InvalidStreamIdError(f"stream {shown(self.name)!r}: id {from_id} is out of range; "
                                            f"ids so far are 1..{self.last_id}")
-            kept = self._kept()
-            first_kept = kept[0][1] if kept else self.last_id + 1
+            first_kept = self.first_kept_id() or self.last_id + 1
             if from_id + 1 < first_kept:
                 lost = (from_id + 1, first_kept - 1)
-            replay = [Element(d, i) for d, i, _ in kept if i > from_id]
+            replay = self.kept_after(from_id)
             start = from_id
         sub = MemorySubscription(self, capacity, replay, lost, start)
         if isinstance(self.subscriptions, frozenset):
@@ -352,8 +325,7 @@ class _Stream:
         return StreamStats(
             name=self.name, producers=self.producers, consumers=len(self.subscriptions),
             produced=self.produced, delivered=self.delivered, dropped=self.dropped, last_id=self.last_id,
-            first_retained_id=self._retained[self._head][1] if self._head < len(self._retained) else None,
-            retained=len(self._retained) - self._head, retained_bytes=self.retained_bytes,
+            first_retained_id=self.first_kept_id(), retained=self.retained, retained_bytes=self.retained_bytes,
             policy=self.policy, terminator=self.terminator)
 
 

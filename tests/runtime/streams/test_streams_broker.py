@@ -4,6 +4,7 @@ What every broker must do is the contract suite, test_broker_contract.py."""
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -112,6 +113,28 @@ async def test_retention_never_exceeds_its_byte_caps():
         await broker.publish("b", [b"y" * 100])
     stats = await broker.stats("b")
     assert (stats.retained, stats.retained_bytes, stats.first_retained_id) == (2, 200, 9)
+
+
+async def test_retained_elements_add_no_object_for_the_collector_to_walk() -> None:
+    """Every SSE invocation's output is kept: an element is two list slots, not an object of its
+    own (a tuple and an int each: ~100 B, and work for the collector's young generation)."""
+    broker = MemoryBroker()
+    await broker.configure("s", StreamOptions(retain_num=100_000))
+    batches = [elements(1000, 1 + 1000 * i) for i in range(10)]
+    gc.disable()
+    try:
+        gc.collect()
+        young = gc.get_count()[0]  # objects the collector tracks made since: what triggers a collection
+        for batch in batches:
+            await broker.publish("s", batch)
+        made = gc.get_count()[0] - young
+    finally:
+        gc.enable()
+    assert made < 100
+    stats = await broker.stats("s")
+    assert (stats.retained, stats.first_retained_id) == (10_000, 1)
+    sub = await broker.subscribe("s", from_id=9_990, buffer=100)
+    assert [(e.id, e.data) for e in await drain(sub, 10)] == [(9_990 + i, b"e%d" % (9_990 + i)) for i in range(1, 11)]
 
 
 @pytest.mark.parametrize("options", [StreamOptions(retain_bytes=250), StreamOptions(retain_num=3),

@@ -18,7 +18,10 @@ frozen a few thousand promoted objects were enough: 1000 open streams promote te
 and full collections walked them all, 50-70 ms each, a fifth of a streaming server's time.
 `freeze_startup` also makes a full collection wait for `FULL_EVERY` collections of the middle
 generation (Python's default is 10) as well: cyclic garbage still goes in the young
-generations, where most of it dies, and a full collection still comes, only rarer.
+generations, where most of it dies, and a full collection still comes, only rarer. Not in a
+worker process: it runs under its function's memory limit, and CPython raises MemoryError without
+collecting first, so its cyclic garbage must not wait. What retired code alone held (its module's
+cycles, a model it loaded) would wait too: `thaw` collects it at once.
 """
 from __future__ import annotations
 
@@ -29,20 +32,23 @@ __all__ = ("FULL_EVERY", "freeze_startup", "thaw")
 FULL_EVERY = 100  # middle-generation collections per full collection, at least
 
 
-def freeze_startup(collect: bool = True) -> None:
+def freeze_startup(collect: bool = True, rarer_full: bool = True) -> None:
     """Collect what start-up left as garbage, then freeze the rest (`fnstream serve` once it
-    listens, `fnstream worker` once its node runs). A worker process, once its code is initialized,
-    freezes without the collection (~7 ms its cold start would wait for; `gc.freeze` alone is a
-    list splice)."""
+    listens, `fnstream worker` once its node runs), and make full collections rarer. A worker
+    process, once its code is initialized, freezes without the collection (~7 ms its cold start
+    would wait for; `gc.freeze` alone is a list splice) and keeps Python's full collections."""
     if collect:
         gc.collect()
     gc.freeze()
-    young, middle, full = gc.get_threshold()
-    gc.set_threshold(young, middle, max(full, FULL_EVERY))
+    if rarer_full:
+        young, middle, full = gc.get_threshold()
+        gc.set_threshold(young, middle, max(full, FULL_EVERY))
 
 
 def thaw() -> None:
-    """Give what was frozen back to the collector: code loaded at start-up was retired, and what
-    it alone held must be collectable."""
+    """In-process code was retired (a redeploy or a delete): give what was frozen back to the
+    collector, and collect what that code alone held now, not at a full collection that may be far
+    off (one full collection per retirement: tens of ms, an operator's action)."""
     if gc.get_freeze_count():
         gc.unfreeze()
+    gc.collect()

@@ -43,7 +43,9 @@ class RetainedElements:
         return [Element(data, i) for i, data in enumerate(self._kept_data[start:], self._first_id + start)]
 
     def keep(self, first_id: int, elements: Sequence[bytes], now: float) -> None:
-        """Retain `elements`, ids `first_id` on, which follow the retained ones (if any)."""
+        """Retain `elements`, ids `first_id` on, which follow the retained ones (if any): a stream
+        keeps every element it publishes while it retains, and drops them all when it stops
+        (`_Stream._evict`), so `first_id` is read only when nothing is kept."""
         if self._head == len(self._kept_data):  # nothing retained: the lists start again here
             self._kept_data.clear()
             self._kept_times.clear()

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import gc
 import json
+import weakref
 from collections.abc import Iterator
 
 import pytest
 
-from runtime.heap import FULL_EVERY, freeze_startup
+from runtime.heap import FULL_EVERY, freeze_startup, thaw
 from runtime.manifest import FunctionSpec, parse_manifest
 from runtime.registry import Registry
 from tests.support.servers import HANDLERS
@@ -41,6 +42,28 @@ def test_full_collections_wait_for_many_middle_ones_once_frozen() -> None:
     gc.set_threshold(700, 10, 500)  # one set higher still is kept
     freeze_startup(collect=False)
     assert gc.get_threshold() == (700, 10, 500)
+
+
+def test_a_worker_process_keeps_pythons_full_collections() -> None:
+    """It runs under its memory limit, and CPython raises MemoryError without collecting first."""
+    gc.set_threshold(700, 10, 10)
+    freeze_startup(collect=False, rarer_full=False)
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_thaw_collects_what_retired_code_alone_held() -> None:
+    """With full collections rare, a retired module's cycles (and a model it holds) would wait."""
+    class Model:
+        pass
+
+    model = Model()
+    cycle: list[object] = [model]
+    cycle.append(cycle)
+    held = weakref.ref(model)
+    freeze_startup(collect=False)
+    del cycle, model
+    thaw()
+    assert held() is None and gc.get_freeze_count() == 0
 
 
 def test_a_worker_process_freezes_without_a_collection(monkeypatch: pytest.MonkeyPatch) -> None:

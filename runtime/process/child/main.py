@@ -147,7 +147,8 @@ class ChildProgram(FlowControl):
 
     async def _serve(self, load_error: str | None) -> None:
         init_error = load_error or await self._initialize()
-        freeze_startup(collect=False)  # its code and what the initializer loaded: walked by no later collection
+        # Its code and what the initializer loaded: walked by no later collection (runtime/heap.py).
+        freeze_startup(collect=False, rarer_full=False)
         self.post({"t": "ready", "pid": os.getpid(), "init_error": init_error})
         await self._done.wait()
 

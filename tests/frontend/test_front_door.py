@@ -404,9 +404,13 @@ async def test_both_doors_answer_and_count_cluster_queued_calls_alike(redis_serv
     assert resp.status == 201, await resp.text()
     for client in doors:
         async def serving(client=client):
+            # The other frontend learns of the deploy at its next registry sync, on its own clock.
+            async with client.get("/admin/v1/functions/relay") as known:
+                if known.status != 200:
+                    return False
             st = await status(client.session, str(client.make_url("")).rstrip("/"))
             return any("relay" in w["functions"] for w in st["workers"])
-        await wait_until(serving, "a worker serving relay, seen by each frontend")
+        await wait_until(serving, "relay known to each frontend, and a worker serving it seen by each")
     calls = [("relay", {}, b'{"count": 2, "delay_ms": 1}', True), ("relay", {}, b"{", False),
              ("missing", {}, b"{}", False),
              ("relay", {"Accept": "text/event-stream"}, b'{"count": 3, "delay_ms": 1}', True)]

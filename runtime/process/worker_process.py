@@ -75,6 +75,9 @@ class PoolSide(Protocol):
     def release(self, worker: WorkerProcess, job: PooledCall | None) -> None: ...
 
 
+_NONE_ENDED: frozenset[int] = frozenset()
+
+
 def _resolve(fut: asyncio.Future[tuple[str, Any]], outcome: tuple[str, Any]) -> None:
     if not fut.done():
         fut.set_result(outcome)
@@ -303,17 +306,21 @@ class WorkerProcess:
             self.streams.handle(msg)
 
     def _take_inbox(self) -> None:
-        """On the loop: deliver the invocation frames the reader thread queued, then their credits."""
+        """On the loop: deliver the invocation frames the reader thread queued, then their credits
+        — none for an invocation whose outcome came in the same batch: the worker is done with it
+        (a short stream's writes and result arrive together; a credit frame would only wake it)."""
         with self._inbox_lock:
             frames, self._inbox = self._inbox, []
+        ended = {id(job) for job, msg in frames if msg["t"] == "result" or msg["t"] == "error"} \
+            if len(frames) > 1 else _NONE_ENDED
         for job, msg in frames:
             if msg["t"] == "write":
-                self._deliver(job, msg["p"])
+                self._deliver(job, msg["p"], id(job) not in ended)
             elif msg["t"] == "item":
                 if job.inv.streaming:  # a job's generator items: values into the channel, as in-process
-                    self._deliver(job, [OutputItem.of(value) for value in msg["v"]])
+                    self._deliver(job, [OutputItem.of(value) for value in msg["v"]], id(job) not in ended)
                 else:
-                    self._aggregate(job, msg["v"])
+                    self._aggregate(job, msg["v"], id(job) not in ended)
             elif msg["t"] == "result":
                 self._finish(job, ("result", json.loads(msg["json"])))
             else:
@@ -334,9 +341,9 @@ class WorkerProcess:
     def _credit(self, job: PooledCall, n: int) -> None:
         self.send_on_loop({"t": "credit", "id": job.inv.id, "n": n})  # small: always queued
 
-    def _deliver(self, job: PooledCall, payloads: list[str]) -> None:
+    def _deliver(self, job: PooledCall, payloads: list[str], credit: bool = True) -> None:
         """On the loop: put a (coalesced) write frame into the invocation's channel, give the
-        credits back. What does not fit waits in the job's backlog (credits held back)."""
+        credits back (`credit`). What does not fit waits in the job's backlog (credits held back)."""
         if job.backlog is not None:
             job.backlog.extend(payloads)
             return
@@ -349,7 +356,7 @@ class WorkerProcess:
         if count < len(payloads):
             job.backlog = payloads[count:]
             job.loop.create_task(self._drain(job), name=f"backlog-{inv.id}")
-        if count:
+        if count and credit:
             self._credit(job, count)
 
     async def _drain(self, job: PooledCall) -> None:
@@ -375,7 +382,7 @@ class WorkerProcess:
         if outcome is not None:
             self._outcome(job, outcome)
 
-    def _aggregate(self, job: PooledCall, items: list[Any]) -> None:
+    def _aggregate(self, job: PooledCall, items: list[Any], credit: bool = True) -> None:
         """Generator items of a plain JSON request: collected (bounded by maxResponseSize)."""
         inv = job.inv
         try:
@@ -388,4 +395,5 @@ class WorkerProcess:
             job.error = exc  # e.g. the aggregated result is too large: fail with that, not "cancelled"
             self.cancel(inv.id, exc.message)
             return
-        self._credit(job, len(items))
+        if credit:
+            self._credit(job, len(items))

@@ -40,3 +40,33 @@ def test_a_progress_frame_crosses_the_socket():
     finally:
         sender.close()
         receiver.close()
+
+
+async def test_no_credit_goes_back_for_an_invocation_whose_outcome_came_with_its_writes():
+    """A short stream's writes and result reach the frontend together: the worker is done with it,
+    and a credit frame would only wake it. A stream still running gets its credits."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from runtime.channel import OutputChannel
+    from runtime.process.worker_process import PooledCall, WorkerProcess
+
+    loop = asyncio.get_running_loop()
+    sent: list[dict] = []
+    worker = WorkerProcess.__new__(WorkerProcess)  # the frontend's half alone: no process behind it
+    worker._inbox, worker._inbox_lock = [], threading.Lock()
+    worker.send_on_loop = lambda frame: sent.append(frame) or True  # type: ignore[method-assign]
+
+    def job(inv_id: str) -> PooledCall:
+        return PooledCall(SimpleNamespace(id=inv_id, loop=loop, streaming=True,  # type: ignore[arg-type]
+                                          channel=OutputChannel(loop, 100)))
+
+    short, running = job("short"), job("running")
+    worker._inbox = [(short, {"t": "write", "id": "short", "p": ["a", "b"]}),
+                     (running, {"t": "write", "id": "running", "p": ["c"]}),
+                     (short, {"t": "result", "id": "short", "json": "1"})]
+    worker._take_inbox()
+    assert sent == [{"t": "credit", "id": "running", "n": 1}]
+    assert short.future.result() == ("result", 1)
+    assert (short.inv.channel.take(), running.inv.channel.take()) == (["a", "b"], ["c"])

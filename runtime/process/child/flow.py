@@ -137,6 +137,7 @@ class FlowControl(abc.ABC):
     loop_thread: int
     max_credits: int
     post: Callable[[ToFrontend], None]
+    post_write: Callable[[str, str], None]  # a handler thread's stream write (Outbox.post_write)
     _lock: threading.RLock
     _cond: threading.Condition  # over `_lock`
     _invs: dict[str, WorkerInvocation]
@@ -151,7 +152,7 @@ class FlowControl(abc.ABC):
         if _get_ident() == self.loop_thread:
             return self.output(inv, "write", payload)
         self._take_credit_blocking(inv, len(payload))
-        self.post({"t": "write", "id": inv.id, "p": [payload]})
+        self.post_write(inv.id, payload)
         return WRITTEN
 
     def output(self, inv: WorkerInvocation, kind: str, value: Any) -> Written | asyncio.Task[None]:

@@ -89,6 +89,7 @@ class ChildProgram(FlowControl):
         self._stream_seq = 0
         self.outbox = Outbox(conn)
         self.post = self.outbox.post  # bound once: called per frame
+        self.post_write = self.outbox.post_write
         self.loop = asyncio.new_event_loop()
         self.loop_thread = threading.get_ident()  # serve() runs the loop on this (the main) thread
         self._done = asyncio.Event()

@@ -34,7 +34,9 @@ class Outbox:
     Posting is two C calls (a deque append, a token for the writer's wake-up), so a handler's write
     costs no Python-level queue; the writer takes everything queued under `_sending`, which it holds
     until those frames are on the socket — so whoever holds it with nothing queued knows every frame
-    posted before is out (`post_outcome`, `flush`).
+    posted before is out (`post_outcome`, `flush`). A stream write from a handler thread
+    (`post_write`) joins its invocation's write frame while that one is still queued: one frame and
+    one wake-up of the writer for every write a handler makes before the writer runs.
     """
 
     def __init__(self, conn: Connection[ToFrontend, ToWorker]) -> None:
@@ -42,6 +44,10 @@ class Outbox:
         self._frames: deque[ToFrontend] = deque()
         self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()  # one per frame posted: wakes the writer
         self._sending = threading.Lock()
+        # The payload list of each invocation's write frame still queued, which later writes join;
+        # the writer takes frames under `_open_lock` and closes theirs (a write after it makes a new one).
+        self._open: dict[str, list[str]] = {}
+        self._open_lock = threading.Lock()
 
     def post(self, frame: ToFrontend) -> None:
         frames = self._frames
@@ -49,6 +55,19 @@ class Outbox:
             self._wait_for_room()
         frames.append(frame)
         self._tokens.put(None)
+
+    def post_write(self, inv_id: str, payload: str) -> None:
+        """A stream write (after its credit): into its invocation's queued write frame, or a new one."""
+        if len(self._frames) >= OUTBOX_FRAMES:  # (waited for outside the lock, which the writer needs)
+            self._wait_for_room()
+        with self._open_lock:
+            payloads = self._open.get(inv_id)
+            if payloads is not None:
+                payloads.append(payload)
+                return
+            self._open[inv_id] = payloads = [payload]
+            self._frames.append({"t": "write", "id": inv_id, "p": payloads})
+            self._tokens.put(None)
 
     def _wait_for_room(self) -> None:
         while len(self._frames) >= OUTBOX_FRAMES:
@@ -84,13 +103,18 @@ class Outbox:
             with self._sending:
                 if not frames:
                     continue  # the token of a frame an earlier batch took
-                batch = [frames.popleft()]
-                size = 0
-                while frames and len(batch) < BATCH_FRAMES and size < BATCH_BYTES:
-                    frame = frames.popleft()
-                    batch.append(frame)
-                    if frame["t"] == "write":
-                        size += len(frame["p"][0])
+                with self._open_lock:  # the write frames taken are closed: later writes make new ones
+                    batch = [frames.popleft()]
+                    size = 0
+                    while frames and len(batch) < BATCH_FRAMES and size < BATCH_BYTES:
+                        frame = frames.popleft()
+                        batch.append(frame)
+                        if frame["t"] == "write":
+                            size += sum(map(len, frame["p"]))
+                    if self._open:
+                        for frame in batch:
+                            if frame["t"] == "write":
+                                self._open.pop(frame["id"], None)
                 out = coalesce(batch)
                 try:
                     self.conn.send_many(out)

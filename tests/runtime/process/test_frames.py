@@ -70,3 +70,30 @@ async def test_no_credit_goes_back_for_an_invocation_whose_outcome_came_with_its
     assert sent == [{"t": "credit", "id": "running", "n": 1}]
     assert short.future.result() == ("result", 1)
     assert (short.inv.channel.take(), running.inv.channel.take()) == (["a", "b"], ["c"])
+
+
+def test_a_handler_threads_writes_join_its_queued_write_frame_until_the_writer_takes_it():
+    """One frame and one wake-up of the writer for the writes made before it runs; a write after
+    it took the frame starts a new one, and a result never overtakes a write."""
+    import socket
+    import threading
+
+    from runtime.process.child.outbox import Outbox
+    from runtime.process.protocol import Connection
+
+    a, b = socket.socketpair()
+    outbox, receiver = Outbox(Connection(a)), Connection(b)
+    try:
+        for payload in ("1", "2", "3"):
+            outbox.post_write("a", payload)
+        outbox.post_write("b", "x")
+        outbox.post({"t": "result", "id": "a", "json": "null"})
+        threading.Thread(target=outbox.write_loop, daemon=True).start()
+        assert [receiver.recv() for _ in range(3)] == [
+            {"t": "write", "id": "a", "p": ["1", "2", "3"]}, {"t": "write", "id": "b", "p": ["x"]},
+            {"t": "result", "id": "a", "json": "null"}]
+        outbox.post_write("b", "y")  # its first frame went: a new one
+        assert receiver.recv() == {"t": "write", "id": "b", "p": ["y"]}
+    finally:
+        receiver.close()
+        a.close()

@@ -44,8 +44,10 @@ class Outbox:
         self._frames: deque[ToFrontend] = deque()
         self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()  # one per frame posted: wakes the writer
         self._sending = threading.Lock()
-        # The payload list of each invocation's write frame still queued, which later writes join;
-        # the writer takes frames under `_open_lock` and closes theirs (a write after it makes a new one).
+        # The payload list of each invocation's write frame still queued and still its last queued
+        # write or item, which later writes join. The writer takes frames under `_open_lock` and
+        # closes theirs; `post` of another write or item of the invocation closes it too (a write
+        # after it must not join a frame ahead of it). A later write then makes a new frame.
         self._open: dict[str, list[str]] = {}
         self._open_lock = threading.Lock()
 
@@ -53,21 +55,28 @@ class Outbox:
         frames = self._frames
         if len(frames) >= OUTBOX_FRAMES:  # only a flood of logs gets here: writes are bounded by credits
             self._wait_for_room()
+        if frame["t"] == "write" or frame["t"] == "item":  # (a loop's write, a job's item)
+            with self._open_lock:
+                self._open.pop(frame["id"], None)
+                frames.append(frame)
+                self._tokens.put(None)
+            return
         frames.append(frame)
         self._tokens.put(None)
 
     def post_write(self, inv_id: str, payload: str) -> None:
         """A stream write (after its credit): into its invocation's queued write frame, or a new one."""
-        if len(self._frames) >= OUTBOX_FRAMES:  # (waited for outside the lock, which the writer needs)
+        if len(self._frames) >= OUTBOX_FRAMES and inv_id not in self._open:  # (outside the lock the writer needs)
             self._wait_for_room()
         with self._open_lock:
             payloads = self._open.get(inv_id)
             if payloads is not None:
                 payloads.append(payload)
                 return
-            self._open[inv_id] = payloads = [payload]
+            payloads = [payload]
             self._frames.append({"t": "write", "id": inv_id, "p": payloads})
             self._tokens.put(None)
+            self._open[inv_id] = payloads  # (queued first: a cancel raised between leaves no open list unqueued)
 
     def _wait_for_room(self) -> None:
         while len(self._frames) >= OUTBOX_FRAMES:
@@ -113,14 +122,14 @@ class Outbox:
                             size += sum(map(len, frame["p"]))
                     if self._open:
                         for frame in batch:
-                            if frame["t"] == "write":
-                                self._open.pop(frame["id"], None)
+                            if frame["t"] == "write" and self._open.get(frame["id"]) is frame["p"]:
+                                del self._open[frame["id"]]
                 out = coalesce(batch)
                 try:
                     self.conn.send_many(out)
                 except ConnectionClosed:
                     hard_exit(0)  # the frontend is gone
-                except (ProtocolError, TypeError, ValueError) as exc:
+                except Exception as exc:  # (msgpack's OverflowError too: the writer must outlive any frame)
                     self._send_one_by_one(out, exc)
             # The tokens of the frames this batch took, so the writer does not wake once per frame.
             try:
@@ -136,14 +145,15 @@ class Outbox:
                 self.conn.send(frame)
             except ConnectionClosed:
                 hard_exit(0)
-            except (ProtocolError, TypeError, ValueError) as err:
-                sys.stderr.write(f"fnstream worker: dropped a {frame['t']!r} frame: {err}\n")
+            except Exception as err:
+                sys.stderr.write(f"fnstream worker: dropped a {frame['t']!r} frame: {type(err).__name__}: {err}\n")
 
 
 def coalesce(frames: list[ToFrontend]) -> list[ToFrontend]:
     """Merge the stream writes (and items) of one invocation queued together into its first frame.
 
-    Order per invocation is kept: a write only moves earlier, never past its own result.
+    Order per invocation is kept: a write only moves earlier, never past its own result, nor past
+    an item of its invocation (a job's writes and items share its channel), and the same for items.
     """
     if len(frames) == 1:
         return frames
@@ -152,12 +162,14 @@ def coalesce(frames: list[ToFrontend]) -> list[ToFrontend]:
     items: dict[str, Item] = {}
     for frame in frames:
         if frame["t"] == "write":
+            items.pop(frame["id"], None)  # a later item of it must not move ahead of this write
             first_write = writes.get(frame["id"])
             if first_write is not None:
                 first_write["p"].extend(frame["p"])
                 continue
             writes[frame["id"]] = frame
         elif frame["t"] == "item":
+            writes.pop(frame["id"], None)
             first_item = items.get(frame["id"])
             if first_item is not None:
                 first_item["v"].extend(frame["v"])

@@ -97,3 +97,53 @@ def test_a_handler_threads_writes_join_its_queued_write_frame_until_the_writer_t
     finally:
         receiver.close()
         a.close()
+
+
+def _outbox_pair():  # type: ignore[no-untyped-def]
+    import socket
+    import threading
+
+    from runtime.process.child.outbox import Outbox
+    from runtime.process.protocol import Connection
+
+    a, b = socket.socketpair()
+    outbox = Outbox(Connection(a))
+    threading.Thread(target=outbox.write_loop, daemon=True).start()
+    return outbox, Connection(b), a
+
+
+def test_a_thread_write_never_joins_a_frame_ahead_of_the_loops_write():
+    """An async handler writing from its coroutine and from a thread: a write posted whole (the
+    loop's) closes the thread's open frame, so the thread's next write comes after it; and the
+    writer's merge keeps writes and items in the order they were made."""
+    outbox, receiver, sock = _outbox_pair()
+    try:
+        with outbox._sending:  # the writer waits: all five are queued before it takes any
+            outbox.post_write("x", "1")
+            outbox.post({"t": "write", "id": "x", "p": ["2"]})
+            outbox.post_write("x", "3")
+            outbox.post({"t": "item", "id": "x", "v": [4]})  # (a job's: writes and items share its channel)
+            outbox.post_write("x", "5")
+        seen: list = []
+        while len(seen) < 5:
+            frame = receiver.recv()
+            seen.extend(frame["p"] if frame["t"] == "write" else frame["v"])
+        assert seen == ["1", "2", "3", 4, "5"]
+    finally:
+        receiver.close()
+        sock.close()
+
+
+def test_a_frame_msgpack_cannot_encode_is_dropped_and_the_writer_goes_on():
+    """An integer past 64 bits (a generator's item, a progress value) made msgpack raise
+    OverflowError, which ended the writer thread: nothing left the worker any more."""
+    outbox, receiver, sock = _outbox_pair()
+    try:
+        outbox.post({"t": "item", "id": "big", "v": [2 ** 64]})
+        outbox.post({"t": "result", "id": "other", "json": "1"})
+        assert receiver.recv() == {"t": "result", "id": "other", "json": "1"}
+        outbox.post({"t": "result", "id": "later", "json": "2"})
+        assert receiver.recv() == {"t": "result", "id": "later", "json": "2"}
+    finally:
+        receiver.close()
+        sock.close()

@@ -212,6 +212,11 @@ class Connection(Generic[SendT, RecvT]):
         self._rbuf = bytearray()  # received, not yet parsed (only the one reader thread touches it)
         self._rpos = 0
 
+    @property
+    def sending(self) -> bool:
+        """A send is under way (a thread may be finishing a frame `try_send_bytes` began)."""
+        return self._send_lock.locked()
+
     def send(self, msg: SendT) -> None:
         data = _packb(msg)
         if len(data) > MAX_FRAME:

@@ -99,9 +99,10 @@ class Outbox:
         self.post(frame)
 
     def flush(self, timeout: float = FLUSH_BEFORE_EXIT) -> None:
-        """Wait (bounded) until every frame posted so far is on the socket."""
+        """Wait (bounded) until every frame posted so far is on the socket (a frame's rest that a
+        thread finishes sending too: `post_outcome` may have left one to it)."""
         deadline = time.monotonic() + timeout
-        while (self._frames or self._sending.locked()) and time.monotonic() < deadline:
+        while (self._frames or self._sending.locked() or self.conn.sending) and time.monotonic() < deadline:
             time.sleep(0.005)
 
     def write_loop(self) -> None:

@@ -147,3 +147,32 @@ def test_a_frame_msgpack_cannot_encode_is_dropped_and_the_writer_goes_on():
     finally:
         receiver.close()
         sock.close()
+
+
+def test_flush_waits_for_the_rest_of_a_frame_a_thread_is_sending():
+    """A result sent straight (`post_outcome`) into a full socket leaves its rest to a thread:
+    a worker about to exit flushes, and must not cut it off."""
+    import socket
+    import threading
+    import time
+
+    from runtime.process.child.outbox import Outbox
+    from runtime.process.protocol import TRY_SEND_MAX, Connection
+
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    outbox, receiver = Outbox(Connection(a)), Connection(b)
+    got: list = []
+    try:
+        text = '"' + "x" * (TRY_SEND_MAX - 100) + '"'  # goes straight, and fills the small buffer
+        outbox.post_outcome({"t": "result", "id": "r", "json": text})
+        assert outbox.conn.sending  # its rest is a thread's to send, once the frontend reads
+        reader = threading.Thread(target=lambda: (time.sleep(0.2), got.append(receiver.recv())), daemon=True)
+        reader.start()
+        outbox.flush(timeout=10)
+        assert not outbox.conn.sending  # flushed: all of it went
+        reader.join(10)
+        assert got == [{"t": "result", "id": "r", "json": text}]
+    finally:
+        receiver.close()
+        a.close()

@@ -75,9 +75,6 @@ class PoolSide(Protocol):
     def release(self, worker: WorkerProcess, job: PooledCall | None) -> None: ...
 
 
-_NONE_ENDED: frozenset[int] = frozenset()
-
-
 def _resolve(fut: asyncio.Future[tuple[str, Any]], outcome: tuple[str, Any]) -> None:
     if not fut.done():
         fut.set_result(outcome)
@@ -311,16 +308,15 @@ class WorkerProcess:
         (a short stream's writes and result arrive together; a credit frame would only wake it)."""
         with self._inbox_lock:
             frames, self._inbox = self._inbox, []
-        ended = {id(job) for job, msg in frames if msg["t"] == "result" or msg["t"] == "error"} \
-            if len(frames) > 1 else _NONE_ENDED
+        ended = {job for job, msg in frames if msg["t"] == "result" or msg["t"] == "error"}
         for job, msg in frames:
             if msg["t"] == "write":
-                self._deliver(job, msg["p"], id(job) not in ended)
+                self._deliver(job, msg["p"], job not in ended)
             elif msg["t"] == "item":
                 if job.inv.streaming:  # a job's generator items: values into the channel, as in-process
-                    self._deliver(job, [OutputItem.of(value) for value in msg["v"]], id(job) not in ended)
+                    self._deliver(job, [OutputItem.of(value) for value in msg["v"]], job not in ended)
                 else:
-                    self._aggregate(job, msg["v"], id(job) not in ended)
+                    self._aggregate(job, msg["v"], job not in ended)
             elif msg["t"] == "result":
                 self._finish(job, ("result", json.loads(msg["json"])))
             else:

@@ -99,7 +99,7 @@ def test_a_handler_threads_writes_join_its_queued_write_frame_until_the_writer_t
         a.close()
 
 
-def _outbox_pair():  # type: ignore[no-untyped-def]
+def _outbox_pair():
     import socket
     import threading
 

@@ -125,8 +125,10 @@ async def test_async_timeout_cancels_only_that_invocation(pclient):
 
 
 async def test_a_def_handler_that_will_not_stop_takes_its_worker_and_says_so(pclient):
-    pclient.app[EXECUTOR].runner(kind_named("process")).cancel_grace = 0.3
     await deploy(pclient, "i-stub", "stubborn_or_sleep", instances=1, instanceConcurrency=2)
+    # (after the deploy, which imports the process kind: imported here first, on the loop, it was a
+    # blocking call blockbuster refused whenever this test ran first in its pytest worker)
+    pclient.app[EXECUTOR].runner(kind_named("process")).cancel_grace = 0.3
     (pid,) = await wait_idle(pclient, "i-stub", 1)
     neighbour = asyncio.ensure_future(call(pclient, "i-stub", {"seconds": 30}))
     resp = await invoke(pclient, "i-stub", {"stubborn": True}, SSE)

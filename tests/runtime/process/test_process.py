@@ -232,8 +232,8 @@ async def test_client_disconnect_interrupts_the_handler(pclient, tmp_path):
 
 
 async def test_handler_ignoring_cancel_is_killed_after_grace(pclient):
-    pclient.app[EXECUTOR].runner(kind_named("process")).cancel_grace = 0.3
     await deploy(pclient, "p-stubborn", "stubborn", concurrency=1)
+    pclient.app[EXECUTOR].runner(kind_named("process")).cancel_grace = 0.3  # (after the deploy: see test_instances)
     await wait_ready(pclient, "p-stubborn")
     resp = await invoke(pclient, "p-stubborn", {}, SSE)
     assert b"started" in await resp.content.readuntil(b"started")

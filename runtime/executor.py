@@ -122,7 +122,8 @@ class Executor:
         With `inline`, a plain-JSON call of an in-process handler does not get a task: it runs in
         the caller's own task when the caller awaits `inv.outcome()` (one task and one loop turn
         less per request; nothing reads its output concurrently anyway). A `def` handler still
-        runs in the thread pool; the caller's task awaits its thread.
+        runs in the thread pool; the caller's task awaits its thread. A runner that defers
+        (DeferringRunner: the process executor) runs such a call in the caller's task too.
         """
         dep = inv.deployment
         if inline and inv.session is None and inv.mode == "json" and dep.in_process:
@@ -130,7 +131,13 @@ class Executor:
             inv.defer(self._run_inline)
             return None
         if not dep.in_process:
-            task = self.runner(dep.runs).start(inv)
+            runner = self.runner(dep.runs)
+            defer = getattr(runner, "defer", None) if inline and inv.session is None and inv.mode == "json" else None
+            if defer is not None:  # a DeferringRunner (an isinstance of a Protocol costs more than a call)
+                defer(inv, self.active.discard)
+                self.active.add(inv)
+                return None
+            task = runner.start(inv)
             task.add_done_callback(lambda _t: self.active.discard(inv))
         else:
             dep.acquire()

@@ -13,7 +13,9 @@ FunctionServiceError. What a process adds, per invocation even when a worker run
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ..deployment import Deployment
@@ -41,6 +43,26 @@ class ProcessExecutor:
         inv.deployment.acquire()
         inv.task = inv.loop.create_task(self._run(inv), name=f"invocation-{inv.id}")
         return inv.task
+
+    def defer(self, inv: Invocation, ended: Callable[[Invocation], None]) -> None:
+        """`start` for a plain JSON call: take the concurrency slot, and run in the task that awaits
+        `inv.outcome()` (no task of its own, one loop turn less); `ended(inv)` once it ran."""
+        if inv.deployment.pool is None:
+            raise RuntimeError(f"function {inv.deployment.name!r} has no worker pool")
+        inv.deployment.acquire()
+        inv.defer(functools.partial(self._run_deferred, ended=ended))
+
+    async def _run_deferred(self, inv: Invocation, ended: Callable[[Invocation], None]) -> Any:
+        inv.task = task = asyncio.current_task(inv.loop)
+        try:
+            return await self._run(inv)
+        except asyncio.CancelledError:
+            if inv.abort_error is not None and task is not None and inv.cancel_reason is not None:
+                task.uncancel()  # fnstream stopped it (shutdown), not the caller's own cancel
+                raise inv.abort_error from None
+            raise
+        finally:
+            ended(inv)
 
     async def _run(self, inv: Invocation) -> Any:
         dep = inv.deployment
